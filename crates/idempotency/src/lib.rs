@@ -1,0 +1,240 @@
+//! `Idempotency-Key` for HTTP APIs: layer 1 of DESIGN.md, after the IETF
+//! HTTPAPI draft "The Idempotency-Key HTTP Header Field".
+//!
+//! The caller owns the transaction. In one transaction it calls [`begin`],
+//! performs its effect (e.g. insert the order and its outbox row), then
+//! [`complete`] with the response, and commits. Therefore the key row, the
+//! effect and the stored response become durable together or not at all.
+//!
+//! | situation | [`Begin`] | HTTP |
+//! |---|---|---|
+//! | key unseen (or expired) | `New` | run the request |
+//! | same key, same fingerprint, completed | `Replay` | stored status/headers/body + `Idempotent-Replayed: true` |
+//! | same key, other fingerprint | `Mismatch` | 422 |
+//! | same key, first request still running | `InFlight` | 409 + `Retry-After` |
+//!
+//! "In flight" is a transaction-scoped advisory lock on `(scope, key)`: it is
+//! released by commit, rollback or a dropped connection (a crashed process),
+//! so it can never be left dangling.
+
+pub mod execute;
+pub mod key;
+
+use std::time::Duration;
+
+use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use sha2::{Digest, Sha256};
+use sqlx::migrate::Migrator;
+use sqlx::{PgConnection, PgPool, Row};
+
+pub use execute::{execute, Keyed, Outcome, Work};
+pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
+
+/// Header set on replayed responses.
+pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+
+/// Errors of this crate.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// PostgreSQL failed.
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+/// Result type of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The idempotency table's migrations (versions 1003xxxxxx).
+pub fn migrator() -> Migrator {
+    sqlx::migrate!("./migrations")
+}
+
+/// A response as stored for replay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    /// HTTP status code.
+    pub status: u16,
+    /// Headers worth replaying (content type, location).
+    pub headers: Vec<(String, String)>,
+    /// Body bytes, replayed byte for byte.
+    pub body: Vec<u8>,
+}
+
+impl StoredResponse {
+    /// A JSON response.
+    pub fn json(status: StatusCode, body: &impl serde::Serialize, content_type: &str) -> Self {
+        Self {
+            status: status.as_u16(),
+            headers: vec![("content-type".into(), content_type.into())],
+            body: serde_json::to_vec(body).expect("response serialises"),
+        }
+    }
+
+    /// Adds a header.
+    pub fn with_header(mut self, name: &str, value: impl Into<String>) -> Self {
+        self.headers.push((name.to_owned(), value.into()));
+        self
+    }
+
+    /// The HTTP response; `replayed` adds `Idempotent-Replayed: true`.
+    pub fn to_response(&self, replayed: bool) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut resp = (status, self.body.clone()).into_response();
+        for (name, value) in &self.headers {
+            if let (Ok(n), Ok(v)) = (HeaderName::try_from(name.as_str()), HeaderValue::try_from(value.as_str())) {
+                resp.headers_mut().insert(n, v);
+            }
+        }
+        if replayed {
+            resp.headers_mut()
+                .insert(HeaderName::from_static(REPLAYED_HEADER), HeaderValue::from_static("true"));
+        }
+        resp
+    }
+}
+
+/// What to do with a request carrying an idempotency key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Begin {
+    /// First execution: do the work, then [`complete`], then commit.
+    New,
+    /// Already completed with the same request: return this.
+    Replay(StoredResponse),
+    /// Already used with a different request.
+    Mismatch,
+    /// The first request with this key has not finished yet.
+    InFlight,
+}
+
+/// Fingerprint of a request: SHA-256 over method, path and the body, the body
+/// canonicalised (object keys sorted, whitespace dropped) when it is JSON, so
+/// a retry that re-serialises the same document still matches.
+pub fn fingerprint(method: &str, path: &str, body: &[u8]) -> String {
+    let canonical = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| serde_json::to_vec(&v).ok())
+        .unwrap_or_else(|| body.to_vec());
+    let mut h = Sha256::new();
+    h.update(method.as_bytes());
+    h.update([0]);
+    h.update(path.as_bytes());
+    h.update([0]);
+    h.update(&canonical);
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Starts an idempotent request inside the caller's transaction.
+pub async fn begin(conn: &mut PgConnection, scope: &str, key: &str, fingerprint: &str) -> Result<Begin> {
+    // In-flight guard: held until this transaction ends. A 64-bit hash
+    // collision can only cause a spurious 409, never a wrong replay.
+    let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 7))")
+        .bind(scope)
+        .bind(key)
+        .fetch_one(&mut *conn)
+        .await?;
+    if !locked {
+        return Ok(Begin::InFlight);
+    }
+    let row = sqlx::query(
+        "SELECT fingerprint, status_code, headers, body, expires_at <= now() AS expired
+         FROM idempotency_keys WHERE scope = $1 AND key = $2",
+    )
+    .bind(scope)
+    .bind(key)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(row) = row else { return Ok(Begin::New) };
+    if row.get::<bool, _>("expired") {
+        sqlx::query("DELETE FROM idempotency_keys WHERE scope = $1 AND key = $2")
+            .bind(scope)
+            .bind(key)
+            .execute(&mut *conn)
+            .await?;
+        return Ok(Begin::New);
+    }
+    if row.get::<&str, _>("fingerprint") != fingerprint {
+        return Ok(Begin::Mismatch);
+    }
+    let headers: sqlx::types::Json<Vec<(String, String)>> = row.get("headers");
+    Ok(Begin::Replay(StoredResponse {
+        status: row.get::<i16, _>("status_code") as u16,
+        headers: headers.0,
+        body: row.get("body"),
+    }))
+}
+
+/// Stores the response of a [`Begin::New`] request in the caller's
+/// transaction; it becomes visible (and replayable) when that commits.
+pub async fn complete(
+    conn: &mut PgConnection,
+    scope: &str,
+    key: &str,
+    fingerprint: &str,
+    ttl: Duration,
+    response: &StoredResponse,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO idempotency_keys (scope, key, fingerprint, status_code, headers, body, expires_at)
+         VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7))",
+    )
+    .bind(scope)
+    .bind(key)
+    .bind(fingerprint)
+    .bind(response.status as i16)
+    .bind(sqlx::types::Json(&response.headers))
+    .bind(&response.body)
+    .bind(ttl.as_secs_f64())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Deletes up to `batch` expired keys; returns how many. Short statements,
+/// no long locks: call it in a loop until it returns less than `batch`.
+pub async fn reap(pool: &PgPool, batch: i64) -> Result<u64> {
+    Ok(sqlx::query(
+        "DELETE FROM idempotency_keys WHERE ctid IN (
+             SELECT ctid FROM idempotency_keys WHERE expires_at <= now() LIMIT $1)",
+    )
+    .bind(batch)
+    .execute(pool)
+    .await?
+    .rows_affected())
+}
+
+/// Reaps expired keys every minute, in batches of 1,000, until `shutdown`.
+pub async fn run_reaper(pool: PgPool, shutdown: tokio_util::sync::CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(60)) => {}
+        }
+        loop {
+            match reap(&pool, 1000).await {
+                Ok(1000) => continue,
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "idempotency reaper failed");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fingerprint_ignores_json_formatting_but_not_content() {
+        let a = fingerprint("POST", "/orders", br#"{"a":1,"b":2}"#);
+        let b = fingerprint("POST", "/orders", b"{ \"b\": 2, \"a\": 1 }");
+        let c = fingerprint("POST", "/orders", br#"{"a":1,"b":3}"#);
+        let d = fingerprint("POST", "/other", br#"{"a":1,"b":2}"#);
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert_ne!(a, d);
+    }
+}

@@ -1,0 +1,98 @@
+//! The inbox: layer 3 of DESIGN.md.
+//!
+//! A consumer calls [`record`] inside the transaction that applies its effect.
+//! The insert either creates the `(consumer, event_id)` row — the event is new,
+//! apply the effect and commit both — or hits the primary key and reports a
+//! duplicate, and the effect is skipped. Because the decision is made by the
+//! unique constraint inside the transaction, two instances handling the same
+//! event at once cannot both apply it: the second insert waits for the first
+//! transaction and then conflicts (or succeeds if the first rolled back).
+//!
+//! The consumer name is part of the key, so several consumers of one event
+//! each deduplicate on their own (scenario 5).
+
+use std::time::Duration;
+
+use sqlx::migrate::Migrator;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+/// The inbox table's migrations (versions 1002xxxxxx).
+pub fn migrator() -> Migrator {
+    sqlx::migrate!("./migrations")
+}
+
+/// Whether an event was new for this consumer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recorded {
+    /// First time: apply the effect in the same transaction.
+    New,
+    /// Already processed by this consumer: skip the effect.
+    Duplicate,
+}
+
+/// Records `event_id` as processed by `consumer` in the caller's transaction.
+pub async fn record(conn: &mut PgConnection, consumer: &str, event_id: Uuid) -> sqlx::Result<Recorded> {
+    let inserted = sqlx::query(
+        "INSERT INTO inbox (consumer, event_id) VALUES ($1, $2) ON CONFLICT (consumer, event_id) DO NOTHING",
+    )
+    .bind(consumer)
+    .bind(event_id)
+    .execute(conn)
+    .await?
+    .rows_affected();
+    Ok(if inserted == 1 { Recorded::New } else { Recorded::Duplicate })
+}
+
+/// Whether `consumer` already processed `event_id` (a cheap pre-check for
+/// handlers that must not even start their work twice; the authoritative
+/// check is still [`record`] in the effect's transaction).
+pub async fn seen(conn: &mut PgConnection, consumer: &str, event_id: Uuid) -> sqlx::Result<bool> {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM inbox WHERE consumer = $1 AND event_id = $2)")
+        .bind(consumer)
+        .bind(event_id)
+        .fetch_one(conn)
+        .await
+}
+
+/// Deletes up to `batch` inbox rows older than `retention`; returns how many.
+///
+/// `retention` must exceed the longest time the broker may redeliver an event
+/// (offset retention plus the longest consumer outage tolerated): a redelivery
+/// after its inbox row is gone would be applied again.
+pub async fn purge(conn: &mut PgConnection, retention: Duration, batch: i64) -> sqlx::Result<u64> {
+    let secs = retention.as_secs_f64();
+    Ok(sqlx::query(
+        "DELETE FROM inbox WHERE ctid IN (
+             SELECT ctid FROM inbox
+             WHERE processed_at < now() - make_interval(secs => $1)
+             LIMIT $2)",
+    )
+    .bind(secs)
+    .bind(batch)
+    .execute(conn)
+    .await?
+    .rows_affected())
+}
+
+/// Purges inbox rows older than `retention` every minute, in batches of
+/// 1,000 (short statements, no long locks), until `shutdown`.
+pub async fn run_retention(pool: sqlx::PgPool, retention: Duration, shutdown: tokio_util::sync::CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(60)) => {}
+        }
+        let Ok(mut conn) = pool.acquire().await else { continue };
+        loop {
+            match purge(&mut conn, retention, 1000).await {
+                Ok(1000) => continue,
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "inbox retention failed");
+                    break;
+                }
+            }
+        }
+    }
+}

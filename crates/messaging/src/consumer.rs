@@ -1,0 +1,218 @@
+//! The consume loop every service uses.
+//!
+//! Order of operations per message, which is what makes delivery
+//! at-least-once and processing effectively-once:
+//!
+//! 1. decode the envelope; a body that can never decode goes to the
+//!    dead-letter topic (with the error and the original headers);
+//! 2. run the handler, which records `(consumer, event_id)` in the inbox in the
+//!    **same transaction** as its effect and commits;
+//! 3. only then commit the offset. A crash between 2 and 3 redelivers the
+//!    message; the inbox turns it into a no-op.
+//!
+//! Transient handler errors retry the same message with capped exponential
+//! backoff; the partition does not move past a message that may still succeed.
+
+use std::future::Future;
+use std::time::Duration;
+
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::util::Timeout;
+use rdkafka::Message as _;
+use tokio_util::sync::CancellationToken;
+
+use crate::{kafka, Envelope, Result};
+
+/// What the handler did with an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handled {
+    /// The effect was applied (and the inbox row written with it).
+    Applied,
+    /// The inbox already had this event id for this consumer: nothing done.
+    Duplicate,
+}
+
+/// Why a handler failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HandleError {
+    /// May succeed later (database or gateway unavailable): retry the same message.
+    #[error("transient: {0}")]
+    Transient(String),
+    /// Can never succeed (unknown type, invalid payload): dead-letter it.
+    #[error("permanent: {0}")]
+    Permanent(String),
+}
+
+impl HandleError {
+    /// A transient error from anything displayable (database, HTTP client).
+    pub fn transient(e: impl std::fmt::Display) -> Self {
+        Self::Transient(e.to_string())
+    }
+
+    /// A permanent error from anything displayable (decoding, validation).
+    pub fn permanent(e: impl std::fmt::Display) -> Self {
+        Self::Permanent(e.to_string())
+    }
+}
+
+/// Settings of one consumer.
+#[derive(Debug, Clone)]
+pub struct ConsumerSettings {
+    /// Broker list.
+    pub brokers: String,
+    /// Consumer group; also the consumer name recorded in the inbox.
+    pub group_id: String,
+    /// Topics to subscribe to.
+    pub topics: Vec<String>,
+}
+
+/// Builds a consumer with manual offset commits.
+pub fn build(settings: &ConsumerSettings) -> Result<StreamConsumer> {
+    let consumer: StreamConsumer = kafka::client_config(&settings.brokers)
+        .set("group.id", &settings.group_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("session.timeout.ms", "10000")
+        .set("heartbeat.interval.ms", "1000")
+        .create()?;
+    let topics: Vec<&str> = settings.topics.iter().map(String::as_str).collect();
+    consumer.subscribe(&topics)?;
+    Ok(consumer)
+}
+
+/// Runs the loop until `shutdown` is cancelled. A message being handled when
+/// shutdown comes is finished or left uncommitted for redelivery, never half-done.
+pub async fn run<H, F>(settings: ConsumerSettings, shutdown: CancellationToken, handler: H) -> Result<()>
+where
+    H: Fn(Envelope) -> F,
+    F: Future<Output = Result<Handled, HandleError>>,
+{
+    let consumer = build(&settings)?;
+    let dlq = kafka::producer(&settings.brokers)?;
+    let name = settings.group_id.as_str();
+    tracing::info!(consumer = name, topics = ?settings.topics, "consumer started");
+    loop {
+        let msg = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            m = consumer.recv() => m,
+        };
+        let msg = match msg {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(consumer = name, error = %e, "receive failed");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+        };
+        telemetry::metrics::incr("consumer_messages_received_total", &[("consumer", name)]);
+        let outcome = match Envelope::from_bytes(msg.payload().unwrap_or_default()) {
+            Err(e) => Err(HandleError::Permanent(e.to_string())),
+            Ok(envelope) => handle_with_retry(name, &handler, envelope, &shutdown).await,
+        };
+        match outcome {
+            Ok(Some(Handled::Applied)) => {
+                telemetry::metrics::incr("consumer_events_applied_total", &[("consumer", name)]);
+            }
+            Ok(Some(Handled::Duplicate)) => {
+                telemetry::metrics::incr("consumer_duplicates_absorbed_total", &[("consumer", name)]);
+                tracing::info!(consumer = name, offset = msg.offset(), "duplicate event absorbed by inbox");
+            }
+            // Shutdown while retrying: leave the offset for redelivery.
+            Ok(None) => break,
+            Err(e) => {
+                if !dead_letter(&dlq, &msg, name, &e.to_string(), &shutdown).await {
+                    break;
+                }
+            }
+        }
+        fail::fail_point!("consumer::before_offset_commit", |_| std::process::abort());
+        if let Err(e) = consumer.store_offset_from_message(&msg).and_then(|_| consumer.commit_consumer_state(CommitMode::Sync)) {
+            // Not fatal: the message is redelivered later and absorbed by the inbox.
+            tracing::warn!(consumer = name, error = %e, "offset commit failed");
+        }
+    }
+    tracing::info!(consumer = name, "consumer stopped");
+    Ok(())
+}
+
+/// Runs the handler, retrying transient errors with capped backoff.
+/// Returns `Ok(None)` when shutdown interrupts the retries.
+async fn handle_with_retry<H, F>(
+    name: &str,
+    handler: &H,
+    envelope: Envelope,
+    shutdown: &CancellationToken,
+) -> Result<Option<Handled>, HandleError>
+where
+    H: Fn(Envelope) -> F,
+    F: Future<Output = Result<Handled, HandleError>>,
+{
+    let mut delay = Duration::from_millis(50);
+    loop {
+        match handler(envelope.clone()).await {
+            Ok(h) => return Ok(Some(h)),
+            Err(HandleError::Permanent(e)) => return Err(HandleError::Permanent(e)),
+            Err(HandleError::Transient(e)) => {
+                telemetry::metrics::incr("consumer_transient_errors_total", &[("consumer", name)]);
+                tracing::warn!(consumer = name, event_id = %envelope.event_id, error = %e, ?delay, "transient error, retrying");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(None),
+                    _ = tokio::time::sleep(delay) => {}
+                }
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// Copies `msg` to its dead-letter topic with the error and origin as headers.
+/// Retries until the broker accepts it; returns false only on shutdown.
+async fn dead_letter(
+    producer: &FutureProducer,
+    msg: &BorrowedMessage<'_>,
+    consumer: &str,
+    reason: &str,
+    shutdown: &CancellationToken,
+) -> bool {
+    let topic = crate::message::dead_letter_topic(msg.topic());
+    let partition = msg.partition().to_string();
+    let offset = msg.offset().to_string();
+    tracing::error!(consumer, %topic, %reason, offset = msg.offset(), "dead-lettering message");
+    loop {
+        let mut headers = OwnedHeaders::new();
+        if let Some(original) = msg.headers() {
+            for h in original.iter() {
+                headers = headers.insert(Header { key: h.key, value: h.value });
+            }
+        }
+        let headers = headers
+            .insert(Header { key: "dlq.error", value: Some(reason) })
+            .insert(Header { key: "dlq.consumer", value: Some(consumer) })
+            .insert(Header { key: "dlq.topic", value: Some(msg.topic()) })
+            .insert(Header { key: "dlq.partition", value: Some(partition.as_str()) })
+            .insert(Header { key: "dlq.offset", value: Some(offset.as_str()) });
+        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&topic).headers(headers);
+        if let Some(k) = msg.key() {
+            record = record.key(k);
+        }
+        if let Some(p) = msg.payload() {
+            record = record.payload(p);
+        }
+        match producer.send(record, Timeout::After(Duration::from_secs(5))).await {
+            Ok(_) => {
+                telemetry::metrics::incr("consumer_dead_lettered_total", &[("consumer", consumer)]);
+                return true;
+            }
+            Err((e, _)) => {
+                tracing::warn!(consumer, error = %e, "dead-letter publish failed, retrying");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return false,
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! Kafka client wiring: one place that knows the client settings the
+//! guarantees depend on (idempotent producer, manual offset commits).
+
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::util::Timeout;
+
+use crate::{Envelope, Result};
+
+/// Partitions per topic. The message key (order id) keeps one order's
+/// messages in one partition, hence in order.
+pub const PARTITIONS: i32 = 3;
+
+/// Base client config for `brokers` (a comma-separated `host:port` list).
+pub fn client_config(brokers: &str) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", brokers)
+        .set("socket.keepalive.enable", "true")
+        .set("reconnect.backoff.max.ms", "1000")
+        .set("log_level", "4");
+    c
+}
+
+/// The idempotent producer: `enable.idempotence=true` implies `acks=all` and
+/// lets the broker drop the duplicates *it* would create on internal retries.
+/// It cannot drop a republish of the same outbox row after a relay crash —
+/// that is the inbox's job.
+pub fn producer(brokers: &str) -> Result<FutureProducer> {
+    Ok(client_config(brokers)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "2")
+        .set("message.timeout.ms", "15000")
+        .create()?)
+}
+
+/// Creates `topics` (and their dead-letter topics) if they do not exist.
+pub async fn ensure_topics(brokers: &str, topics: &[&str]) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> = client_config(brokers).create()?;
+    let mut names: Vec<String> = topics.iter().map(|t| (*t).to_owned()).collect();
+    names.extend(topics.iter().map(|t| crate::message::dead_letter_topic(t)));
+    let new: Vec<NewTopic<'_>> = names
+        .iter()
+        .map(|n| NewTopic::new(n, PARTITIONS, TopicReplication::Fixed(1)))
+        .collect();
+    let opts = AdminOptions::new().operation_timeout(Some(Timeout::After(Duration::from_secs(10))));
+    for result in admin.create_topics(&new, &opts).await? {
+        match result {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((topic, code)) => {
+                return Err(crate::Error::Kafka(rdkafka::error::KafkaError::AdminOp(code)))
+                    .inspect_err(|_| tracing::error!(%topic, ?code, "topic creation failed"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Kafka headers of an envelope: identity and trace context, so tools and
+/// dead-letter readers see them without parsing the body.
+pub fn headers(envelope: &Envelope) -> OwnedHeaders {
+    let event_id = envelope.event_id.to_string();
+    let mut h = OwnedHeaders::new()
+        .insert(Header { key: "event_id", value: Some(event_id.as_str()) })
+        .insert(Header { key: "event_type", value: Some(envelope.event_type.as_str()) });
+    if let Some(tp) = &envelope.traceparent {
+        h = h.insert(Header { key: "traceparent", value: Some(tp.as_str()) });
+    }
+    h
+}
+
+/// Publishes one envelope to `topic` keyed by its order id and waits for the
+/// broker's delivery report.
+pub async fn publish(producer: &FutureProducer, topic: &str, envelope: &Envelope) -> Result<()> {
+    let key = envelope.order_id.to_string();
+    let body = envelope.to_bytes();
+    let record = FutureRecord::to(topic).key(&key).payload(&body).headers(headers(envelope));
+    producer
+        .send(record, Timeout::After(Duration::from_secs(5)))
+        .await
+        .map(|_| ())
+        .map_err(|(e, _)| e.into())
+}

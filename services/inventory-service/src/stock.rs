@@ -1,0 +1,156 @@
+//! Reserve / release, each idempotent per order, and the stock endpoints.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use messaging::consumer::{HandleError, Handled};
+use messaging::{Envelope, Message};
+use serde::{Deserialize, Serialize};
+use sqlx::{PgConnection, PgPool};
+
+/// Handles one inventory command.
+#[tracing::instrument(skip_all, fields(order_id = %envelope.order_id, event_type = %envelope.event_type, event_id = %envelope.event_id))]
+pub async fn handle(pool: &PgPool, envelope: Envelope) -> Result<Handled, HandleError> {
+    let message = envelope.message().map_err(HandleError::permanent)?;
+    let mut tx = pool.begin().await.map_err(HandleError::transient)?;
+    if inbox::record(&mut tx, crate::CONSUMER, envelope.event_id)
+        .await
+        .map_err(HandleError::transient)?
+        == inbox::Recorded::Duplicate
+    {
+        return Ok(Handled::Duplicate);
+    }
+    let reply = match &message {
+        Message::ReserveStock { sku, quantity } => reserve(&mut tx, &envelope, sku, *quantity).await,
+        Message::ReleaseStock => release(&mut tx, &envelope).await,
+        other => return Err(HandleError::Permanent(format!("unexpected message {other:?} on inventory.commands"))),
+    }
+    .map_err(HandleError::transient)?;
+    if let Some(reply) = reply {
+        outbox::emit(&mut tx, envelope.order_id, &reply, Some(&envelope))
+            .await
+            .map_err(HandleError::transient)?;
+    }
+    tx.commit().await.map_err(HandleError::transient)?;
+    Ok(Handled::Applied)
+}
+
+/// Reserves stock for the order once. The reservation's primary key (order
+/// id) decides: a second ReserveStock for the same order — even under a new
+/// event id, even concurrently — finds the row and does nothing.
+async fn reserve(conn: &mut PgConnection, env: &Envelope, sku: &str, quantity: i32) -> sqlx::Result<Option<Message>> {
+    if quantity <= 0 {
+        return Ok(Some(Message::StockRejected { reason: "invalid_quantity".into() }));
+    }
+    let claimed = sqlx::query(
+        "INSERT INTO reservations (order_id, sku, quantity, status) VALUES ($1, $2, $3, 'RESERVED')
+         ON CONFLICT (order_id) DO NOTHING",
+    )
+    .bind(env.order_id)
+    .bind(sku)
+    .bind(quantity)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if claimed == 0 {
+        tracing::info!("order already has a reservation; reserve is a no-op");
+        telemetry::metrics::incr("inventory_repeat_commands_total", &[("command", "reserve")]);
+        return Ok(None);
+    }
+    // The conditional decrement is atomic: concurrent orders for the last
+    // unit serialise on the stock row and only one sees available >= quantity.
+    let taken = sqlx::query(
+        "UPDATE stock SET available = available - $2, updated_at = now() WHERE sku = $1 AND available >= $2",
+    )
+    .bind(sku)
+    .bind(quantity)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if taken == 1 {
+        telemetry::metrics::incr("inventory_reserved_total", &[]);
+        return Ok(Some(Message::StockReserved));
+    }
+    sqlx::query("UPDATE reservations SET status = 'REJECTED', updated_at = now() WHERE order_id = $1")
+        .bind(env.order_id)
+        .execute(&mut *conn)
+        .await?;
+    telemetry::metrics::incr("inventory_rejected_total", &[]);
+    Ok(Some(Message::StockRejected { reason: "out_of_stock".into() }))
+}
+
+/// Releases the order's reservation once: only a RESERVED row moves to
+/// RELEASED, and the row lock of that UPDATE serialises concurrent releases.
+async fn release(conn: &mut PgConnection, env: &Envelope) -> sqlx::Result<Option<Message>> {
+    let released: Option<(String, i32)> = sqlx::query_as(
+        "UPDATE reservations SET status = 'RELEASED', updated_at = now()
+         WHERE order_id = $1 AND status = 'RESERVED' RETURNING sku, quantity",
+    )
+    .bind(env.order_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some((sku, quantity)) = released else {
+        tracing::info!("no reserved stock for order; release is a no-op");
+        telemetry::metrics::incr("inventory_repeat_commands_total", &[("command", "release")]);
+        return Ok(None);
+    };
+    sqlx::query("UPDATE stock SET available = available + $2, updated_at = now() WHERE sku = $1")
+        .bind(&sku)
+        .bind(quantity)
+        .execute(&mut *conn)
+        .await?;
+    telemetry::metrics::incr("inventory_released_total", &[]);
+    Ok(Some(Message::StockReleased))
+}
+
+/// Stock level of one SKU.
+#[derive(Debug, Serialize, Deserialize, sqlx::FromRow)]
+pub struct StockLevel {
+    /// SKU.
+    pub sku: String,
+    /// Units available.
+    pub available: i32,
+    /// Units held by live reservations.
+    pub reserved: i64,
+}
+
+/// `GET /stock` — available and reserved units per SKU.
+pub async fn list(State(pool): State<PgPool>) -> Result<Json<Vec<StockLevel>>, (StatusCode, String)> {
+    sqlx::query_as(
+        "SELECT s.sku, s.available,
+                COALESCE((SELECT sum(quantity) FROM reservations r WHERE r.sku = s.sku AND r.status = 'RESERVED'), 0)::int8 AS reserved
+         FROM stock s ORDER BY s.sku",
+    )
+    .fetch_all(&pool)
+    .await
+    .map(Json)
+    .map_err(|e| (StatusCode::SERVICE_UNAVAILABLE, e.to_string()))
+}
+
+/// Body of `PUT /stock/{sku}`.
+#[derive(Debug, Deserialize)]
+pub struct SetStock {
+    /// New available count (>= 0).
+    pub available: i32,
+}
+
+/// `PUT /stock/{sku}` — sets the available count (seeding and tests).
+pub async fn set(
+    State(pool): State<PgPool>,
+    Path(sku): Path<String>,
+    Json(body): Json<SetStock>,
+) -> Result<StatusCode, (StatusCode, String)> {
+    if body.available < 0 {
+        return Err((StatusCode::UNPROCESSABLE_ENTITY, "available must be >= 0".into()));
+    }
+    sqlx::query(
+        "INSERT INTO stock (sku, available) VALUES ($1, $2)
+         ON CONFLICT (sku) DO UPDATE SET available = EXCLUDED.available, updated_at = now()",
+    )
+    .bind(&sku)
+    .bind(body.available)
+    .execute(&pool)
+    .await
+    .map_err(|e| (StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,277 @@
+//! Charges, refunds and the ledger.
+
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use chrono::{DateTime, Utc};
+use idempotency::{IdempotencyKey, Keyed, Outcome, StoredResponse};
+use runtime::problem::{Problem, PROBLEM_JSON};
+use serde::{Deserialize, Serialize};
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::faults::FaultSwitch;
+use crate::AppState;
+
+/// Errors of the gateway API.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// Malformed request.
+    #[error("{0}")]
+    BadRequest(String),
+    /// Valid syntax, refused content (stored under the key).
+    #[error("{0}")]
+    Unprocessable(String),
+    /// Same key, first request still running.
+    #[error("a request with this Idempotency-Key is in progress")]
+    InFlight,
+    /// Same key, different parameters.
+    #[error("Idempotency-Key reused with different parameters")]
+    KeyReused,
+    /// Injected or real unavailability before commit: retry is safe.
+    #[error("gateway temporarily unavailable")]
+    Unavailable,
+    /// Anything else.
+    #[error("internal error")]
+    Internal(#[from] anyhow::Error),
+}
+
+impl From<idempotency::Error> for GatewayError {
+    fn from(e: idempotency::Error) -> Self {
+        Self::Internal(e.into())
+    }
+}
+
+impl From<sqlx::Error> for GatewayError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Internal(e.into())
+    }
+}
+
+impl GatewayError {
+    fn problem(&self) -> Problem {
+        let (status, kind) = match self {
+            Self::BadRequest(_) => (StatusCode::BAD_REQUEST, "/problems/bad-request"),
+            Self::Unprocessable(_) => (StatusCode::UNPROCESSABLE_ENTITY, "/problems/unprocessable"),
+            Self::InFlight => (StatusCode::CONFLICT, "/problems/idempotency-key-in-flight"),
+            Self::KeyReused => (StatusCode::UNPROCESSABLE_ENTITY, "/problems/idempotency-key-reused"),
+            Self::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "/problems/unavailable"),
+            Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "/problems/internal"),
+        };
+        Problem::new(status, kind, "Gateway error", self.to_string())
+    }
+}
+
+impl IntoResponse for GatewayError {
+    fn into_response(self) -> Response {
+        if let Self::Internal(e) = &self {
+            tracing::error!(error = ?e, "gateway request failed");
+        }
+        self.problem().into_response()
+    }
+}
+
+/// `POST /v1/charges` body.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ChargeRequest {
+    /// The merchant's order.
+    pub order_id: Uuid,
+    /// Amount in cents.
+    pub amount_cents: i64,
+    /// Card number.
+    pub card: String,
+}
+
+/// `POST /v1/refunds` body.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RefundRequest {
+    /// The merchant's order whose charge is refunded.
+    pub order_id: Uuid,
+    /// Amount in cents.
+    pub amount_cents: i64,
+}
+
+/// The result of a charge or refund.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Movement {
+    /// Ledger entry id.
+    pub id: Uuid,
+    /// `captured`, `declined` or `refunded`.
+    pub status: String,
+}
+
+/// A ledger entry.
+#[derive(Debug, Clone, Serialize, Deserialize, sqlx::FromRow)]
+pub struct LedgerEntry {
+    /// Entry id.
+    pub id: Uuid,
+    /// `charge` or `refund`.
+    pub kind: String,
+    /// Order.
+    pub order_id: Uuid,
+    /// Amount in cents.
+    pub amount_cents: i64,
+    /// `captured`, `declined` or `refunded`.
+    pub status: String,
+    /// Client that asked.
+    pub client_id: String,
+    /// Key it came with.
+    pub idempotency_key: String,
+    /// When.
+    pub created_at: DateTime<Utc>,
+}
+
+/// `POST /v1/charges` — captures, or declines card [`crate::DECLINED_CARD`] (402).
+pub async fn charge(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, GatewayError> {
+    let req: ChargeRequest = parse(&body)?;
+    if req.amount_cents <= 0 {
+        return Err(GatewayError::Unprocessable("amount_cents must be positive".into()));
+    }
+    keyed(&state, &headers, "/v1/charges", &body, Box::new(move |conn, client, key| {
+        Box::pin(async move {
+            let declined = req.card == crate::DECLINED_CARD;
+            let status = if declined { "declined" } else { "captured" };
+            let id = insert(conn, "charge", req.order_id, req.amount_cents, status, &client, &key).await?;
+            let code = if declined { StatusCode::PAYMENT_REQUIRED } else { StatusCode::CREATED };
+            telemetry::metrics::incr("gateway_charges_total", &[("status", status)]);
+            Ok(StoredResponse::json(code, &Movement { id, status: status.into() }, "application/json"))
+        })
+    }))
+    .await
+}
+
+/// `POST /v1/refunds` — refunds part or all of an order's captured charges;
+/// refunds beyond what was captured are refused (422).
+pub async fn refund(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, GatewayError> {
+    let req: RefundRequest = parse(&body)?;
+    keyed(&state, &headers, "/v1/refunds", &body, Box::new(move |conn, client, key| {
+        Box::pin(async move {
+            // Lock the order's ledger rows so concurrent refunds cannot overdraw.
+            let (captured, refunded): (i64, i64) = sqlx::query_as(
+                "SELECT COALESCE(sum(amount_cents) FILTER (WHERE kind = 'charge' AND status = 'captured'), 0)::int8,
+                        COALESCE(sum(amount_cents) FILTER (WHERE kind = 'refund'), 0)::int8
+                 FROM (SELECT * FROM ledger WHERE order_id = $1 FOR UPDATE) l",
+            )
+            .bind(req.order_id)
+            .fetch_one(&mut *conn)
+            .await?;
+            if req.amount_cents <= 0 || refunded + req.amount_cents > captured {
+                return Err(GatewayError::Unprocessable(format!(
+                    "refund of {} exceeds the refundable {}",
+                    req.amount_cents,
+                    captured - refunded
+                )));
+            }
+            let id = insert(conn, "refund", req.order_id, req.amount_cents, "refunded", &client, &key).await?;
+            telemetry::metrics::incr("gateway_refunds_total", &[]);
+            Ok(StoredResponse::json(StatusCode::CREATED, &Movement { id, status: "refunded".into() }, "application/json"))
+        })
+    }))
+    .await
+}
+
+/// `GET /v1/ledger` — every entry, oldest first.
+pub async fn list(State(state): State<AppState>) -> Result<Json<Vec<LedgerEntry>>, GatewayError> {
+    Ok(Json(
+        sqlx::query_as(
+            "SELECT id, kind, order_id, amount_cents, status, client_id, idempotency_key, created_at
+             FROM ledger ORDER BY created_at, id",
+        )
+        .fetch_all(&state.pool)
+        .await?,
+    ))
+}
+
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, GatewayError> {
+    serde_json::from_slice(body).map_err(|e| GatewayError::BadRequest(format!("invalid body: {e}")))
+}
+
+async fn insert(
+    conn: &mut PgConnection,
+    kind: &str,
+    order_id: Uuid,
+    amount_cents: i64,
+    status: &str,
+    client: &str,
+    key: &str,
+) -> Result<Uuid, GatewayError> {
+    let id = Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO ledger (id, kind, order_id, amount_cents, status, client_id, idempotency_key)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(id)
+    .bind(kind)
+    .bind(order_id)
+    .bind(amount_cents)
+    .bind(status)
+    .bind(client)
+    .bind(key)
+    .execute(conn)
+    .await?;
+    Ok(id)
+}
+
+/// A charge or refund, given the transaction, the client and the key.
+type Op = Box<
+    dyn for<'c> FnOnce(
+            &'c mut PgConnection,
+            String,
+            String,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<StoredResponse, GatewayError>> + Send + 'c>>
+        + Send,
+>;
+
+/// The keyed request flow with the configured faults around it.
+async fn keyed(state: &AppState, headers: &HeaderMap, path: &str, body: &[u8], op: Op) -> Result<Response, GatewayError> {
+    let key = IdempotencyKey::from_headers(headers).map_err(|e| GatewayError::BadRequest(e.to_string()))?;
+    let client = headers
+        .get("x-client-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("anonymous")
+        .to_owned();
+    let faults = state.faults.current();
+    if faults.latency_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(faults.latency_ms)).await;
+    }
+    let fingerprint = idempotency::fingerprint("POST", path, body);
+    let request = Keyed { scope: &client, key: &key.0, fingerprint: &fingerprint };
+    let (c, k) = (client.clone(), key.0.clone());
+    let fail_rate = faults.fail_rate;
+    let work: idempotency::Work<GatewayError> = Box::new(move |conn| {
+        Box::pin(async move {
+            if FaultSwitch::roll(fail_rate) {
+                telemetry::metrics::incr("gateway_injected_faults_total", &[("fault", "fail_before_commit")]);
+                return Err(GatewayError::Unavailable);
+            }
+            op(conn, c, k).await
+        })
+    });
+    let outcome = idempotency::execute(&state.pool, request, Duration::from_secs(86_400), work, |e: &GatewayError| {
+        matches!(e, GatewayError::Unprocessable(_)).then(|| {
+            let p = e.problem();
+            StoredResponse::json(p.status_code(), &p, PROBLEM_JSON)
+        })
+    })
+    .await?;
+    match outcome {
+        Outcome::Completed(stored) => {
+            if FaultSwitch::roll(faults.timeout_after_commit_rate) {
+                telemetry::metrics::incr("gateway_injected_faults_total", &[("fault", "timeout_after_commit")]);
+                tracing::warn!("committed; now hanging past the client's timeout");
+                tokio::time::sleep(Duration::from_millis(faults.hang_ms)).await;
+            }
+            Ok(stored.to_response(false))
+        }
+        Outcome::Replayed(stored) => {
+            telemetry::metrics::incr("gateway_replays_total", &[]);
+            Ok(stored.to_response(true))
+        }
+        Outcome::InFlight => Err(GatewayError::InFlight),
+        Outcome::Mismatch => Err(GatewayError::KeyReused),
+    }
+}

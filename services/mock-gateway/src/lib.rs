@@ -1,0 +1,96 @@
+//! mock-gateway: a payment provider that behaves like Stripe where it matters
+//! here — every `POST` needs an `Idempotency-Key`, a retried key returns the
+//! original result, a key reused with other parameters is refused — and whose
+//! ledger is the ground truth for "charged twice?".
+//!
+//! Declines: card `4000000000000002` is always declined (Stripe's test card
+//! for a generic decline). Faults ([`faults`]) can be set at start from the
+//! environment or at run time through `/admin/faults` when enabled.
+
+pub mod faults;
+pub mod ledger;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::routing::{get, post};
+use axum::Router;
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// The card number that is always declined.
+pub const DECLINED_CARD: &str = "4000000000000002";
+
+/// mock-gateway configuration, from environment variables.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "mock-gateway", about = "Stripe-like payment gateway with a ledger and fault injection")]
+pub struct Config {
+    /// PostgreSQL URL of the `gateway` database (created if missing).
+    #[arg(long, env = "DATABASE_URL", default_value = "postgres://postgres@127.0.0.1:5432/gateway")]
+    pub database_url: String,
+    /// HTTP address.
+    #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8083")]
+    pub http_addr: SocketAddr,
+    /// Enables `GET/PUT /admin/faults` (never in production).
+    #[arg(long, env = "GATEWAY_ADMIN", default_value_t = false)]
+    pub admin: bool,
+    /// Initial faults.
+    #[command(flatten)]
+    pub faults: faults::Faults,
+}
+
+/// Handler state.
+#[derive(Clone)]
+pub struct AppState {
+    /// The ledger database.
+    pub pool: PgPool,
+    /// Current faults.
+    pub faults: Arc<faults::FaultSwitch>,
+}
+
+/// A built gateway.
+pub struct App {
+    state: AppState,
+    listener: TcpListener,
+    admin: bool,
+}
+
+/// Connects, migrates and binds.
+pub async fn build(config: Config) -> anyhow::Result<App> {
+    let pool = runtime::db::connect(
+        &config.database_url,
+        16,
+        vec![idempotency::migrator(), sqlx::migrate!("../../migrations/gateway")],
+    )
+    .await?;
+    let listener = TcpListener::bind(config.http_addr).await?;
+    let state = AppState { pool, faults: Arc::new(faults::FaultSwitch::new(config.faults)) };
+    Ok(App { state, listener, admin: config.admin })
+}
+
+impl App {
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr().expect("bound listener")
+    }
+
+    /// Serves until `shutdown`.
+    pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        tracing::info!(addr = %self.local_addr(), admin = self.admin, "mock-gateway listening");
+        let mut api = Router::new()
+            .route("/v1/charges", post(ledger::charge))
+            .route("/v1/refunds", post(ledger::refund))
+            .route("/v1/ledger", get(ledger::list));
+        if self.admin {
+            api = api.route("/admin/faults", get(faults::get).put(faults::put));
+        }
+        let reaper = tokio::spawn(idempotency::run_reaper(self.state.pool.clone(), shutdown.clone()));
+        let app = api.with_state(self.state.clone()).merge(runtime::admin::router(self.state.pool.clone()));
+        runtime::admin::serve(self.listener, app, shutdown.clone()).await?;
+        shutdown.cancel();
+        reaper.await?;
+        Ok(())
+    }
+}
+

@@ -1,0 +1,158 @@
+//! The order aggregate and its queries. Writers take `&mut PgConnection` so
+//! the caller's transaction also covers the outbox row and idempotency key.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::{FromRow, PgConnection};
+use uuid::Uuid;
+
+use crate::saga::Status;
+
+/// An order as stored.
+#[derive(Debug, Clone, Serialize, FromRow)]
+pub struct Order {
+    /// Order id (also the saga's correlation id and Kafka key).
+    pub id: Uuid,
+    /// The client that placed it (X-Client-Id).
+    pub client_id: String,
+    /// Stock keeping unit.
+    pub sku: String,
+    /// Units.
+    pub quantity: i32,
+    /// Total in cents.
+    pub amount_cents: i64,
+    /// Card token, never logged.
+    #[serde(skip)]
+    pub card: String,
+    /// Saga state.
+    #[sqlx(try_from = "String")]
+    pub status: Status,
+    /// Why it was cancelled, when it was.
+    pub cancel_reason: Option<String>,
+    /// Creation time.
+    pub created_at: DateTime<Utc>,
+    /// Last transition time.
+    pub updated_at: DateTime<Utc>,
+}
+
+/// One saga step as shown by `GET /orders/{id}`.
+#[derive(Debug, Clone, Serialize, FromRow)]
+pub struct HistoryEntry {
+    /// Status before.
+    pub from_status: Option<String>,
+    /// Status after (equal to before when ignored).
+    pub to_status: String,
+    /// Event type or HTTP action that caused it.
+    pub cause: String,
+    /// Causing event, if any.
+    pub event_id: Option<Uuid>,
+    /// False for an illegal or stale transition that was ignored.
+    pub applied: bool,
+    /// When.
+    pub at: DateTime<Utc>,
+}
+
+/// Fields of a new order.
+#[derive(Debug, Clone)]
+pub struct NewOrder {
+    /// Stock keeping unit.
+    pub sku: String,
+    /// Units.
+    pub quantity: i32,
+    /// Total in cents.
+    pub amount_cents: i64,
+    /// Card token.
+    pub card: String,
+}
+
+const COLUMNS: &str = "id, client_id, sku, quantity, amount_cents, card, status, cancel_reason, created_at, updated_at";
+
+/// Inserts a PENDING order and its first history entry.
+pub async fn insert(conn: &mut PgConnection, client_id: &str, new: &NewOrder) -> sqlx::Result<Order> {
+    let id = Uuid::now_v7();
+    let order: Order = sqlx::query_as(&format!(
+        "INSERT INTO orders (id, client_id, sku, quantity, amount_cents, card, status)
+         VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING {COLUMNS}"
+    ))
+    .bind(id)
+    .bind(client_id)
+    .bind(&new.sku)
+    .bind(new.quantity)
+    .bind(new.amount_cents)
+    .bind(&new.card)
+    .bind(Status::Pending.as_str())
+    .fetch_one(&mut *conn)
+    .await?;
+    record_history(conn, id, None, Status::Pending, "OrderPlaced", None, true).await?;
+    Ok(order)
+}
+
+/// Loads an order.
+pub async fn get(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<Option<Order>> {
+    sqlx::query_as(&format!("SELECT {COLUMNS} FROM orders WHERE id = $1"))
+        .bind(id)
+        .fetch_optional(conn)
+        .await
+}
+
+/// Loads an order and locks it for a transition.
+pub async fn lock(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<Option<Order>> {
+    sqlx::query_as(&format!("SELECT {COLUMNS} FROM orders WHERE id = $1 FOR UPDATE"))
+        .bind(id)
+        .fetch_optional(conn)
+        .await
+}
+
+/// Sets the status (and cancel reason, when given).
+pub async fn set_status(
+    conn: &mut PgConnection,
+    id: Uuid,
+    status: Status,
+    cancel_reason: Option<&str>,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "UPDATE orders SET status = $2, cancel_reason = COALESCE($3, cancel_reason), updated_at = now() WHERE id = $1",
+    )
+    .bind(id)
+    .bind(status.as_str())
+    .bind(cancel_reason)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Appends a history entry.
+pub async fn record_history(
+    conn: &mut PgConnection,
+    id: Uuid,
+    from: Option<Status>,
+    to: Status,
+    cause: &str,
+    event_id: Option<Uuid>,
+    applied: bool,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO order_history (order_id, from_status, to_status, cause, event_id, applied)
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(id)
+    .bind(from.map(Status::as_str))
+    .bind(to.as_str())
+    .bind(cause)
+    .bind(event_id)
+    .bind(applied)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// The order's history, oldest first.
+pub async fn history(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<Vec<HistoryEntry>> {
+    sqlx::query_as(
+        "SELECT from_status, to_status, cause, event_id, applied, at
+         FROM order_history WHERE order_id = $1 ORDER BY id",
+    )
+    .bind(id)
+    .fetch_all(conn)
+    .await
+}

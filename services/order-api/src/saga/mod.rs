@@ -1,0 +1,82 @@
+//! The order saga: the state machine ([`transitions`]) and the consumer
+//! handler that applies replies from inventory and payment to it.
+//!
+//! Each reply is applied in one transaction: inbox row, order update,
+//! history entry and the next command's outbox row. A redelivered reply
+//! hits the inbox; a reply that is not legal in the order's current state
+//! (stale, reordered, or a second reply with a new event id) is recorded as
+//! ignored and counted, never applied.
+
+pub mod transitions;
+
+use messaging::consumer::{HandleError, Handled};
+use messaging::Envelope;
+use sqlx::PgPool;
+
+use crate::orders;
+pub use transitions::{decide, Decision, Input, Status};
+
+/// Handles one reply event for the saga.
+#[tracing::instrument(skip_all, fields(order_id = %envelope.order_id, event_type = %envelope.event_type, event_id = %envelope.event_id))]
+pub async fn handle(pool: &PgPool, envelope: Envelope) -> Result<Handled, HandleError> {
+    let message = envelope.message().map_err(HandleError::permanent)?;
+    let mut tx = pool.begin().await.map_err(HandleError::transient)?;
+    if inbox::record(&mut tx, crate::SAGA_CONSUMER, envelope.event_id)
+        .await
+        .map_err(HandleError::transient)?
+        == inbox::Recorded::Duplicate
+    {
+        return Ok(Handled::Duplicate);
+    }
+    let Some(order) = orders::lock(&mut tx, envelope.order_id).await.map_err(HandleError::transient)? else {
+        // Not retriable: an order id we never created. The inbox row commits so
+        // a redelivery is absorbed; the dead-letter topic gets nothing to replay.
+        tracing::warn!("reply for unknown order ignored");
+        telemetry::metrics::incr("saga_unknown_order_total", &[]);
+        tx.commit().await.map_err(HandleError::transient)?;
+        return Ok(Handled::Applied);
+    };
+    apply(&mut tx, &order, Input::Reply(&message), Some(&envelope)).await?;
+    tx.commit().await.map_err(HandleError::transient)?;
+    Ok(Handled::Applied)
+}
+
+/// Applies `input` to `order` (locked by the caller) inside the caller's
+/// transaction: status, history, outbox rows. Returns whether it was legal.
+pub async fn apply(
+    conn: &mut sqlx::PgConnection,
+    order: &orders::Order,
+    input: Input<'_>,
+    cause: Option<&Envelope>,
+) -> Result<bool, HandleError> {
+    let event_type = input.name();
+    let event_id = cause.map(|c| c.event_id);
+    match decide(order, input) {
+        Decision::Ignore => {
+            tracing::info!(status = order.status.as_str(), "illegal or stale transition ignored");
+            telemetry::metrics::incr(
+                "saga_ignored_transitions_total",
+                &[("status", order.status.as_str()), ("event_type", &event_type)],
+            );
+            orders::record_history(conn, order.id, Some(order.status), order.status, &event_type, event_id, false)
+                .await
+                .map_err(HandleError::transient)?;
+            Ok(false)
+        }
+        Decision::Apply { to, emit, cancel_reason } => {
+            orders::set_status(conn, order.id, to, cancel_reason).await.map_err(HandleError::transient)?;
+            orders::record_history(conn, order.id, Some(order.status), to, &event_type, event_id, true)
+                .await
+                .map_err(HandleError::transient)?;
+            for next in &emit {
+                outbox::emit(conn, order.id, next, cause).await.map_err(HandleError::transient)?;
+            }
+            telemetry::metrics::incr(
+                "saga_transitions_total",
+                &[("from", order.status.as_str()), ("to", to.as_str())],
+            );
+            tracing::info!(from = order.status.as_str(), to = to.as_str(), "saga transition");
+            Ok(true)
+        }
+    }
+}

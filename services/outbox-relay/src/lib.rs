@@ -1,0 +1,110 @@
+//! outbox-relay: one relay loop per source database (orders, inventory,
+//! payments), all sharing one idempotent producer. Any number of relay
+//! processes may run at once; see `outbox::relay` for why that is safe.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use outbox::{KafkaPublisher, Relay};
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// outbox-relay configuration, from environment variables.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "outbox-relay", about = "Publishes service outboxes to Kafka")]
+pub struct Config {
+    /// Comma-separated PostgreSQL URLs of the databases whose outbox to relay.
+    #[arg(
+        long,
+        env = "OUTBOX_DATABASE_URLS",
+        value_delimiter = ',',
+        default_value = "postgres://postgres@127.0.0.1:5432/orders,postgres://postgres@127.0.0.1:5432/inventory,postgres://postgres@127.0.0.1:5432/payments"
+    )]
+    pub database_urls: Vec<String>,
+    /// Kafka bootstrap servers.
+    #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
+    pub kafka_brokers: String,
+    /// Address of the admin endpoints.
+    #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8084")]
+    pub http_addr: SocketAddr,
+    /// Rows claimed per round.
+    #[arg(long, env = "RELAY_BATCH", default_value_t = 256)]
+    pub batch: i64,
+    /// Fallback poll interval when no notification arrives, in milliseconds.
+    #[arg(long, env = "RELAY_POLL_MS", default_value_t = 500)]
+    pub poll_ms: u64,
+    /// How long published rows are kept before deletion.
+    #[arg(long, env = "OUTBOX_RETENTION_SECS", default_value_t = 3 * 86_400)]
+    pub retention_secs: u64,
+}
+
+/// A built relay.
+pub struct App {
+    sources: Vec<(String, PgPool)>,
+    listener: TcpListener,
+    config: Config,
+}
+
+/// Connects to every source (creating the database and the outbox table if
+/// the owning service has not started yet) and binds the admin endpoint.
+pub async fn build(config: Config) -> anyhow::Result<App> {
+    let mut sources = Vec::new();
+    for url in &config.database_urls {
+        let name = url.rsplit('/').next().unwrap_or(url).split('?').next().unwrap_or(url).to_owned();
+        let pool = runtime::db::connect(url, 4, vec![outbox::migrator()]).await?;
+        sources.push((name, pool));
+    }
+    messaging::kafka::ensure_topics(&config.kafka_brokers, &messaging::message::TOPICS).await?;
+    let listener = TcpListener::bind(config.http_addr).await?;
+    Ok(App { sources, listener, config })
+}
+
+impl App {
+    /// The bound admin address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr().expect("bound listener")
+    }
+
+    /// Relays every source until `shutdown`.
+    pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        tracing::info!(addr = %self.local_addr(), sources = self.sources.len(), "outbox-relay running");
+        let publisher = KafkaPublisher::new(&self.config.kafka_brokers)?;
+        let mut tasks = Vec::new();
+        for (name, pool) in &self.sources {
+            let relay = Relay::new(pool.clone(), publisher.clone(), name.clone())
+                .batch(self.config.batch)
+                .poll_interval(Duration::from_millis(self.config.poll_ms));
+            let token = shutdown.clone();
+            let retention = Duration::from_secs(self.config.retention_secs);
+            tasks.push(tokio::spawn(async move {
+                tokio::join!(relay.run(token.clone()), housekeeping(&relay, retention, token));
+            }));
+        }
+        let admin_pool = self.sources.first().map(|(_, p)| p.clone()).expect("at least one source");
+        runtime::admin::serve(self.listener, runtime::admin::router(admin_pool), shutdown.clone()).await?;
+        shutdown.cancel();
+        for t in tasks {
+            t.await?;
+        }
+        Ok(())
+    }
+}
+
+/// Backlog gauges every 5 s; retention every minute.
+async fn housekeeping(relay: &Relay<KafkaPublisher>, retention: Duration, shutdown: CancellationToken) {
+    let mut tick = 0u64;
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+        }
+        if let Err(e) = relay.observe_backlog().await {
+            tracing::warn!(error = %e, "backlog query failed");
+        }
+        tick += 1;
+        if tick % 12 == 0 {
+            while let Ok(1000) = relay.purge_published(retention, 1000).await {}
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! HTTP client of the payment gateway. Every call carries the operation's
+//! Idempotency-Key; the caller decides what a failure means.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// The gateway's answer to a charge or refund.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// Captured or refunded; the gateway's entry id.
+    Done(String),
+    /// Declined by the issuer.
+    Declined(String),
+}
+
+/// Why a call did not produce a definite answer.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// Timeout, connection error, 409 in flight, 5xx: the outcome is unknown
+    /// or temporary — retry with the same key.
+    #[error("gateway call must be retried: {0}")]
+    Retry(String),
+    /// The gateway refused the request for good (4xx other than 402/409).
+    #[error("gateway refused: {0}")]
+    Refused(String),
+}
+
+#[derive(Serialize)]
+struct ChargeBody<'a> {
+    order_id: Uuid,
+    amount_cents: i64,
+    card: &'a str,
+}
+
+#[derive(Serialize)]
+struct RefundBody {
+    order_id: Uuid,
+    amount_cents: i64,
+}
+
+#[derive(Deserialize)]
+struct Movement {
+    id: String,
+    status: String,
+}
+
+/// The gateway client.
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Client {
+    /// A client for `base` with a per-request `timeout`.
+    pub fn new(base: &str, timeout: Duration) -> reqwest::Result<Self> {
+        Ok(Self {
+            http: reqwest::Client::builder().timeout(timeout).build()?,
+            base: base.trim_end_matches('/').to_owned(),
+        })
+    }
+
+    /// Charges `amount_cents` on `card` for `order_id` under `key`.
+    pub async fn charge(&self, key: &str, order_id: Uuid, amount_cents: i64, card: &str) -> Result<Reply, CallError> {
+        self.post("/v1/charges", key, &ChargeBody { order_id, amount_cents, card }).await
+    }
+
+    /// Refunds `amount_cents` of `order_id`'s charge under `key`.
+    pub async fn refund(&self, key: &str, order_id: Uuid, amount_cents: i64) -> Result<Reply, CallError> {
+        self.post("/v1/refunds", key, &RefundBody { order_id, amount_cents }).await
+    }
+
+    async fn post(&self, path: &str, key: &str, body: &impl Serialize) -> Result<Reply, CallError> {
+        let resp = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header("idempotency-key", key)
+            .header("x-client-id", crate::CONSUMER)
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| CallError::Retry(e.to_string()))?;
+        let status = resp.status();
+        let text = resp.text().await.map_err(|e| CallError::Retry(e.to_string()))?;
+        match status.as_u16() {
+            200..=299 | 402 => {
+                let m: Movement =
+                    serde_json::from_str(&text).map_err(|e| CallError::Retry(format!("unreadable reply: {e}")))?;
+                Ok(if m.status == "declined" { Reply::Declined(m.id) } else { Reply::Done(m.id) })
+            }
+            409 | 429 | 500..=599 => Err(CallError::Retry(format!("{status}: {text}"))),
+            _ => Err(CallError::Refused(format!("{status}: {text}"))),
+        }
+    }
+}
