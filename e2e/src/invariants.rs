@@ -1,0 +1,192 @@
+//! DESIGN.md's invariants, checked against the databases and the gateway
+//! ledger after the system has drained. Each violated invariant becomes one
+//! line in [`Audit::violations`]; an empty list is a pass.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+use sqlx::{Connection, PgConnection};
+use uuid::Uuid;
+
+use crate::stack::Stack;
+
+/// What the driver knows independently of the system under test.
+#[derive(Debug, Clone, Default)]
+pub struct Expected {
+    /// Stock seeded per SKU.
+    pub initial_stock: BTreeMap<String, i64>,
+    /// Every order acknowledged with 2xx: idempotency key → order id.
+    pub acknowledged: BTreeMap<String, Uuid>,
+}
+
+/// The audit of one run.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Audit {
+    /// Orders per status.
+    pub orders_by_status: BTreeMap<String, i64>,
+    /// Captured charges in the ledger.
+    pub captures: i64,
+    /// Declined charges in the ledger.
+    pub declines: i64,
+    /// Refunds in the ledger.
+    pub refunds: i64,
+    /// Orders with more than one capture.
+    pub double_charged: Vec<Uuid>,
+    /// Acknowledged orders that do not exist.
+    pub lost: Vec<Uuid>,
+    /// Orders not in a terminal state.
+    pub stuck: Vec<Uuid>,
+    /// Outbox rows not yet published, across all service databases.
+    pub unpublished_outbox_rows: i64,
+    /// Outbox rows parked as unpublishable.
+    pub parked_outbox_rows: i64,
+    /// Per SKU: (initial, available, reserved by live orders).
+    pub stock: BTreeMap<String, (i64, i64, i64)>,
+    /// Every broken invariant, in words.
+    pub violations: Vec<String>,
+}
+
+impl Audit {
+    /// Whether every invariant holds.
+    pub fn passed(&self) -> bool {
+        self.violations.is_empty()
+    }
+}
+
+async fn connect(url: &str) -> anyhow::Result<PgConnection> {
+    Ok(PgConnection::connect(url).await?)
+}
+
+/// Checks every invariant.
+pub async fn audit(stack: &Stack, expected: &Expected) -> anyhow::Result<Audit> {
+    let mut a = Audit::default();
+    let mut orders_db = connect(&stack.db_url("orders")).await?;
+    let mut gateway_db = connect(&stack.db_url("gateway")).await?;
+    let mut inventory_db = connect(&stack.db_url("inventory")).await?;
+
+    let orders: Vec<(Uuid, String, i64, String, i32)> =
+        sqlx::query_as("SELECT id, status, amount_cents, sku, quantity FROM orders").fetch_all(&mut orders_db).await?;
+    let known: BTreeSet<Uuid> = orders.iter().map(|o| o.0).collect();
+    for (_, status, ..) in &orders {
+        *a.orders_by_status.entry(status.clone()).or_default() += 1;
+    }
+
+    // Ledger: the ground truth of money.
+    let ledger: Vec<(Uuid, String, String, i64)> =
+        sqlx::query_as("SELECT order_id, kind, status, amount_cents FROM ledger").fetch_all(&mut gateway_db).await?;
+    let mut captures: BTreeMap<Uuid, (i64, i64)> = BTreeMap::new(); // order → (count, cents)
+    let mut refunded: BTreeMap<Uuid, i64> = BTreeMap::new();
+    for (order, kind, status, cents) in &ledger {
+        match (kind.as_str(), status.as_str()) {
+            ("charge", "captured") => {
+                a.captures += 1;
+                let e = captures.entry(*order).or_default();
+                e.0 += 1;
+                e.1 += cents;
+            }
+            ("charge", _) => a.declines += 1,
+            _ => {
+                a.refunds += 1;
+                *refunded.entry(*order).or_default() += cents;
+            }
+        }
+        if !known.contains(order) {
+            a.violations.push(format!("ledger entry for unknown order {order}"));
+        }
+    }
+    for (order, (count, _)) in &captures {
+        if *count > 1 {
+            a.double_charged.push(*order);
+        }
+    }
+    if !a.double_charged.is_empty() {
+        a.violations.push(format!("{} orders captured more than once", a.double_charged.len()));
+    }
+    let mut wrong_net = 0;
+    for (id, status, amount, ..) in &orders {
+        let net = captures.get(id).map_or(0, |c| c.1) - refunded.get(id).copied().unwrap_or(0);
+        let want = match status.as_str() {
+            "CONFIRMED" => *amount,
+            "CANCELLED" => 0,
+            _ => continue,
+        };
+        if net != want {
+            wrong_net += 1;
+        }
+    }
+    if wrong_net > 0 {
+        a.violations.push(format!("{wrong_net} terminal orders whose ledger net is wrong (CONFIRMED ≠ amount or CANCELLED ≠ 0)"));
+    }
+
+    // Nothing lost, nothing stuck, one order per key.
+    let acked: BTreeSet<Uuid> = expected.acknowledged.values().copied().collect();
+    a.lost = acked.difference(&known).copied().collect();
+    if !a.lost.is_empty() {
+        a.violations.push(format!("{} acknowledged orders lost", a.lost.len()));
+    }
+    a.stuck = orders
+        .iter()
+        .filter(|o| o.1 != "CONFIRMED" && o.1 != "CANCELLED")
+        .map(|o| o.0)
+        .collect();
+    if !a.stuck.is_empty() {
+        a.violations.push(format!("{} orders stuck in a non-terminal state", a.stuck.len()));
+    }
+    if acked.len() != expected.acknowledged.len() {
+        a.violations.push("two idempotency keys were acknowledged with the same order".into());
+    }
+    if orders.len() != expected.acknowledged.len() {
+        a.violations.push(format!(
+            "{} orders in the database for {} acknowledged keys (expected one order per key)",
+            orders.len(),
+            expected.acknowledged.len()
+        ));
+    }
+
+    // Every committed outbox row published.
+    for db in ["orders", "inventory", "payments"] {
+        let mut c = connect(&stack.db_url(db)).await?;
+        let (pending, parked): (i64, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE published_at IS NULL AND parked_at IS NULL),
+                    count(*) FILTER (WHERE parked_at IS NOT NULL) FROM outbox",
+        )
+        .fetch_one(&mut c)
+        .await?;
+        a.unpublished_outbox_rows += pending;
+        a.parked_outbox_rows += parked;
+    }
+    if a.unpublished_outbox_rows > 0 || a.parked_outbox_rows > 0 {
+        a.violations.push(format!(
+            "outbox not drained: {} pending, {} parked",
+            a.unpublished_outbox_rows, a.parked_outbox_rows
+        ));
+    }
+
+    // Stock conservation: initial = available + reserved(live), and what is
+    // reserved is exactly what CONFIRMED orders hold.
+    let levels: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT s.sku, s.available::int8,
+                COALESCE((SELECT sum(quantity) FROM reservations r WHERE r.sku = s.sku AND r.status = 'RESERVED'), 0)::int8
+         FROM stock s",
+    )
+    .fetch_all(&mut inventory_db)
+    .await?;
+    let mut confirmed_qty: BTreeMap<&str, i64> = BTreeMap::new();
+    for (_, status, _, sku, qty) in &orders {
+        if status == "CONFIRMED" {
+            *confirmed_qty.entry(sku.as_str()).or_default() += i64::from(*qty);
+        }
+    }
+    for (sku, available, reserved) in levels {
+        let initial = expected.initial_stock.get(&sku).copied().unwrap_or(0);
+        if available < 0 || available + reserved != initial {
+            a.violations.push(format!("stock of {sku}: initial {initial} ≠ available {available} + reserved {reserved}"));
+        }
+        let held = confirmed_qty.get(sku.as_str()).copied().unwrap_or(0);
+        if reserved != held {
+            a.violations.push(format!("stock of {sku}: {reserved} reserved but CONFIRMED orders hold {held}"));
+        }
+        a.stock.insert(sku, (initial, available, reserved));
+    }
+    Ok(a)
+}

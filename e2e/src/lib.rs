@@ -1,0 +1,16 @@
+//! The end-to-end harness, shared by `cargo xtask` and the e2e tests.
+//!
+//! - [`broker`]: finds (or installs) the tansu broker.
+//! - [`stack`]: starts the broker and the five services as real processes on
+//!   free ports with fresh, uniquely named databases; kills and restarts them.
+//! - [`driver`]: places orders over HTTP like real clients do.
+//! - [`invariants`]: checks DESIGN.md's invariants against the databases and
+//!   the gateway ledger.
+
+pub mod broker;
+pub mod demo;
+pub mod driver;
+pub mod invariants;
+pub mod stack;
+
+pub use stack::{Service, Stack, StackOptions};

@@ -1,0 +1,377 @@
+//! The whole system as real processes: the tansu broker and the five
+//! services, each on a free loopback port, each service on its own freshly
+//! named database. Processes are stopped by their own pids — SIGKILL for
+//! crashes, SIGTERM for a clean stop — and databases are dropped at the end.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// One process of the stack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Service {
+    /// The Kafka-protocol broker (tansu).
+    Broker,
+    /// mock-gateway.
+    Gateway,
+    /// inventory-service.
+    Inventory,
+    /// payment-service.
+    Payment,
+    /// order-api.
+    OrderApi,
+    /// outbox-relay.
+    Relay,
+}
+
+impl Service {
+    /// Start order: broker first, relay last.
+    pub const ALL: [Service; 6] =
+        [Service::Broker, Service::Gateway, Service::Inventory, Service::Payment, Service::OrderApi, Service::Relay];
+
+    /// Process name (also the binary name, except the broker).
+    pub fn name(self) -> &'static str {
+        match self {
+            Service::Broker => "tansu",
+            Service::Gateway => "mock-gateway",
+            Service::Inventory => "inventory-service",
+            Service::Payment => "payment-service",
+            Service::OrderApi => "order-api",
+            Service::Relay => "outbox-relay",
+        }
+    }
+
+    /// Port used by `cargo xtask up` (fixed, documented in the README).
+    fn fixed_port(self) -> u16 {
+        match self {
+            Service::Broker => 9092,
+            Service::OrderApi => 8080,
+            Service::Inventory => 8081,
+            Service::Payment => 8082,
+            Service::Gateway => 8083,
+            Service::Relay => 8084,
+        }
+    }
+}
+
+/// How to start a stack.
+#[derive(Debug, Clone)]
+pub struct StackOptions {
+    /// Logs (one file per process) and the broker's data live here.
+    pub run_dir: PathBuf,
+    /// Database name prefix: databases are `<prefix>_orders` etc. (`orders` when empty).
+    pub db_prefix: String,
+    /// Server part of the PostgreSQL URL, e.g. `postgres://postgres@127.0.0.1:5432`.
+    pub pg_base: String,
+    /// Directory holding the service binaries.
+    pub bin_dir: PathBuf,
+    /// Use the documented fixed ports instead of free ones.
+    pub fixed_ports: bool,
+    /// Also print every log line to the console, prefixed by the process name.
+    pub echo: bool,
+    /// Extra environment per service (faults, feature switches).
+    pub extra_env: Vec<(Service, String, String)>,
+}
+
+impl StackOptions {
+    /// Options for a throw-away stack: a new temp dir, a unique database
+    /// prefix, free ports, binaries next to the running executable.
+    pub fn ephemeral(label: &str) -> anyhow::Result<Self> {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let short = &id[..10];
+        let run_dir = std::env::temp_dir().join(format!("eo-{label}-{short}"));
+        std::fs::create_dir_all(&run_dir)?;
+        Ok(Self {
+            run_dir,
+            db_prefix: format!("eo_{label}_{short}"),
+            pg_base: pg_base(),
+            bin_dir: default_bin_dir()?,
+            fixed_ports: false,
+            echo: false,
+            extra_env: Vec::new(),
+        })
+    }
+}
+
+/// The PostgreSQL server: `$PG_BASE_URL`, default `postgres://postgres@127.0.0.1:5432`.
+pub fn pg_base() -> String {
+    std::env::var("PG_BASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
+}
+
+/// The directory of the workspace's binaries: `$EO_BIN_DIR`, else the
+/// directory of the running executable (`target/<profile>`, also for test
+/// binaries in `target/<profile>/deps`).
+pub fn default_bin_dir() -> anyhow::Result<PathBuf> {
+    if let Ok(d) = std::env::var("EO_BIN_DIR") {
+        return Ok(PathBuf::from(d));
+    }
+    let exe = std::env::current_exe()?;
+    let mut dir = exe.parent().context("executable has no directory")?.to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    Ok(dir)
+}
+
+/// A running stack.
+pub struct Stack {
+    opts: StackOptions,
+    ports: BTreeMap<Service, u16>,
+    procs: BTreeMap<Service, Child>,
+    http: reqwest::Client,
+    /// Kills per service, for reports.
+    pub kills: BTreeMap<Service, u32>,
+}
+
+impl Stack {
+    /// Starts the broker and all services and waits until each is ready.
+    pub async fn start(opts: StackOptions) -> anyhow::Result<Self> {
+        let mut ports = BTreeMap::new();
+        for s in Service::ALL {
+            let port = if opts.fixed_ports { s.fixed_port() } else { free_port()? };
+            ports.insert(s, port);
+        }
+        std::fs::create_dir_all(opts.run_dir.join("logs"))?;
+        std::fs::create_dir_all(opts.run_dir.join("broker"))?;
+        let mut stack = Stack {
+            opts,
+            ports,
+            procs: BTreeMap::new(),
+            http: reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?,
+            kills: BTreeMap::new(),
+        };
+        for s in Service::ALL {
+            stack.start_service(s).await?;
+        }
+        Ok(stack)
+    }
+
+    /// The options this stack was started with.
+    pub fn options(&self) -> &StackOptions {
+        &self.opts
+    }
+
+    /// `host:port` of a process.
+    pub fn addr(&self, s: Service) -> String {
+        format!("127.0.0.1:{}", self.ports[&s])
+    }
+
+    /// Base HTTP URL of a service.
+    pub fn url(&self, s: Service) -> String {
+        format!("http://{}", self.addr(s))
+    }
+
+    /// Broker bootstrap address.
+    pub fn brokers(&self) -> String {
+        self.addr(Service::Broker)
+    }
+
+    /// Full URL of one service database (`orders`, `inventory`, `payments`, `gateway`).
+    pub fn db_url(&self, db: &str) -> String {
+        if self.opts.db_prefix.is_empty() {
+            format!("{}/{db}", self.opts.pg_base)
+        } else {
+            format!("{}/{}_{db}", self.opts.pg_base, self.opts.db_prefix)
+        }
+    }
+
+    fn env(&self, s: Service) -> Vec<(String, String)> {
+        let mut env: Vec<(String, String)> = vec![("HTTP_ADDR".into(), self.addr(s))];
+        let brokers = ("KAFKA_BROKERS".to_owned(), self.brokers());
+        match s {
+            Service::Broker => env.clear(),
+            Service::Gateway => {
+                env.push(("DATABASE_URL".into(), self.db_url("gateway")));
+                env.push(("GATEWAY_ADMIN".into(), "true".into()));
+            }
+            Service::Inventory => env.extend([("DATABASE_URL".into(), self.db_url("inventory")), brokers]),
+            Service::Payment => env.extend([
+                ("DATABASE_URL".into(), self.db_url("payments")),
+                ("GATEWAY_URL".into(), self.url(Service::Gateway)),
+                brokers,
+            ]),
+            Service::OrderApi => env.extend([("DATABASE_URL".into(), self.db_url("orders")), brokers]),
+            Service::Relay => env.extend([
+                (
+                    "OUTBOX_DATABASE_URLS".into(),
+                    ["orders", "inventory", "payments"].map(|d| self.db_url(d)).join(","),
+                ),
+                ("RELAY_POLL_MS".into(), "200".into()),
+                brokers,
+            ]),
+        }
+        for (svc, k, v) in &self.opts.extra_env {
+            if *svc == s {
+                env.push((k.clone(), v.clone()));
+            }
+        }
+        env
+    }
+
+    /// Starts one process (again) and waits until it is ready.
+    pub async fn start_service(&mut self, s: Service) -> anyhow::Result<()> {
+        let mut cmd = match s {
+            Service::Broker => {
+                let tansu = crate::broker::ensure()?;
+                let listener = format!("tcp://{}", self.addr(s));
+                let mut c = Command::new(tansu);
+                c.args(["broker", "--storage-engine", "sqlite://tansu.db"])
+                    .args(["--listener-url", &listener, "--advertised-listener-url", &listener])
+                    .current_dir(self.opts.run_dir.join("broker"));
+                c
+            }
+            _ => {
+                let bin = self.opts.bin_dir.join(s.name());
+                anyhow::ensure!(bin.is_file(), "{} not found: build the workspace first (cargo build --bins)", bin.display());
+                Command::new(bin)
+            }
+        };
+        cmd.envs(self.env(s)).stdin(Stdio::null()).kill_on_drop(true);
+        if std::env::var_os("RUST_LOG").is_none() {
+            cmd.env("RUST_LOG", "info");
+        }
+        let log_path = self.opts.run_dir.join("logs").join(format!("{}.log", s.name()));
+        let child = if self.opts.echo {
+            let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+            let out = child.stdout.take().expect("piped");
+            let err = child.stderr.take().expect("piped");
+            tokio::spawn(tee(out, log_path.clone(), s.name()));
+            tokio::spawn(tee(err, log_path, s.name()));
+            child
+        } else {
+            let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path)?;
+            cmd.stdout(log.try_clone()?).stderr(log).spawn()?
+        };
+        self.procs.insert(s, child);
+        self.wait_ready(s, Duration::from_secs(60)).await
+    }
+
+    async fn wait_ready(&mut self, s: Service, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.procs.get_mut(&s).and_then(|c| c.try_wait().ok().flatten()) {
+                bail!("{} exited during start-up ({status}); see {}", s.name(), self.log_path(s).display());
+            }
+            let ready = match s {
+                Service::Broker => tokio::net::TcpStream::connect(self.addr(s)).await.is_ok(),
+                _ => self
+                    .http
+                    .get(format!("{}/health/ready", self.url(s)))
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success()),
+            };
+            if ready {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("{} not ready after {timeout:?}; see {}", s.name(), self.log_path(s).display());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The log file of a process.
+    pub fn log_path(&self, s: Service) -> PathBuf {
+        self.opts.run_dir.join("logs").join(format!("{}.log", s.name()))
+    }
+
+    /// The pid of a running process.
+    pub fn pid(&self, s: Service) -> Option<u32> {
+        self.procs.get(&s).and_then(Child::id)
+    }
+
+    /// SIGKILLs a process (a crash: no shutdown hooks run) and reaps it.
+    pub async fn kill(&mut self, s: Service) -> anyhow::Result<()> {
+        if let Some(mut child) = self.procs.remove(&s) {
+            child.start_kill()?;
+            child.wait().await?;
+            *self.kills.entry(s).or_default() += 1;
+        }
+        Ok(())
+    }
+
+    /// SIGKILLs and starts a process again.
+    pub async fn restart(&mut self, s: Service) -> anyhow::Result<()> {
+        self.kill(s).await?;
+        self.start_service(s).await
+    }
+
+    /// Whether the process is alive; reaps it (and forgets it) when it exited
+    /// on its own, e.g. by a failpoint's abort.
+    pub fn is_running(&mut self, s: Service) -> bool {
+        match self.procs.get_mut(&s).map(|c| c.try_wait()) {
+            Some(Ok(None)) => true,
+            Some(_) => {
+                self.procs.remove(&s);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Stops every process with SIGTERM (SIGKILL after 10 s) in reverse start
+    /// order, drops the databases, and removes the run directory when asked.
+    pub async fn shutdown(mut self, remove_run_dir: bool) -> anyhow::Result<()> {
+        for s in Service::ALL.into_iter().rev() {
+            if let Some(mut child) = self.procs.remove(&s) {
+                terminate(&mut child).await;
+            }
+        }
+        for db in ["orders", "inventory", "payments", "gateway"] {
+            runtime::db::drop_database(&self.db_url(db)).await?;
+        }
+        if remove_run_dir {
+            let _ = std::fs::remove_dir_all(&self.opts.run_dir);
+        }
+        Ok(())
+    }
+
+    /// Waits until every process exits or ctrl-c, then stops the rest
+    /// (`cargo xtask up`). Databases are kept.
+    pub async fn run_until_ctrl_c(mut self) -> anyhow::Result<()> {
+        tokio::signal::ctrl_c().await?;
+        eprintln!("stopping…");
+        for s in Service::ALL.into_iter().rev() {
+            if let Some(mut child) = self.procs.remove(&s) {
+                terminate(&mut child).await;
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn terminate(child: &mut Child) {
+    if let Some(pid) = child.id() {
+        let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status().await;
+        if tokio::time::timeout(Duration::from_secs(10), child.wait()).await.is_ok() {
+            return;
+        }
+    }
+    let _ = child.kill().await;
+}
+
+async fn tee(stream: impl tokio::io::AsyncRead + Unpin, path: PathBuf, name: &'static str) {
+    let Ok(mut file) = tokio::fs::OpenOptions::new().create(true).append(true).open(&path).await else { return };
+    let mut lines = BufReader::new(stream).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        println!("{name:>17} | {line}");
+        let _ = file.write_all(format!("{line}\n").as_bytes()).await;
+    }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Reads the last `n` lines of a file (for failure messages).
+pub fn tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}

@@ -1,0 +1,80 @@
+//! docker-compose.yml is kept in step with the services' configuration:
+//! no Docker engine runs here, so the file is parsed and compared with the
+//! environment variables each service's `Config` actually reads.
+
+use std::collections::BTreeSet;
+
+use clap::CommandFactory;
+
+fn declared<C: CommandFactory>() -> BTreeSet<String> {
+    C::command()
+        .get_arguments()
+        .filter_map(|a| a.get_env().map(|e| e.to_string_lossy().into_owned()))
+        .collect()
+}
+
+fn compose() -> serde_yaml::Value {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docker-compose.yml");
+    let text = std::fs::read_to_string(path).expect("docker-compose.yml exists");
+    let mut doc: serde_yaml::Value = serde_yaml::from_str(&text).expect("docker-compose.yml is valid YAML");
+    doc.apply_merge().expect("YAML merge keys resolve");
+    doc
+}
+
+#[test]
+fn compose_services_use_exactly_the_variables_their_config_reads() {
+    let doc = compose();
+    let services = doc["services"].as_mapping().expect("services");
+    let configs = [
+        ("order-api", declared::<order_api::Config>()),
+        ("inventory-service", declared::<inventory_service::Config>()),
+        ("payment-service", declared::<payment_service::Config>()),
+        ("mock-gateway", declared::<mock_gateway::Config>()),
+        ("outbox-relay", declared::<outbox_relay::Config>()),
+    ];
+    for (name, vars) in &configs {
+        let svc = &services[&serde_yaml::Value::from(*name)];
+        assert!(svc.is_mapping(), "{name} missing from docker-compose.yml");
+        let env: BTreeSet<String> = svc["environment"]
+            .as_mapping()
+            .unwrap_or_else(|| panic!("{name} has no environment"))
+            .keys()
+            .map(|k| k.as_str().expect("string key").to_owned())
+            .collect();
+        for key in &env {
+            assert!(vars.contains(key), "{name}: compose sets {key}, which the service does not read");
+        }
+        // The defaults point at 127.0.0.1, which is wrong inside a container.
+        for must in ["DATABASE_URL", "OUTBOX_DATABASE_URLS", "KAFKA_BROKERS", "HTTP_ADDR", "GATEWAY_URL"] {
+            if vars.contains(must) {
+                assert!(env.contains(must), "{name}: compose must set {must}");
+            }
+        }
+        assert!(svc["healthcheck"].is_mapping(), "{name} has no healthcheck");
+        assert_eq!(svc["command"][0].as_str(), Some(*name), "{name} runs the wrong binary");
+        for dep in ["postgres", "kafka"] {
+            assert_eq!(
+                svc["depends_on"][dep]["condition"].as_str(),
+                Some("service_healthy"),
+                "{name} must wait for a healthy {dep}"
+            );
+        }
+    }
+    let dockerfile = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../Dockerfile")).unwrap();
+    for (name, _) in &configs {
+        assert!(dockerfile.contains(&format!("-p {name}")), "Dockerfile does not build {name}");
+        assert!(dockerfile.contains(&format!("release/{name}")), "Dockerfile does not ship {name}");
+    }
+}
+
+#[test]
+fn compose_creates_every_service_database_and_runs_kafka_in_kraft_mode() {
+    let doc = compose();
+    let init = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docker/postgres-init.sql")).unwrap();
+    for db in ["orders", "inventory", "payments", "gateway"] {
+        assert!(init.contains(&format!("CREATE DATABASE {db};")), "init script misses {db}");
+    }
+    let kafka = &doc["services"]["kafka"]["environment"];
+    assert_eq!(kafka["KAFKA_PROCESS_ROLES"].as_str(), Some("broker,controller"));
+    assert_eq!(doc["services"]["postgres"]["image"].as_str(), Some("postgres:16"));
+}

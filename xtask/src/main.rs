@@ -1,0 +1,118 @@
+//! `cargo xtask <command>`: run the tests, the stack, the demo.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use e2e::demo::{self, Mix};
+use e2e::{Stack, StackOptions};
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "effectively-once developer commands")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install what is missing (tansu), build the services and run every test
+    /// of the workspace (the README's test command, also what CI runs).
+    Test {
+        /// Extra arguments for `cargo test` (e.g. a test name filter).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Start the broker and every service on the documented ports
+    /// (databases orders, inventory, payments, gateway; data in .data/). Ctrl-c stops.
+    Up,
+    /// Boot a throw-away stack, run a mix of orders through it, print a
+    /// summary and exit non-zero if any invariant is broken.
+    Demo {
+        /// Payable orders.
+        #[arg(long, default_value_t = 24)]
+        payable: usize,
+        /// Orders with the declined card.
+        #[arg(long, default_value_t = 3)]
+        declined: usize,
+        /// Orders for more stock than exists.
+        #[arg(long, default_value_t = 3)]
+        out_of_stock: usize,
+    },
+}
+
+fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(workspace_root());
+    cmd
+}
+
+fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+}
+
+/// Builds the service binaries (the same profile as this xtask).
+fn build_services() -> anyhow::Result<()> {
+    let mut cmd = cargo();
+    cmd.args(["build", "--quiet"]);
+    for bin in ["order-api", "outbox-relay", "inventory-service", "payment-service", "mock-gateway"] {
+        cmd.args(["-p", bin]);
+    }
+    if !cfg!(debug_assertions) {
+        cmd.arg("--release");
+    }
+    let status = cmd.status().context("running cargo build")?;
+    anyhow::ensure!(status.success(), "building the services failed");
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    e2e::broker::ensure()?;
+    build_services()?;
+    match cli.command {
+        Cmd::Test { args } => {
+            let status = cargo().args(["test", "--workspace"]).args(args).status()?;
+            std::process::exit(status.code().unwrap_or(1));
+        }
+        Cmd::Up => {
+            let mut opts = StackOptions::ephemeral("up")?;
+            std::fs::remove_dir_all(&opts.run_dir).ok();
+            opts.run_dir = workspace_root().join(".data");
+            opts.db_prefix = String::new();
+            opts.fixed_ports = true;
+            opts.echo = true;
+            let stack = Stack::start(opts).await?;
+            eprintln!(
+                "stack up: order-api http://127.0.0.1:8080, inventory :8081, payment :8082, gateway :8083, relay :8084, broker 127.0.0.1:9092; logs in .data/logs. ctrl-c stops."
+            );
+            stack.run_until_ctrl_c().await
+        }
+        Cmd::Demo { payable, declined, out_of_stock } => {
+            let opts = StackOptions::ephemeral("demo")?;
+            eprintln!("booting the stack (logs in {})…", opts.run_dir.display());
+            let stack = Stack::start(opts).await?;
+            eprintln!("stack ready; placing {} orders…", payable + declined + out_of_stock);
+            let outcome = demo::run(&stack, Mix { payable, declined, out_of_stock }).await;
+            let ok = match &outcome {
+                Ok(o) => {
+                    println!("{}", o.summary());
+                    o.check_endings().map_err(|e| eprintln!("demo FAILED: {e}")).is_ok()
+                }
+                Err(e) => {
+                    eprintln!("demo FAILED: {e:#}");
+                    false
+                }
+            };
+            if !ok {
+                eprintln!("logs kept in {}", stack.options().run_dir.display());
+            }
+            stack.shutdown(ok).await?;
+            anyhow::ensure!(ok, "the demo found a problem");
+            println!("demo passed");
+            Ok(())
+        }
+    }
+}
