@@ -67,16 +67,42 @@ fn build_services() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs `cargo test --workspace`, echoing its output, and ends with one
+/// line totalling every test binary's result.
+fn run_tests(args: &[String]) -> anyhow::Result<i32> {
+    use std::io::{BufRead, BufReader};
+    let mut child = cargo()
+        .args(["test", "--workspace", "--no-fail-fast"])
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let (mut passed, mut failed) = (0u64, 0u64);
+    for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
+        let line = line?;
+        println!("{line}");
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            let count = |word: &str| -> u64 {
+                rest.split(';')
+                    .find_map(|part| part.trim().trim_start_matches("ok. ").trim_start_matches("FAILED. ").strip_suffix(word))
+                    .and_then(|n| n.trim().parse().ok())
+                    .unwrap_or(0)
+            };
+            passed += count(" passed");
+            failed += count(" failed");
+        }
+    }
+    let status = child.wait()?;
+    println!("all tests: {passed} passed, {failed} failed");
+    Ok(if status.success() && failed == 0 { 0 } else { status.code().unwrap_or(1).max(1) })
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     e2e::broker::ensure()?;
     build_services()?;
     match cli.command {
-        Cmd::Test { args } => {
-            let status = cargo().args(["test", "--workspace"]).args(args).status()?;
-            std::process::exit(status.code().unwrap_or(1));
-        }
+        Cmd::Test { args } => std::process::exit(run_tests(&args)?),
         Cmd::Up => {
             let mut opts = StackOptions::ephemeral("up")?;
             std::fs::remove_dir_all(&opts.run_dir).ok();
