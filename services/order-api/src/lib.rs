@@ -58,12 +58,12 @@ pub struct App {
     config: Config,
 }
 
-/// Connects to the database (creating and migrating it), creates the topics
-/// and binds the HTTP listener.
-pub async fn build(config: Config) -> anyhow::Result<App> {
-    let pool = runtime::db::connect(
-        &config.database_url,
-        config.pool_size,
+/// Connects to the `orders` database, creating and migrating it (the
+/// outbox, inbox and idempotency tables, then the orders schema).
+pub async fn connect(database_url: &str, pool_size: u32) -> anyhow::Result<PgPool> {
+    Ok(runtime::db::connect(
+        database_url,
+        pool_size,
         vec![
             outbox::migrator(),
             inbox::migrator(),
@@ -71,7 +71,13 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
             sqlx::migrate!("../../migrations/orders"),
         ],
     )
-    .await?;
+    .await?)
+}
+
+/// Connects to the database (creating and migrating it), creates the topics
+/// and binds the HTTP listener.
+pub async fn build(config: Config) -> anyhow::Result<App> {
+    let pool = connect(&config.database_url, config.pool_size).await?;
     messaging::kafka::ensure_topics(&config.kafka_brokers, &messaging::message::TOPICS).await?;
     let listener = TcpListener::bind(config.http_addr).await?;
     let state = AppState { pool, idempotency_ttl: Duration::from_secs(config.idempotency_ttl_secs) };
