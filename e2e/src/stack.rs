@@ -126,6 +126,33 @@ pub struct Stack {
     http: reqwest::Client,
     /// Kills per service, for reports.
     pub kills: BTreeMap<Service, u32>,
+    /// Set by [`Stack::shutdown`]; otherwise `Drop` cleans up.
+    finished: bool,
+}
+
+impl Drop for Stack {
+    /// A test that panics still leaves no databases behind: processes die
+    /// with their handles (`kill_on_drop`), databases are dropped here.
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        for child in self.procs.values_mut() {
+            let _ = child.start_kill();
+        }
+        let urls: Vec<String> = ["orders", "inventory", "payments", "gateway"].map(|d| self.db_url(d)).to_vec();
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+            rt.block_on(async {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                for url in urls {
+                    let _ = runtime::db::drop_database(&url).await;
+                }
+            });
+            Some(())
+        })
+        .join();
+    }
 }
 
 impl Stack {
@@ -144,6 +171,7 @@ impl Stack {
             procs: BTreeMap::new(),
             http: reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?,
             kills: BTreeMap::new(),
+            finished: false,
         };
         for s in Service::ALL {
             stack.start_service(s).await?;
@@ -213,6 +241,25 @@ impl Stack {
         env
     }
 
+    /// Sets (or, with an empty value, clears) an environment variable of a
+    /// service for its next start, e.g. `FAILPOINTS`.
+    pub fn set_env(&mut self, s: Service, key: &str, value: &str) {
+        self.opts.extra_env.retain(|(svc, k, _)| !(*svc == s && k == key));
+        if !value.is_empty() {
+            self.opts.extra_env.push((s, key.to_owned(), value.to_owned()));
+        }
+    }
+
+    /// Waits until a process exits on its own (a failpoint's abort).
+    pub async fn wait_exit(&mut self, s: Service, timeout: Duration) -> anyhow::Result<()> {
+        let end = Instant::now() + timeout;
+        while self.is_running(s) {
+            anyhow::ensure!(Instant::now() < end, "{} still running after {timeout:?}", s.name());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+
     /// Starts one process (again) and waits until it is ready.
     pub async fn start_service(&mut self, s: Service) -> anyhow::Result<()> {
         let mut cmd = match s {
@@ -231,10 +278,13 @@ impl Stack {
                 Command::new(bin)
             }
         };
-        cmd.envs(self.env(s)).stdin(Stdio::null()).kill_on_drop(true);
-        if std::env::var_os("RUST_LOG").is_none() {
+        if s == Service::Broker {
+            // tansu traces every storage call at info.
+            cmd.env("RUST_LOG", "warn");
+        } else if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "info");
         }
+        cmd.envs(self.env(s)).stdin(Stdio::null()).kill_on_drop(true);
         let log_path = self.opts.run_dir.join("logs").join(format!("{}.log", s.name()));
         let child = if self.opts.echo {
             let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
@@ -326,6 +376,7 @@ impl Stack {
         for db in ["orders", "inventory", "payments", "gateway"] {
             runtime::db::drop_database(&self.db_url(db)).await?;
         }
+        self.finished = true;
         if remove_run_dir {
             let _ = std::fs::remove_dir_all(&self.opts.run_dir);
         }
@@ -335,6 +386,7 @@ impl Stack {
     /// Waits until every process exits or ctrl-c, then stops the rest
     /// (`cargo xtask up`). Databases are kept.
     pub async fn run_until_ctrl_c(mut self) -> anyhow::Result<()> {
+        self.finished = true; // keep the databases of `xtask up`
         tokio::signal::ctrl_c().await?;
         eprintln!("stopping…");
         for s in Service::ALL.into_iter().rev() {

@@ -52,6 +52,13 @@ fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
 }
 
+/// Debug builds carry the named crash points of the chaos suite (the `fail`
+/// crate); they are inert unless `FAILPOINTS` is set. Tests and service
+/// binaries are built with the same features so one build serves both.
+/// Release builds leave them out.
+const FAILPOINT_FEATURES: &str =
+    "order-api/failpoints,outbox-relay/failpoints,inventory-service/failpoints,payment-service/failpoints";
+
 /// Builds the service binaries (the same profile as this xtask).
 fn build_services() -> anyhow::Result<()> {
     let mut cmd = cargo();
@@ -59,7 +66,9 @@ fn build_services() -> anyhow::Result<()> {
     for bin in ["order-api", "outbox-relay", "inventory-service", "payment-service", "mock-gateway"] {
         cmd.args(["-p", bin]);
     }
-    if !cfg!(debug_assertions) {
+    if cfg!(debug_assertions) {
+        cmd.args(["--features", FAILPOINT_FEATURES]);
+    } else {
         cmd.arg("--release");
     }
     let status = cmd.status().context("running cargo build")?;
@@ -72,7 +81,7 @@ fn build_services() -> anyhow::Result<()> {
 fn run_tests(args: &[String]) -> anyhow::Result<i32> {
     use std::io::{BufRead, BufReader};
     let mut child = cargo()
-        .args(["test", "--workspace", "--no-fail-fast"])
+        .args(["test", "--workspace", "--no-fail-fast", "--features", FAILPOINT_FEATURES])
         .args(args)
         .stdout(std::process::Stdio::piped())
         .spawn()?;

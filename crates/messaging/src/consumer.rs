@@ -20,7 +20,7 @@ use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
-use rdkafka::Message as _;
+use rdkafka::{Message as _, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
 use crate::{kafka, Envelope, Result};
@@ -57,6 +57,32 @@ impl HandleError {
     }
 }
 
+/// How partitions are given to a consumer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Assignment {
+    /// Take every partition of the topics (`assign`), reading and committing
+    /// the group's offsets without joining the group. A restarted or second
+    /// instance starts consuming at once, with no rebalance to wait for; two
+    /// instances both consume everything and the inbox decides. The default,
+    /// because tansu's group coordinator does not reliably recover when a
+    /// member is SIGKILLed mid-join.
+    #[default]
+    Static,
+    /// Join the consumer group (`subscribe`) and let the broker balance the
+    /// partitions — the choice for Apache Kafka with several instances.
+    Group,
+}
+
+impl Assignment {
+    /// From `KAFKA_ASSIGNMENT` (`static` or `group`; default `static`).
+    pub fn from_env() -> Self {
+        match std::env::var("KAFKA_ASSIGNMENT").as_deref() {
+            Ok("group") => Self::Group,
+            _ => Self::Static,
+        }
+    }
+}
+
 /// Settings of one consumer.
 #[derive(Debug, Clone)]
 pub struct ConsumerSettings {
@@ -64,7 +90,7 @@ pub struct ConsumerSettings {
     pub brokers: String,
     /// Consumer group; also the consumer name recorded in the inbox.
     pub group_id: String,
-    /// Topics to subscribe to.
+    /// Topics to consume.
     pub topics: Vec<String>,
 }
 
@@ -79,7 +105,22 @@ pub fn build(settings: &ConsumerSettings) -> Result<StreamConsumer> {
         .set("heartbeat.interval.ms", "1000")
         .create()?;
     let topics: Vec<&str> = settings.topics.iter().map(String::as_str).collect();
-    consumer.subscribe(&topics)?;
+    match Assignment::from_env() {
+        Assignment::Group => consumer.subscribe(&topics)?,
+        Assignment::Static => {
+            let mut tpl = TopicPartitionList::new();
+            for topic in topics {
+                let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+                for t in metadata.topics() {
+                    for p in t.partitions() {
+                        // Stored = the group's committed offset (or auto.offset.reset).
+                        tpl.add_partition_offset(topic, p.id(), Offset::Stored)?;
+                    }
+                }
+            }
+            consumer.assign(&tpl)?;
+        }
+    }
     Ok(consumer)
 }
 

@@ -24,6 +24,10 @@ pub fn client_config(brokers: &str) -> ClientConfig {
         .set("socket.keepalive.enable", "true")
         .set("reconnect.backoff.max.ms", "1000")
         .set("log_level", "4");
+    // librdkafka's own debug contexts (e.g. `cgrp,fetch`), for diagnosing a broker.
+    if let Ok(debug) = std::env::var("KAFKA_DEBUG") {
+        c.set("debug", debug).set("log_level", "7");
+    }
     c
 }
 

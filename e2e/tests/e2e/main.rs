@@ -2,6 +2,7 @@
 
 mod api;
 mod compose;
+mod crash;
 mod saga;
 
 /// Boots a fresh stack for one test.

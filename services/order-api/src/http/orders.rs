@@ -85,6 +85,7 @@ pub async fn create(State(state): State<AppState>, headers: HeaderMap, body: Byt
             let order = orders::insert(conn, &client, &new).await?;
             let first = Message::ReserveStock { sku: order.sku.clone(), quantity: order.quantity };
             outbox::emit(conn, order.id, &first, None).await.map_err(anyhow::Error::from)?;
+            fail::fail_point!("order_api::before_commit", |_| std::process::abort());
             telemetry::metrics::incr("orders_created_total", &[]);
             tracing::info!(order_id = %order.id, "order placed");
             Ok(StoredResponse::json(StatusCode::CREATED, &order, "application/json")
