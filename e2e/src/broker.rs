@@ -40,3 +40,69 @@ pub fn ensure() -> anyhow::Result<PathBuf> {
     anyhow::ensure!(status.success(), "cargo install tansu failed with {status}");
     find().ok_or_else(|| anyhow::anyhow!("tansu installed but not found in ~/.cargo/bin"))
 }
+
+/// The tansu command line serving `addr` with SQLite storage in `data_dir`.
+pub fn command(tansu: &std::path::Path, addr: &str, data_dir: &std::path::Path) -> tokio::process::Command {
+    let listener = format!("tcp://{addr}");
+    let mut c = tokio::process::Command::new(tansu);
+    c.args(["broker", "--storage-engine", "sqlite://tansu.db"])
+        .args(["--listener-url", &listener, "--advertised-listener-url", &listener])
+        .current_dir(data_dir)
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true);
+    c
+}
+
+/// A standalone broker for library tests: a free port, a temp data dir,
+/// killed (and its data removed) on drop.
+pub struct Broker {
+    /// `127.0.0.1:port`.
+    pub addr: String,
+    dir: PathBuf,
+    child: Option<tokio::process::Child>,
+}
+
+impl Broker {
+    /// Starts tansu and waits until it accepts connections.
+    pub async fn start() -> anyhow::Result<Self> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let dir = std::env::temp_dir().join(format!("eo-broker-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir)?;
+        let mut b = Self { addr: format!("127.0.0.1:{port}"), dir, child: None };
+        b.restart().await?;
+        Ok(b)
+    }
+
+    /// SIGKILLs the broker (its data stays).
+    pub async fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill().await;
+        }
+    }
+
+    /// Starts the broker (again) on the same port and data.
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        self.kill().await;
+        let log = std::fs::File::create(self.dir.join("tansu.log"))?;
+        let child = command(&ensure()?, &self.addr, &self.dir)
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        self.child = Some(child);
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while tokio::net::TcpStream::connect(&self.addr).await.is_err() {
+            anyhow::ensure!(std::time::Instant::now() < end, "tansu did not start");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            let _ = c.start_kill();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

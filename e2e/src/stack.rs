@@ -264,13 +264,7 @@ impl Stack {
     pub async fn start_service(&mut self, s: Service) -> anyhow::Result<()> {
         let mut cmd = match s {
             Service::Broker => {
-                let tansu = crate::broker::ensure()?;
-                let listener = format!("tcp://{}", self.addr(s));
-                let mut c = Command::new(tansu);
-                c.args(["broker", "--storage-engine", "sqlite://tansu.db"])
-                    .args(["--listener-url", &listener, "--advertised-listener-url", &listener])
-                    .current_dir(self.opts.run_dir.join("broker"));
-                c
+                crate::broker::command(&crate::broker::ensure()?, &self.addr(s), &self.opts.run_dir.join("broker"))
             }
             _ => {
                 let bin = self.opts.bin_dir.join(s.name());
@@ -278,10 +272,7 @@ impl Stack {
                 Command::new(bin)
             }
         };
-        if s == Service::Broker {
-            // tansu traces every storage call at info.
-            cmd.env("RUST_LOG", "warn");
-        } else if std::env::var_os("RUST_LOG").is_none() {
+        if s != Service::Broker && std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "info");
         }
         cmd.envs(self.env(s)).stdin(Stdio::null()).kill_on_drop(true);

@@ -36,11 +36,16 @@ pub fn client_config(brokers: &str) -> ClientConfig {
 /// It cannot drop a republish of the same outbox row after a relay crash —
 /// that is the inbox's job.
 pub fn producer(brokers: &str) -> Result<FutureProducer> {
+    producer_with_timeout(brokers, Duration::from_secs(15))
+}
+
+/// The idempotent producer with a delivery timeout of `timeout`.
+pub fn producer_with_timeout(brokers: &str, timeout: Duration) -> Result<FutureProducer> {
     Ok(client_config(brokers)
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("linger.ms", "2")
-        .set("message.timeout.ms", "15000")
+        .set("message.timeout.ms", timeout.as_millis().to_string())
         .create()?)
 }
 

@@ -61,6 +61,12 @@ impl KafkaPublisher {
     pub fn new(brokers: &str) -> messaging::Result<Self> {
         Ok(Self { producer: messaging::kafka::producer(brokers)? })
     }
+
+    /// A publisher whose messages fail after `timeout` without a broker ack
+    /// (the row then stays pending and is retried).
+    pub fn with_timeout(brokers: &str, timeout: Duration) -> messaging::Result<Self> {
+        Ok(Self { producer: messaging::kafka::producer_with_timeout(brokers, timeout)? })
+    }
 }
 
 impl Publisher for KafkaPublisher {
@@ -99,6 +105,8 @@ pub struct Round {
     pub failed: usize,
     /// Rows parked after a permanent error.
     pub parked: usize,
+    /// Rows published again because an earlier relay crashed before marking them.
+    pub republished: usize,
 }
 
 /// Relays one source database's outbox.
@@ -158,6 +166,16 @@ impl<P: Publisher> Relay<P> {
                 Err(e) => parked.push((id, e.to_string())),
             }
         }
+        // Count the attempt before asking the broker, outside the claim
+        // transaction, so a crash between publish and mark leaves a trace.
+        let ids: Vec<i64> = pending.iter().map(|r| r.id).collect();
+        sqlx::query(
+            "INSERT INTO outbox_attempts (id, started) SELECT unnest($1::int8[]), 1
+             ON CONFLICT (id) DO UPDATE SET started = outbox_attempts.started + 1",
+        )
+        .bind(&ids)
+        .execute(&self.pool)
+        .await?;
         let results = self.publisher.publish(&pending).await;
         fail::fail_point!("relay::after_publish_before_mark", |_| std::process::abort());
         let mut published = Vec::new();
@@ -169,10 +187,20 @@ impl<P: Publisher> Relay<P> {
                 Err(e) => parked.push((row.id, e.message)),
             }
         }
-        sqlx::query("UPDATE outbox SET published_at = now(), attempts = attempts + 1 WHERE id = ANY($1)")
+        sqlx::query("UPDATE outbox SET published_at = clock_timestamp(), attempts = attempts + 1 WHERE id = ANY($1)")
             .bind(&published)
             .execute(&mut *tx)
             .await?;
+        // The round is complete for every claimed row: forget its attempts.
+        let republished: i64 = sqlx::query_scalar(
+            "WITH done AS (DELETE FROM outbox_attempts WHERE id = ANY($1) RETURNING id, started)
+             SELECT count(*) FROM done WHERE started > 1 AND id = ANY($2)",
+        )
+        .bind(&ids)
+        .bind(&published)
+        .fetch_one(&mut *tx)
+        .await?;
+        round.republished = republished as usize;
         for (id, error) in &failed {
             sqlx::query("UPDATE outbox SET attempts = attempts + 1, last_error = $2 WHERE id = $1")
                 .bind(id)
@@ -196,6 +224,10 @@ impl<P: Publisher> Relay<P> {
         telemetry::metrics::incr_by("relay_published_total", &src, round.published as i64);
         telemetry::metrics::incr_by("relay_publish_errors_total", &src, round.failed as i64);
         telemetry::metrics::incr_by("relay_parked_total", &src, round.parked as i64);
+        telemetry::metrics::incr_by("relay_republished_after_crash_total", &src, round.republished as i64);
+        if round.republished > 0 {
+            tracing::warn!(source = %self.source, rows = round.republished, "republished rows a crashed relay had published but not marked");
+        }
         Ok(round)
     }
 

@@ -1,0 +1,312 @@
+//! The relay against a real PostgreSQL and a real tansu broker.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use e2e::broker::Broker;
+use messaging::{Envelope, Message};
+use outbox::relay::{PendingRow, PublishError, Publisher};
+use outbox::{KafkaPublisher, Relay};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{Message as _, Offset, TopicPartitionList};
+use sqlx::PgPool;
+use tokio::sync::Mutex;
+use uuid::Uuid;
+
+/// Failpoints are process-global: tests that run the relay take turns.
+static SERIAL: Mutex<()> = Mutex::const_new(());
+
+struct Db {
+    pool: PgPool,
+    url: String,
+}
+
+impl Db {
+    async fn new() -> Self {
+        let base = std::env::var("PG_BASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
+        let url = format!("{base}/eo_outbox_{}", Uuid::new_v4().simple());
+        let pool = runtime::db::connect(&url, 8, vec![outbox::migrator()]).await.unwrap();
+        Self { pool, url }
+    }
+
+    async fn enqueue(&self, topic: &str, order: Uuid, seq: i32) -> Envelope {
+        let mut tx = self.pool.begin().await.unwrap();
+        let env = Envelope::new(order, &Message::ReserveStock { sku: format!("seq-{seq}"), quantity: seq + 1 }, None);
+        outbox::enqueue(&mut tx, topic, &env).await.unwrap();
+        tx.commit().await.unwrap();
+        env
+    }
+
+    async fn pending(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NULL").fetch_one(&self.pool).await.unwrap()
+    }
+
+    async fn drop(self) {
+        self.pool.close().await;
+        runtime::db::drop_database(&self.url).await.unwrap();
+    }
+}
+
+fn topic() -> String {
+    format!("relay-test-{}", Uuid::new_v4().simple())
+}
+
+/// Every message on `topic` from the beginning: (key, envelope), per partition in offset order.
+async fn read_all(brokers: &str, topic: &str, expect: usize) -> Vec<(String, Envelope)> {
+    let consumer: BaseConsumer = messaging::kafka::client_config(brokers)
+        .set("group.id", format!("reader-{}", Uuid::new_v4()))
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(10)).unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in md.topics()[0].partitions() {
+        tpl.add_partition_offset(topic, p.id(), Offset::Beginning).unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    let mut out = Vec::new();
+    let end = Instant::now() + Duration::from_secs(20);
+    let mut quiet_since = Instant::now();
+    while Instant::now() < end {
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                let key = String::from_utf8(m.key().unwrap().to_vec()).unwrap();
+                out.push((key, Envelope::from_bytes(m.payload().unwrap()).unwrap()));
+                quiet_since = Instant::now();
+            }
+            _ if out.len() >= expect && quiet_since.elapsed() > Duration::from_millis(700) => break,
+            _ => {}
+        }
+    }
+    out
+}
+
+async fn drain<P: Publisher>(relay: &Relay<P>) {
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = relay.run_once().await.unwrap();
+        if r.claimed == 0 {
+            return;
+        }
+        assert!(Instant::now() < end, "relay did not drain");
+    }
+}
+
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_between_publish_and_mark_publishes_again_with_the_same_event_id() {
+    let _serial = SERIAL.lock().await;
+    let broker = Broker::start().await.unwrap();
+    let db = Db::new().await;
+    let topic = topic();
+    messaging::kafka::ensure_topics(&broker.addr, &[&topic]).await.unwrap();
+    let mut ids = BTreeSet::new();
+    for i in 0..5 {
+        ids.insert(db.enqueue(&topic, Uuid::new_v4(), i).await.event_id);
+    }
+    let relay = std::sync::Arc::new(Relay::new(db.pool.clone(), KafkaPublisher::new(&broker.addr).unwrap(), "test"));
+    // A panic at the crash point drops the claiming transaction uncommitted,
+    // exactly as a killed process does.
+    fail::cfg("relay::after_publish_before_mark", "1*panic").unwrap();
+    let r = relay.clone();
+    assert!(tokio::spawn(async move { r.run_once().await }).await.is_err(), "the crash point fired");
+    fail::remove("relay::after_publish_before_mark");
+    assert_eq!(db.pending().await, 5, "nothing marked published");
+    assert_eq!(read_all(&broker.addr, &topic, 5).await.len(), 5, "but the broker has them");
+
+    let round = relay.run_once().await.unwrap();
+    assert_eq!((round.published, round.republished), (5, 5));
+    assert_eq!(db.pending().await, 0);
+    assert_eq!(relay.run_once().await.unwrap().claimed, 0, "published exactly once more");
+    let all = read_all(&broker.addr, &topic, 10).await;
+    assert_eq!(all.len(), 10);
+    let mut per_id: BTreeMap<Uuid, usize> = BTreeMap::new();
+    for (_, env) in &all {
+        *per_id.entry(env.event_id).or_default() += 1;
+    }
+    assert_eq!(per_id.keys().copied().collect::<BTreeSet<_>>(), ids, "same event ids, no new ones");
+    assert!(per_id.values().all(|n| *n == 2), "each row twice: {per_id:?}");
+    db.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_relays_never_double_claim_and_keep_each_orders_order() {
+    let _serial = SERIAL.lock().await;
+    let broker = Broker::start().await.unwrap();
+    let db = Db::new().await;
+    let topic = topic();
+    messaging::kafka::ensure_topics(&broker.addr, &[&topic]).await.unwrap();
+    let orders: Vec<Uuid> = (0..40).map(|_| Uuid::new_v4()).collect();
+    for seq in 0..5 {
+        for o in &orders {
+            db.enqueue(&topic, *o, seq).await;
+        }
+    }
+    let publisher = KafkaPublisher::new(&broker.addr).unwrap();
+    let relays: Vec<_> = (0..3)
+        .map(|i| Relay::new(db.pool.clone(), publisher.clone(), format!("r{i}")).batch(16))
+        .collect();
+    let pool = &db.pool;
+    let rounds = futures::future::join_all(relays.iter().map(|r| async move {
+        let mut claimed = 0;
+        let end = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < end {
+            let round = r.run_once().await.unwrap();
+            claimed += round.claimed;
+            if round.claimed == 0 && sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox WHERE published_at IS NULL").fetch_one(pool).await.unwrap() == 0 {
+                break;
+            }
+        }
+        claimed
+    }))
+    .await;
+    assert_eq!(rounds.iter().sum::<usize>(), 200, "every row claimed exactly once across relays: {rounds:?}");
+    assert!(rounds.iter().filter(|c| **c > 0).count() >= 2, "the relays shared the work: {rounds:?}");
+    let all = read_all(&broker.addr, &topic, 200).await;
+    assert_eq!(all.len(), 200, "no row published twice");
+    // Within one key (one partition) the broker's order is the publish order.
+    let mut last: BTreeMap<String, i32> = BTreeMap::new();
+    for (key, env) in &all {
+        let Message::ReserveStock { quantity, .. } = env.message().unwrap() else { panic!() };
+        let prev = last.insert(key.clone(), quantity).unwrap_or(0);
+        assert_eq!(quantity, prev + 1, "order {key}: event {quantity} after {prev}");
+    }
+    db.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_down_keeps_rows_pending_and_nothing_is_lost_when_it_returns() {
+    let _serial = SERIAL.lock().await;
+    let mut broker = Broker::start().await.unwrap();
+    let db = Db::new().await;
+    let topic = topic();
+    messaging::kafka::ensure_topics(&broker.addr, &[&topic]).await.unwrap();
+    broker.kill().await;
+    for i in 0..10 {
+        db.enqueue(&topic, Uuid::new_v4(), i).await;
+    }
+    let relay = Relay::new(db.pool.clone(), KafkaPublisher::with_timeout(&broker.addr, Duration::from_secs(2)).unwrap(), "t");
+    let round = relay.run_once().await.unwrap();
+    assert_eq!((round.claimed, round.published, round.failed), (10, 0, 10));
+    assert_eq!(db.pending().await, 10, "nothing marked while the broker is down");
+    broker.restart().await.unwrap();
+    let token = tokio_util::sync::CancellationToken::new();
+    let run = tokio::spawn({
+        let token = token.clone();
+        let relay = Relay::new(db.pool.clone(), KafkaPublisher::new(&broker.addr).unwrap(), "t");
+        async move { relay.run(token).await }
+    });
+    let end = Instant::now() + Duration::from_secs(40);
+    while db.pending().await > 0 {
+        assert!(Instant::now() < end, "relay did not resume");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    token.cancel();
+    run.await.unwrap();
+    let all = read_all(&broker.addr, &topic, 10).await;
+    let distinct: BTreeSet<Uuid> = all.iter().map(|(_, e)| e.event_id).collect();
+    assert_eq!(distinct.len(), 10, "every row reached the broker");
+    db.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_the_broker_rejects_for_good_is_parked_and_blocks_no_other_order() {
+    let _serial = SERIAL.lock().await;
+    let broker = Broker::start().await.unwrap();
+    let db = Db::new().await;
+    let topic = topic();
+    messaging::kafka::ensure_topics(&broker.addr, &[&topic]).await.unwrap();
+    let big_order = Uuid::new_v4();
+    let mut tx = db.pool.begin().await.unwrap();
+    let huge = Envelope::new(big_order, &Message::StockRejected { reason: "x".repeat(2_000_000) }, None);
+    outbox::enqueue(&mut tx, &topic, &huge).await.unwrap();
+    tx.commit().await.unwrap();
+    let other = db.enqueue(&topic, Uuid::new_v4(), 0).await;
+    let relay = Relay::new(db.pool.clone(), KafkaPublisher::new(&broker.addr).unwrap(), "t");
+    drain(&relay).await;
+    let (parked, error): (bool, Option<String>) =
+        sqlx::query_as("SELECT parked_at IS NOT NULL, last_error FROM outbox WHERE event_id = $1")
+            .bind(huge.event_id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert!(parked, "oversized row parked");
+    assert!(error.is_some_and(|e| !e.is_empty()), "with its error");
+    let published: bool = sqlx::query_scalar("SELECT published_at IS NOT NULL FROM outbox WHERE event_id = $1")
+        .bind(other.event_id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(published, "the other order's row went out");
+    db.drop().await;
+}
+
+/// Accepts everything instantly (no broker): isolates the database side.
+struct NullPublisher;
+
+impl Publisher for NullPublisher {
+    async fn publish(&self, rows: &[PendingRow]) -> Vec<Result<(), PublishError>> {
+        rows.iter().map(|_| Ok(())).collect()
+    }
+}
+
+#[tokio::test]
+async fn retention_deletes_only_published_rows_older_than_the_window() {
+    let _serial = SERIAL.lock().await;
+    let db = Db::new().await;
+    for i in 0..6 {
+        db.enqueue("t", Uuid::new_v4(), i).await;
+    }
+    let relay = Relay::new(db.pool.clone(), NullPublisher, "t");
+    // Publish four; age two of them past the window; leave two pending and old.
+    sqlx::query("UPDATE outbox SET published_at = now() WHERE id IN (SELECT id FROM outbox ORDER BY id LIMIT 4)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE outbox SET published_at = now() - interval '2 days' WHERE id IN (SELECT id FROM outbox ORDER BY id LIMIT 2)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE outbox SET created_at = now() - interval '5 days'").execute(&db.pool).await.unwrap();
+    assert_eq!(relay.purge_published(Duration::from_secs(86_400), 1).await.unwrap(), 1, "batched");
+    assert_eq!(relay.purge_published(Duration::from_secs(86_400), 100).await.unwrap(), 1);
+    assert_eq!(relay.purge_published(Duration::from_secs(86_400), 100).await.unwrap(), 0);
+    let left: (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE published_at IS NULL), count(*) FILTER (WHERE published_at IS NOT NULL) FROM outbox",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(left, (2, 2), "pending rows are never deleted, recent published ones stay");
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn notify_wakes_an_idle_relay_without_waiting_for_the_poll() {
+    let _serial = SERIAL.lock().await;
+    let db = Db::new().await;
+    let relay = Relay::new(db.pool.clone(), NullPublisher, "t").poll_interval(Duration::from_secs(30));
+    let token = tokio_util::sync::CancellationToken::new();
+    let run = tokio::spawn({
+        let token = token.clone();
+        async move { relay.run(token).await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await; // idle, listening
+    let env = db.enqueue("t", Uuid::new_v4(), 0).await;
+    let start = Instant::now();
+    loop {
+        let done: bool = sqlx::query_scalar("SELECT published_at IS NOT NULL FROM outbox WHERE event_id = $1")
+            .bind(env.event_id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        if done {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(5), "not woken by NOTIFY (poll is 30 s)");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    token.cancel();
+    run.await.unwrap();
+    db.drop().await;
+}
