@@ -43,14 +43,19 @@ pub struct App {
     config: Config,
 }
 
-/// Connects, migrates, creates topics and binds.
-pub async fn build(config: Config) -> anyhow::Result<App> {
-    let pool = runtime::db::connect(
-        &config.database_url,
+/// Connects to the `inventory` database, creating and migrating it.
+pub async fn connect(database_url: &str) -> anyhow::Result<PgPool> {
+    Ok(runtime::db::connect(
+        database_url,
         8,
         vec![outbox::migrator(), inbox::migrator(), sqlx::migrate!("../../migrations/inventory")],
     )
-    .await?;
+    .await?)
+}
+
+/// Connects, migrates, creates topics and binds.
+pub async fn build(config: Config) -> anyhow::Result<App> {
+    let pool = connect(&config.database_url).await?;
     messaging::kafka::ensure_topics(&config.kafka_brokers, &messaging::message::TOPICS).await?;
     let listener = TcpListener::bind(config.http_addr).await?;
     Ok(App { pool, listener, config })
