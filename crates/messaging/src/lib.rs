@@ -9,6 +9,7 @@
 //!   can never succeed.
 
 pub mod consumer;
+pub mod dlq;
 pub mod envelope;
 pub mod kafka;
 pub mod message;

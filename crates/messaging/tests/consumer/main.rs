@@ -1,0 +1,241 @@
+//! The consume loop with an inbox-backed handler, over a real tansu broker
+//! and a real PostgreSQL: the contract test of seed 003, dead letters,
+//! offsets committed only after the transaction, transient retries.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use e2e::broker::Broker;
+use messaging::consumer::{ConsumerSettings, HandleError, Handled};
+use messaging::{Envelope, Message};
+use rdkafka::producer::FutureRecord;
+use rdkafka::util::Timeout;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+struct World {
+    broker: Broker,
+    pool: PgPool,
+    url: String,
+    topic: String,
+}
+
+impl World {
+    async fn new() -> Self {
+        let broker = Broker::start().await.unwrap();
+        let base = std::env::var("PG_BASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
+        let url = format!("{base}/eo_consumer_{}", Uuid::new_v4().simple());
+        let pool = runtime::db::connect(&url, 4, vec![inbox::migrator()]).await.unwrap();
+        sqlx::query("CREATE TABLE effects (event_id uuid NOT NULL, order_id uuid NOT NULL, applied_at timestamptz DEFAULT clock_timestamp())")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let topic = format!("consumer-test-{}", Uuid::new_v4().simple());
+        messaging::kafka::ensure_topics(&broker.addr, &[&topic]).await.unwrap();
+        Self { broker, pool, url, topic }
+    }
+
+    fn settings(&self, group: &str) -> ConsumerSettings {
+        ConsumerSettings { brokers: self.broker.addr.clone(), group_id: group.into(), topics: vec![self.topic.clone()] }
+    }
+
+    async fn send_raw(&self, key: &str, body: &[u8]) {
+        let producer = messaging::kafka::producer(&self.broker.addr).unwrap();
+        producer
+            .send(FutureRecord::to(&self.topic).key(key).payload(body), Timeout::After(Duration::from_secs(5)))
+            .await
+            .unwrap();
+    }
+
+    async fn send(&self, env: &Envelope) {
+        let producer = messaging::kafka::producer(&self.broker.addr).unwrap();
+        messaging::kafka::publish(&producer, &self.topic, env).await.unwrap();
+    }
+
+    async fn effects(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM effects").fetch_one(&self.pool).await.unwrap()
+    }
+
+    async fn wait_effects(&self, n: i64) {
+        let end = Instant::now() + Duration::from_secs(30);
+        while self.effects().await < n {
+            assert!(Instant::now() < end, "only {} of {n} effects", self.effects().await);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await; // nothing more arrives
+    }
+
+    async fn drop(self) {
+        self.pool.close().await;
+        runtime::db::drop_database(&self.url).await.unwrap();
+    }
+}
+
+/// The effect: one row per applied event, recorded with the inbox row.
+async fn apply(pool: &PgPool, consumer: &str, env: Envelope) -> Result<Handled, HandleError> {
+    env.message().map_err(HandleError::permanent)?;
+    let mut tx = pool.begin().await.map_err(HandleError::transient)?;
+    if inbox::record(&mut tx, consumer, env.event_id).await.map_err(HandleError::transient)? == inbox::Recorded::Duplicate {
+        return Ok(Handled::Duplicate);
+    }
+    sqlx::query("INSERT INTO effects (event_id, order_id) VALUES ($1, $2)")
+        .bind(env.event_id)
+        .bind(env.order_id)
+        .execute(&mut *tx)
+        .await
+        .map_err(HandleError::transient)?;
+    tx.commit().await.map_err(HandleError::transient)?;
+    Ok(Handled::Applied)
+}
+
+fn spawn_consumer(world: &World, group: &str, calls: Arc<AtomicUsize>) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let token = CancellationToken::new();
+    let pool = world.pool.clone();
+    let name = group.to_owned();
+    let handle = tokio::spawn(messaging::consumer::run(world.settings(group), token.clone(), move |env| {
+        let (pool, name, calls) = (pool.clone(), name.clone(), calls.clone());
+        async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            apply(&pool, &name, env).await
+        }
+    }));
+    (token, tokio::spawn(async move { handle.await.unwrap().unwrap() }))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_event_twice_is_one_effect_equal_payloads_are_two() {
+    let w = World::new().await;
+    let order = Uuid::new_v4();
+    let event = Envelope::new(order, &Message::ReleaseStock, None);
+    let twin = Envelope::new(order, &Message::ReleaseStock, None);
+    assert_eq!(event.payload, twin.payload);
+    w.send(&event).await;
+    w.send(&event).await; // redelivered / republished: same event_id
+    w.send(&twin).await; // an equal payload, a different event
+    let before = telemetry::metrics::get("consumer_duplicates_absorbed_total", &[("consumer", "contract")]);
+    let (token, done) = spawn_consumer(&w, "contract", Arc::default());
+    w.wait_effects(2).await;
+    token.cancel();
+    done.await.unwrap();
+    assert_eq!(w.effects().await, 2, "one effect per event id");
+    let absorbed = telemetry::metrics::get("consumer_duplicates_absorbed_total", &[("consumer", "contract")]) - before;
+    assert_eq!(absorbed, 1, "the redelivery was counted as absorbed");
+    // Several consumers of one event each dedup on their own (scenario 5).
+    let (token, done) = spawn_consumer(&w, "another-consumer", Arc::default());
+    w.wait_effects(4).await;
+    token.cancel();
+    done.await.unwrap();
+    assert_eq!(w.effects().await, 4);
+    w.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_goes_to_the_dead_letter_topic_and_the_partition_moves_on() {
+    let w = World::new().await;
+    let order = Uuid::new_v4();
+    // Same key → same partition: the poison sits in front of a good message.
+    w.send_raw(&order.to_string(), b"{this is not an envelope").await;
+    let unknown = serde_json::json!({
+        "event_id": Uuid::new_v4(), "event_type": "NoSuchType", "occurred_at": "2026-01-01T00:00:00Z",
+        "order_id": order, "correlation_id": order, "causation_id": null, "traceparent": null, "payload": null
+    });
+    w.send_raw(&order.to_string(), unknown.to_string().as_bytes()).await;
+    w.send(&Envelope::new(order, &Message::ReleaseStock, None)).await;
+    let (token, done) = spawn_consumer(&w, "poisoned", Arc::default());
+    w.wait_effects(1).await;
+    token.cancel();
+    done.await.unwrap();
+    let letters = messaging::dlq::list(&w.broker.addr, &w.topic).unwrap();
+    assert_eq!(letters.len(), 2, "{letters:?}");
+    assert!(letters.iter().all(|l| l.error.as_deref().is_some_and(|e| e.contains("decode"))), "{letters:?}");
+    assert!(letters.iter().all(|l| l.original_topic.as_deref() == Some(w.topic.as_str())));
+    assert!(letters.iter().all(|l| l.key.as_deref() == Some(order.to_string().as_str())));
+    assert_eq!(letters[0].payload, b"{this is not an envelope");
+    w.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offsets_are_committed_after_the_transaction_so_a_restart_resumes() {
+    let w = World::new().await;
+    for _ in 0..5 {
+        w.send(&Envelope::new(Uuid::new_v4(), &Message::ReleaseStock, None)).await;
+    }
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (token, done) = spawn_consumer(&w, "resume", calls.clone());
+    w.wait_effects(5).await;
+    token.cancel();
+    done.await.unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 5);
+    // A restarted consumer starts after the committed offsets.
+    w.send(&Envelope::new(Uuid::new_v4(), &Message::ReleaseStock, None)).await;
+    let (token, done) = spawn_consumer(&w, "resume", calls.clone());
+    w.wait_effects(6).await;
+    token.cancel();
+    done.await.unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 6, "nothing before the committed offset was redelivered");
+    w.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transient_errors_retry_the_same_message_without_skipping_it() {
+    let w = World::new().await;
+    let order = Uuid::new_v4();
+    let first = Envelope::new(order, &Message::ReleaseStock, None);
+    let second = Envelope::new(order, &Message::StockReleased, None);
+    w.send(&first).await;
+    w.send(&second).await;
+    let failures = Arc::new(AtomicUsize::new(3));
+    let token = CancellationToken::new();
+    let pool = w.pool.clone();
+    let f = failures.clone();
+    let run = tokio::spawn(messaging::consumer::run(w.settings("flaky"), token.clone(), move |env| {
+        let (pool, f) = (pool.clone(), f.clone());
+        async move {
+            if f.load(Ordering::SeqCst) > 0 {
+                f.fetch_sub(1, Ordering::SeqCst);
+                return Err(HandleError::Transient("database restarting".into()));
+            }
+            apply(&pool, "flaky", env).await
+        }
+    }));
+    w.wait_effects(2).await;
+    token.cancel();
+    run.await.unwrap().unwrap();
+    let order_of: Vec<Uuid> = sqlx::query_scalar("SELECT event_id FROM effects ORDER BY applied_at")
+        .fetch_all(&w.pool)
+        .await
+        .unwrap();
+    assert_eq!(order_of, vec![first.event_id, second.event_id], "retried in place, in order");
+    assert!(messaging::dlq::list(&w.broker.addr, &w.topic).unwrap().is_empty(), "nothing dead-lettered");
+    w.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_can_be_replayed_once_the_cause_is_fixed() {
+    let w = World::new().await;
+    let event = Envelope::new(Uuid::new_v4(), &Message::ReleaseStock, None);
+    w.send(&event).await;
+    // First deployment: refuses the message for good.
+    let token = CancellationToken::new();
+    let run = tokio::spawn(messaging::consumer::run(w.settings("fixable"), token.clone(), |_env| async {
+        Err::<Handled, _>(HandleError::Permanent("schema v2 not supported".into()))
+    }));
+    let end = Instant::now() + Duration::from_secs(20);
+    while messaging::dlq::list(&w.broker.addr, &w.topic).unwrap().is_empty() {
+        assert!(Instant::now() < end, "never dead-lettered");
+    }
+    token.cancel();
+    run.await.unwrap().unwrap();
+    // Fixed deployment; replay the letter.
+    assert_eq!(messaging::dlq::replay(&w.broker.addr, &w.topic).await.unwrap(), 1);
+    assert_eq!(messaging::dlq::replay(&w.broker.addr, &w.topic).await.unwrap(), 0, "replayed once");
+    let (token, done) = spawn_consumer(&w, "fixable", Arc::default());
+    w.wait_effects(1).await;
+    token.cancel();
+    done.await.unwrap();
+    let applied: Uuid = sqlx::query_scalar("SELECT event_id FROM effects").fetch_one(&w.pool).await.unwrap();
+    assert_eq!(applied, event.event_id, "same identity after replay");
+    w.drop().await;
+}
