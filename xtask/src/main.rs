@@ -27,6 +27,14 @@ enum Cmd {
     /// Start the broker and every service on the documented ports
     /// (databases orders, inventory, payments, gateway; data in .data/). Ctrl-c stops.
     Up,
+    /// List or replay the dead letters of a topic (e.g. inventory.commands).
+    Dlq {
+        #[command(subcommand)]
+        action: DlqAction,
+        /// Kafka bootstrap servers.
+        #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092", global = true)]
+        brokers: String,
+    },
     /// Boot a throw-away stack, run a mix of orders through it, print a
     /// summary and exit non-zero if any invariant is broken.
     Demo {
@@ -39,6 +47,20 @@ enum Cmd {
         /// Orders for more stock than exists.
         #[arg(long, default_value_t = 3)]
         out_of_stock: usize,
+    },
+}
+
+#[derive(Subcommand)]
+enum DlqAction {
+    /// Print every dead letter of TOPIC (from TOPIC.dlq) with its error.
+    List {
+        /// The original topic.
+        topic: String,
+    },
+    /// Republish the dead letters of TOPIC not replayed before onto TOPIC.
+    Replay {
+        /// The original topic.
+        topic: String,
     },
 }
 
@@ -76,6 +98,31 @@ fn build_services() -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn dlq(action: &DlqAction, brokers: &str) -> anyhow::Result<()> {
+    match action {
+        DlqAction::List { topic } => {
+            let letters = messaging::dlq::list(brokers, topic)?;
+            for l in &letters {
+                println!(
+                    "{}:{} key={} consumer={} error={}\n    {}",
+                    l.partition,
+                    l.offset,
+                    l.key.as_deref().unwrap_or("-"),
+                    l.consumer.as_deref().unwrap_or("-"),
+                    l.error.as_deref().unwrap_or("-"),
+                    String::from_utf8_lossy(&l.payload).chars().take(200).collect::<String>()
+                );
+            }
+            println!("{} dead letters on {topic}.dlq", letters.len());
+        }
+        DlqAction::Replay { topic } => {
+            let n = messaging::dlq::replay(brokers, topic).await?;
+            println!("replayed {n} dead letters onto {topic}");
+        }
+    }
+    Ok(())
+}
+
 /// Runs `cargo test --workspace`, echoing its output, and ends with one
 /// line totalling every test binary's result.
 fn run_tests(args: &[String]) -> anyhow::Result<i32> {
@@ -108,9 +155,13 @@ fn run_tests(args: &[String]) -> anyhow::Result<i32> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Cmd::Dlq { action, brokers } = &cli.command {
+        return dlq(action, brokers).await;
+    }
     e2e::broker::ensure()?;
     build_services()?;
     match cli.command {
+        Cmd::Dlq { .. } => unreachable!("handled above"),
         Cmd::Test { args } => std::process::exit(run_tests(&args)?),
         Cmd::Up => {
             let mut opts = StackOptions::ephemeral("up")?;

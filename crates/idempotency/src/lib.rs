@@ -125,7 +125,15 @@ pub fn fingerprint(method: &str, path: &str, body: &[u8]) -> String {
 }
 
 /// Starts an idempotent request inside the caller's transaction.
+///
+/// A completed key is answered from its row without taking any lock, so
+/// concurrent replays never see each other as "in flight". Only an unseen
+/// key takes the in-flight lock, then looks again (the first request may
+/// have committed in between).
 pub async fn begin(conn: &mut PgConnection, scope: &str, key: &str, fingerprint: &str) -> Result<Begin> {
+    if let Some(done) = lookup(conn, scope, key, fingerprint).await? {
+        return Ok(done);
+    }
     // In-flight guard: held until this transaction ends. A 64-bit hash
     // collision can only cause a spurious 409, never a wrong replay.
     let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 7))")
@@ -136,6 +144,12 @@ pub async fn begin(conn: &mut PgConnection, scope: &str, key: &str, fingerprint:
     if !locked {
         return Ok(Begin::InFlight);
     }
+    Ok(lookup(conn, scope, key, fingerprint).await?.unwrap_or(Begin::New))
+}
+
+/// The stored outcome of a completed, unexpired key; expired rows are
+/// deleted (they behave as new).
+async fn lookup(conn: &mut PgConnection, scope: &str, key: &str, fingerprint: &str) -> Result<Option<Begin>> {
     let row = sqlx::query(
         "SELECT fingerprint, status_code, headers, body, expires_at <= now() AS expired
          FROM idempotency_keys WHERE scope = $1 AND key = $2",
@@ -144,24 +158,24 @@ pub async fn begin(conn: &mut PgConnection, scope: &str, key: &str, fingerprint:
     .bind(key)
     .fetch_optional(&mut *conn)
     .await?;
-    let Some(row) = row else { return Ok(Begin::New) };
+    let Some(row) = row else { return Ok(None) };
     if row.get::<bool, _>("expired") {
-        sqlx::query("DELETE FROM idempotency_keys WHERE scope = $1 AND key = $2")
+        sqlx::query("DELETE FROM idempotency_keys WHERE scope = $1 AND key = $2 AND expires_at <= now()")
             .bind(scope)
             .bind(key)
             .execute(&mut *conn)
             .await?;
-        return Ok(Begin::New);
+        return Ok(None);
     }
     if row.get::<&str, _>("fingerprint") != fingerprint {
-        return Ok(Begin::Mismatch);
+        return Ok(Some(Begin::Mismatch));
     }
     let headers: sqlx::types::Json<Vec<(String, String)>> = row.get("headers");
-    Ok(Begin::Replay(StoredResponse {
+    Ok(Some(Begin::Replay(StoredResponse {
         status: row.get::<i16, _>("status_code") as u16,
         headers: headers.0,
         body: row.get("body"),
-    }))
+    })))
 }
 
 /// Stores the response of a [`Begin::New`] request in the caller's

@@ -3,6 +3,7 @@
 mod api;
 mod compose;
 mod crash;
+mod payments;
 mod saga;
 
 /// Boots a fresh stack for one test.

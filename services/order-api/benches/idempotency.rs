@@ -73,9 +73,6 @@ struct Figures {
 }
 
 async fn measure(http: &reqwest::Client, base: &str, mode: Mode) -> Figures {
-    for i in 0..200 {
-        one(http, base, mode, i).await; // warm-up
-    }
     let mut lat = Vec::with_capacity(LATENCY_REQUESTS);
     for i in 0..LATENCY_REQUESTS {
         lat.push(one(http, base, mode, i).await);
@@ -113,6 +110,12 @@ async fn main() {
     tokio::spawn(async move { axum::serve(listener, app).await });
     let http = reqwest::Client::builder().pool_max_idle_per_host(CONCURRENCY).build().unwrap();
 
+    // Warm every path (connections, plans, table growth) before measuring.
+    for i in 0..500 {
+        for mode in [Mode::Plain, Mode::Fresh, Mode::Replay] {
+            one(&http, &base, mode, i).await;
+        }
+    }
     let mut rows = Vec::new();
     for mode in [Mode::Plain, Mode::Fresh, Mode::Replay] {
         let f = measure(&http, &base, mode).await;
