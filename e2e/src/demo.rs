@@ -99,6 +99,7 @@ pub async fn run(stack: &Stack, mix: Mix) -> anyhow::Result<Outcome> {
     let expected = Expected {
         initial_stock: STOCK.iter().map(|(s, n)| ((*s).to_owned(), i64::from(*n))).collect(),
         acknowledged: placed.iter().map(|p| (p.1.clone(), p.2.id)).collect(),
+        indeterminate: 0,
     };
     let audit = audit(stack, &expected).await?;
     Ok(Outcome {

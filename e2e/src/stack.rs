@@ -12,6 +12,8 @@ use anyhow::{bail, Context};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 
+use crate::proxy::FaultProxy;
+
 /// One process of the stack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Service {
@@ -76,6 +78,8 @@ pub struct StackOptions {
     pub echo: bool,
     /// Extra environment per service (faults, feature switches).
     pub extra_env: Vec<(Service, String, String)>,
+    /// Route payment-service → gateway traffic through a [`FaultProxy`].
+    pub gateway_proxy: bool,
 }
 
 impl StackOptions {
@@ -94,6 +98,7 @@ impl StackOptions {
             fixed_ports: false,
             echo: false,
             extra_env: Vec::new(),
+            gateway_proxy: false,
         })
     }
 }
@@ -128,6 +133,9 @@ pub struct Stack {
     pub kills: BTreeMap<Service, u32>,
     /// Set by [`Stack::shutdown`]; otherwise `Drop` cleans up.
     finished: bool,
+    /// Second instances of services (e.g. two inventory consumers at once).
+    extras: Vec<(Service, Child)>,
+    proxy: Option<FaultProxy>,
 }
 
 impl Drop for Stack {
@@ -137,7 +145,7 @@ impl Drop for Stack {
         if self.finished {
             return;
         }
-        for child in self.procs.values_mut() {
+        for child in self.procs.values_mut().chain(self.extras.iter_mut().map(|(_, c)| c)) {
             let _ = child.start_kill();
         }
         let urls: Vec<String> = ["orders", "inventory", "payments", "gateway"].map(|d| self.db_url(d)).to_vec();
@@ -172,8 +180,13 @@ impl Stack {
             http: reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?,
             kills: BTreeMap::new(),
             finished: false,
+            extras: Vec::new(),
+            proxy: None,
         };
         for s in Service::ALL {
+            if s == Service::Payment && stack.opts.gateway_proxy {
+                stack.proxy = Some(FaultProxy::start(stack.addr(Service::Gateway)).await?);
+            }
             stack.start_service(s).await?;
         }
         Ok(stack)
@@ -220,7 +233,10 @@ impl Stack {
             Service::Inventory => env.extend([("DATABASE_URL".into(), self.db_url("inventory")), brokers]),
             Service::Payment => env.extend([
                 ("DATABASE_URL".into(), self.db_url("payments")),
-                ("GATEWAY_URL".into(), self.url(Service::Gateway)),
+                (
+                    "GATEWAY_URL".into(),
+                    self.proxy.as_ref().map_or_else(|| self.url(Service::Gateway), |p| format!("http://{}", p.addr)),
+                ),
                 brokers,
             ]),
             Service::OrderApi => env.extend([("DATABASE_URL".into(), self.db_url("orders")), brokers]),
@@ -317,6 +333,58 @@ impl Stack {
         }
     }
 
+    /// The fault proxy between payment-service and the gateway, if enabled.
+    pub fn gateway_proxy(&self) -> Option<&FaultProxy> {
+        self.proxy.as_ref()
+    }
+
+    /// Starts a second instance of a service (on its own admin port, same
+    /// database and consumer group) next to the first; returns its pid.
+    pub async fn start_extra(&mut self, s: Service) -> anyhow::Result<u32> {
+        anyhow::ensure!(s != Service::Broker, "one broker only");
+        let bin = self.opts.bin_dir.join(s.name());
+        let mut env = self.env(s);
+        env.retain(|(k, _)| k != "HTTP_ADDR" && k != "FAILPOINTS");
+        env.push(("HTTP_ADDR".into(), format!("127.0.0.1:{}", free_port()?)));
+        let log_path = self.opts.run_dir.join("logs").join(format!("{}-extra.log", s.name()));
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path)?;
+        let child = Command::new(bin)
+            .envs(env)
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()?;
+        let pid = child.id().unwrap_or_default();
+        self.extras.push((s, child));
+        Ok(pid)
+    }
+
+    /// SIGKILLs every extra instance.
+    pub async fn kill_extras(&mut self) {
+        for (_, mut child) in self.extras.drain(..) {
+            let _ = child.kill().await;
+        }
+    }
+
+    /// Terminates every PostgreSQL backend connected to this stack's
+    /// databases (`pg_terminate_backend`); returns how many.
+    pub async fn terminate_db_connections(&self) -> anyhow::Result<i64> {
+        use sqlx::Connection;
+        let mut admin = sqlx::PgConnection::connect(&format!("{}/postgres", self.opts.pg_base)).await?;
+        let names: Vec<String> = ["orders", "inventory", "payments", "gateway"]
+            .map(|d| self.db_url(d).rsplit('/').next().unwrap_or_default().to_owned())
+            .to_vec();
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = ANY($1) AND pid <> pg_backend_pid()",
+        )
+        .bind(&names)
+        .fetch_one(&mut admin)
+        .await?;
+        Ok(n)
+    }
+
     /// The log file of a process.
     pub fn log_path(&self, s: Service) -> PathBuf {
         self.opts.run_dir.join("logs").join(format!("{}.log", s.name()))
@@ -359,6 +427,7 @@ impl Stack {
     /// Stops every process with SIGTERM (SIGKILL after 10 s) in reverse start
     /// order, drops the databases, and removes the run directory when asked.
     pub async fn shutdown(mut self, remove_run_dir: bool) -> anyhow::Result<()> {
+        self.kill_extras().await;
         for s in Service::ALL.into_iter().rev() {
             if let Some(mut child) = self.procs.remove(&s) {
                 terminate(&mut child).await;

@@ -27,6 +27,26 @@ enum Cmd {
     /// Start the broker and every service on the documented ports
     /// (databases orders, inventory, payments, gateway; data in .data/). Ctrl-c stops.
     Up,
+    /// The chaos suite: kill services mid-flow, inject faults and duplicates,
+    /// then check every invariant. Reports go to target/chaos/seed-<S>/.
+    Chaos {
+        /// Orders to place.
+        #[arg(long, default_value_t = 300)]
+        orders: usize,
+        /// Seed of the order mix, the keys and the fault schedule.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Concurrent clients.
+        #[arg(long, default_value_t = 8)]
+        clients: usize,
+        /// Pause between faults, in milliseconds.
+        #[arg(long, default_value_t = 1200)]
+        fault_interval_ms: u64,
+        /// Run the negative control (payment-service without deduplication):
+        /// succeeds only if the checker finds double charges.
+        #[arg(long)]
+        negative_control: bool,
+    },
     /// List or replay the dead letters of a topic (e.g. inventory.commands).
     Dlq {
         #[command(subcommand)]
@@ -162,6 +182,28 @@ async fn main() -> anyhow::Result<()> {
     build_services()?;
     match cli.command {
         Cmd::Dlq { .. } => unreachable!("handled above"),
+        Cmd::Chaos { orders, seed, clients, fault_interval_ms, negative_control } => {
+            let mut cfg = e2e::chaos::ChaosConfig::ci(seed);
+            cfg.orders = orders;
+            cfg.clients = clients;
+            cfg.fault_interval = std::time::Duration::from_millis(fault_interval_ms);
+            cfg.quiesce_timeout = std::time::Duration::from_secs(300);
+            cfg.negative_control = negative_control;
+            let dir = workspace_root().join("target").join("chaos").join(format!(
+                "seed-{seed}{}",
+                if negative_control { "-negative" } else { "" }
+            ));
+            cfg.report_dir = Some(dir.clone());
+            let report = e2e::chaos::run(&cfg).await?;
+            println!("{}", e2e::chaos::markdown(&report));
+            println!("report: {}/report.md and report.json", dir.display());
+            if negative_control {
+                anyhow::ensure!(!report.audit.double_charged.is_empty(), "negative control found no double charge");
+            } else {
+                anyhow::ensure!(report.passed(), "chaos run failed: {:?}", report.problems);
+            }
+            Ok(())
+        }
         Cmd::Test { args } => std::process::exit(run_tests(&args)?),
         Cmd::Up => {
             let mut opts = StackOptions::ephemeral("up")?;

@@ -32,16 +32,37 @@ pub enum Recorded {
 }
 
 /// Records `event_id` as processed by `consumer` in the caller's transaction.
+///
+/// On a duplicate the redelivery is counted (in the same transaction: commit
+/// it to keep the count, roll back to drop it) and the caller skips its effect.
 pub async fn record(conn: &mut PgConnection, consumer: &str, event_id: Uuid) -> sqlx::Result<Recorded> {
     let inserted = sqlx::query(
         "INSERT INTO inbox (consumer, event_id) VALUES ($1, $2) ON CONFLICT (consumer, event_id) DO NOTHING",
     )
     .bind(consumer)
     .bind(event_id)
-    .execute(conn)
+    .execute(&mut *conn)
     .await?
     .rows_affected();
-    Ok(if inserted == 1 { Recorded::New } else { Recorded::Duplicate })
+    if inserted == 1 {
+        return Ok(Recorded::New);
+    }
+    note_redelivery(conn, consumer, event_id).await?;
+    Ok(Recorded::Duplicate)
+}
+
+/// Counts one absorbed redelivery of `event_id` to `consumer`.
+pub async fn note_redelivery(conn: &mut PgConnection, consumer: &str, event_id: Uuid) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO inbox_redeliveries (consumer, event_id, redeliveries) VALUES ($1, $2, 1)
+         ON CONFLICT (consumer, event_id)
+         DO UPDATE SET redeliveries = inbox_redeliveries.redeliveries + 1, last_seen = now()",
+    )
+    .bind(consumer)
+    .bind(event_id)
+    .execute(conn)
+    .await?;
+    Ok(())
 }
 
 /// Whether `consumer` already processed `event_id` (a cheap pre-check for
@@ -62,6 +83,14 @@ pub async fn seen(conn: &mut PgConnection, consumer: &str, event_id: Uuid) -> sq
 /// after its inbox row is gone would be applied again.
 pub async fn purge(conn: &mut PgConnection, retention: Duration, batch: i64) -> sqlx::Result<u64> {
     let secs = retention.as_secs_f64();
+    sqlx::query(
+        "DELETE FROM inbox_redeliveries WHERE ctid IN (
+             SELECT ctid FROM inbox_redeliveries WHERE last_seen < now() - make_interval(secs => $1) LIMIT $2)",
+    )
+    .bind(secs)
+    .bind(batch)
+    .execute(&mut *conn)
+    .await?;
     Ok(sqlx::query(
         "DELETE FROM inbox WHERE ctid IN (
              SELECT ctid FROM inbox

@@ -1,13 +1,51 @@
 //! End-to-end tests over real processes: tansu, PostgreSQL, the five services.
 
 mod api;
+mod chaos;
 mod compose;
 mod crash;
 mod payments;
 mod saga;
 
+use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock};
+
+/// Two cores: ordinary e2e tests share the machine, a chaos run has it alone.
+static MACHINE: std::sync::LazyLock<std::sync::Arc<RwLock<()>>> = std::sync::LazyLock::new(Default::default);
+
+/// Held by a chaos test for its whole run.
+pub async fn exclusive() -> OwnedRwLockWriteGuard<()> {
+    MACHINE.clone().write_owned().await
+}
+
+/// A fresh stack for one test, and its share of the machine.
+pub struct TestStack {
+    stack: e2e::Stack,
+    _share: OwnedRwLockReadGuard<()>,
+}
+
+impl std::ops::Deref for TestStack {
+    type Target = e2e::Stack;
+    fn deref(&self) -> &e2e::Stack {
+        &self.stack
+    }
+}
+
+impl std::ops::DerefMut for TestStack {
+    fn deref_mut(&mut self) -> &mut e2e::Stack {
+        &mut self.stack
+    }
+}
+
+impl TestStack {
+    /// Stops the processes, drops the databases, removes the run directory.
+    pub async fn shutdown(self, remove: bool) -> anyhow::Result<()> {
+        self.stack.shutdown(remove).await
+    }
+}
+
 /// Boots a fresh stack for one test.
-pub async fn stack(label: &str) -> e2e::Stack {
+pub async fn stack(label: &str) -> TestStack {
+    let share = MACHINE.clone().read_owned().await;
     let opts = e2e::StackOptions::ephemeral(label).expect("stack options");
-    e2e::Stack::start(opts).await.expect("stack starts")
+    TestStack { stack: e2e::Stack::start(opts).await.expect("stack starts"), _share: share }
 }

@@ -18,6 +18,7 @@ pub async fn handle(pool: &PgPool, envelope: Envelope) -> Result<Handled, Handle
         .map_err(HandleError::transient)?
         == inbox::Recorded::Duplicate
     {
+        tx.commit().await.map_err(HandleError::transient)?; // keeps the redelivery count
         return Ok(Handled::Duplicate);
     }
     let reply = match &message {

@@ -36,6 +36,11 @@ pub struct Config {
     /// How long inbox rows are kept (must exceed the broker's redelivery window).
     #[arg(long, env = "INBOX_RETENTION_SECS", default_value_t = 7 * 86_400)]
     pub inbox_retention_secs: u64,
+    /// NEGATIVE CONTROL ONLY: turn off deduplication (no inbox, a new gateway
+    /// key per delivery). The chaos suite uses it to prove its checker finds
+    /// double charges. Never set it anywhere else.
+    #[arg(long, env = "PAYMENT_UNSAFE_DISABLE_DEDUP", default_value_t = false)]
+    pub unsafe_disable_dedup: bool,
 }
 
 /// Handler state.
@@ -45,6 +50,8 @@ pub struct Deps {
     pub pool: PgPool,
     /// The gateway client.
     pub gateway: gateway::Client,
+    /// False only in the negative control.
+    pub dedup: bool,
 }
 
 /// A built payment-service.
@@ -65,7 +72,11 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     messaging::kafka::ensure_topics(&config.kafka_brokers, &messaging::message::TOPICS).await?;
     let gateway = gateway::Client::new(&config.gateway_url, Duration::from_millis(config.gateway_timeout_ms))?;
     let listener = TcpListener::bind(config.http_addr).await?;
-    Ok(App { deps: Deps { pool, gateway }, listener, config })
+    if config.unsafe_disable_dedup {
+        tracing::error!("PAYMENT_UNSAFE_DISABLE_DEDUP is set: duplicates WILL be charged twice (negative control)");
+    }
+    let deps = Deps { pool, gateway, dedup: !config.unsafe_disable_dedup };
+    Ok(App { deps, listener, config })
 }
 
 impl App {

@@ -28,11 +28,17 @@ pub async fn handle(deps: &Deps, envelope: Envelope) -> Result<Handled, HandleEr
         other => return Err(HandleError::Permanent(format!("unexpected message {other:?} on payment.commands"))),
     };
     let order_id = envelope.order_id;
+    if !deps.dedup {
+        return handle_without_dedup(deps, &envelope, &message, kind, amount_cents).await;
+    }
     let mut conn = deps.pool.acquire().await.map_err(HandleError::transient)?;
     if inbox::seen(&mut conn, crate::CONSUMER, envelope.event_id)
         .await
         .map_err(HandleError::transient)?
     {
+        inbox::note_redelivery(&mut conn, crate::CONSUMER, envelope.event_id)
+            .await
+            .map_err(HandleError::transient)?;
         return Ok(Handled::Duplicate);
     }
 
@@ -104,6 +110,7 @@ async fn settle(
         == inbox::Recorded::Duplicate
     {
         // Another instance handled this very event meanwhile.
+        tx.commit().await.map_err(HandleError::transient)?; // keeps the redelivery count
         return Ok(Handled::Duplicate);
     }
     if let Some((status, reply)) = result {
@@ -133,6 +140,34 @@ async fn settle(
             telemetry::metrics::incr("payment_settled_total", &[("status", status)]);
         }
     }
+    tx.commit().await.map_err(HandleError::transient)?;
+    Ok(Handled::Applied)
+}
+
+/// The negative control: what payment handling looks like without layers 3
+/// and 4 — no inbox, and a gateway key per delivery instead of per operation.
+/// Every redelivered or republished command charges again.
+async fn handle_without_dedup(
+    deps: &Deps,
+    envelope: &Envelope,
+    message: &Message,
+    kind: &str,
+    amount_cents: i64,
+) -> Result<Handled, HandleError> {
+    let key = format!("{kind}-{}-{}", envelope.order_id, uuid::Uuid::new_v4());
+    let reply = match message {
+        Message::ChargePayment { card, .. } => deps.gateway.charge(&key, envelope.order_id, amount_cents, card).await,
+        _ => deps.gateway.refund(&key, envelope.order_id, amount_cents).await,
+    }
+    .map_err(HandleError::transient)?;
+    let reply = match (kind, reply) {
+        ("charge", Reply::Done(id)) => Message::PaymentCaptured { charge_id: id },
+        ("charge", Reply::Declined(_)) => Message::PaymentDeclined { reason: "card_declined".into() },
+        (_, Reply::Done(id)) => Message::PaymentRefunded { refund_id: id },
+        (_, Reply::Declined(id)) => return Err(HandleError::Permanent(format!("refund {id} declined"))),
+    };
+    let mut tx = deps.pool.begin().await.map_err(HandleError::transient)?;
+    outbox::emit(&mut tx, envelope.order_id, &reply, Some(envelope)).await.map_err(HandleError::transient)?;
     tx.commit().await.map_err(HandleError::transient)?;
     Ok(Handled::Applied)
 }

@@ -1,0 +1,170 @@
+//! A small TCP fault proxy placed between a service and a dependency.
+//!
+//! Modes, switchable at run time: pass traffic through, add latency to every
+//! chunk, reset (drop every connection, refuse new ones by closing at once),
+//! or blackhole (accept and swallow, never answer). Existing connections
+//! follow mode changes, so a keep-alive connection is not a way around it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// What the proxy does to traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Forward unchanged.
+    Pass,
+    /// Forward each chunk after this delay.
+    Latency(Duration),
+    /// Close every connection.
+    Reset,
+    /// Accept and read, never forward or answer.
+    Blackhole,
+}
+
+/// A running proxy.
+pub struct FaultProxy {
+    /// `127.0.0.1:port` clients connect to.
+    pub addr: String,
+    mode: Arc<watch::Sender<Mode>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FaultProxy {
+    /// Listens on a free loopback port and forwards to `target`.
+    pub async fn start(target: String) -> anyhow::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?.to_string();
+        let (tx, rx) = watch::channel(Mode::Pass);
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                tokio::spawn(serve(client, target.clone(), rx.clone()));
+            }
+        });
+        Ok(Self { addr, mode: Arc::new(tx), task })
+    }
+
+    /// Switches the mode for new and existing connections.
+    pub fn set(&self, mode: Mode) {
+        self.mode.send_replace(mode);
+    }
+
+    /// The current mode.
+    pub fn mode(&self) -> Mode {
+        *self.mode.borrow()
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn serve(mut client: TcpStream, target: String, mut mode: watch::Receiver<Mode>) {
+    let current = *mode.borrow();
+    match current {
+        Mode::Reset => return,
+        Mode::Blackhole => return swallow(client, mode).await,
+        _ => {}
+    }
+    let Ok(upstream) = TcpStream::connect(&target).await else { return };
+    let (mut cr, mut cw) = client.split();
+    let (mut ur, mut uw) = tokio::io::split(upstream);
+    let mut m1 = mode.clone();
+    let up = pump(&mut cr, &mut uw, &mut m1);
+    let down = pump(&mut ur, &mut cw, &mut mode);
+    tokio::select! {
+        _ = up => {}
+        _ = down => {}
+    }
+}
+
+/// Copies `from` to `to` following the mode; returns when either side
+/// closes or the mode turns to reset/blackhole.
+async fn pump<R, W>(from: &mut R, to: &mut W, mode: &mut watch::Receiver<Mode>)
+where
+    R: tokio::io::AsyncRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = tokio::select! {
+            r = from.read(&mut buf) => match r { Ok(0) | Err(_) => return, Ok(n) => n },
+            changed = mode.changed() => {
+                if changed.is_err() { return; }
+                if matches!(*mode.borrow(), Mode::Reset | Mode::Blackhole) { return; }
+                continue;
+            }
+        };
+        let current = *mode.borrow();
+        match current {
+            Mode::Latency(d) => tokio::time::sleep(d).await,
+            Mode::Reset | Mode::Blackhole => return,
+            Mode::Pass => {}
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn swallow(mut client: TcpStream, mut mode: watch::Receiver<Mode>) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        tokio::select! {
+            r = client.read(&mut buf) => if matches!(r, Ok(0) | Err(_)) { return },
+            changed = mode.changed() => if changed.is_err() || *mode.borrow() != Mode::Blackhole { return },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn echo_server() -> String {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 1024];
+                    while let Ok(n) = s.read(&mut buf).await {
+                        if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    async fn roundtrip(addr: &str, timeout: Duration) -> Option<Vec<u8>> {
+        let mut s = TcpStream::connect(addr).await.ok()?;
+        s.write_all(b"ping").await.ok()?;
+        let mut buf = [0u8; 4];
+        tokio::time::timeout(timeout, s.read_exact(&mut buf)).await.ok()?.ok()?;
+        Some(buf.to_vec())
+    }
+
+    #[tokio::test]
+    async fn modes_pass_delay_reset_and_swallow() {
+        let proxy = FaultProxy::start(echo_server().await).await.unwrap();
+        assert_eq!(roundtrip(&proxy.addr, Duration::from_secs(1)).await.as_deref(), Some(&b"ping"[..]));
+        proxy.set(Mode::Latency(Duration::from_millis(150)));
+        let t = std::time::Instant::now();
+        assert!(roundtrip(&proxy.addr, Duration::from_secs(2)).await.is_some());
+        assert!(t.elapsed() >= Duration::from_millis(300), "delayed both ways");
+        proxy.set(Mode::Reset);
+        assert!(roundtrip(&proxy.addr, Duration::from_millis(500)).await.is_none());
+        proxy.set(Mode::Blackhole);
+        assert!(roundtrip(&proxy.addr, Duration::from_millis(300)).await.is_none());
+        proxy.set(Mode::Pass);
+        assert!(roundtrip(&proxy.addr, Duration::from_secs(1)).await.is_some());
+    }
+}
