@@ -39,8 +39,11 @@ enum Cmd {
         /// Concurrent clients.
         #[arg(long, default_value_t = 8)]
         clients: usize,
+        /// Orders started per second.
+        #[arg(long, default_value_t = 10.0)]
+        rate: f64,
         /// Pause between faults, in milliseconds.
-        #[arg(long, default_value_t = 1200)]
+        #[arg(long, default_value_t = 800)]
         fault_interval_ms: u64,
         /// Run the negative control (payment-service without deduplication):
         /// succeeds only if the checker finds double charges.
@@ -182,10 +185,11 @@ async fn main() -> anyhow::Result<()> {
     build_services()?;
     match cli.command {
         Cmd::Dlq { .. } => unreachable!("handled above"),
-        Cmd::Chaos { orders, seed, clients, fault_interval_ms, negative_control } => {
+        Cmd::Chaos { orders, seed, clients, rate, fault_interval_ms, negative_control } => {
             let mut cfg = e2e::chaos::ChaosConfig::ci(seed);
             cfg.orders = orders;
             cfg.clients = clients;
+            cfg.rate_per_sec = rate;
             cfg.fault_interval = std::time::Duration::from_millis(fault_interval_ms);
             cfg.quiesce_timeout = std::time::Duration::from_secs(300);
             cfg.negative_control = negative_control;

@@ -63,6 +63,18 @@ impl DeadLetter {
 /// Reads `topic` from `start` (per partition) with `group`, until no message
 /// arrived for `idle`. Returns the messages and the consumer (to commit).
 pub fn read(brokers: &str, topic: &str, group: &str, start: Offset, idle: Duration) -> Result<(Vec<OwnedMessage>, BaseConsumer)> {
+    read_at_most(brokers, topic, group, start, idle, usize::MAX)
+}
+
+/// Like [`read`], stopping after `max` messages.
+pub fn read_at_most(
+    brokers: &str,
+    topic: &str,
+    group: &str,
+    start: Offset,
+    idle: Duration,
+    max: usize,
+) -> Result<(Vec<OwnedMessage>, BaseConsumer)> {
     let consumer: BaseConsumer = kafka::client_config(brokers)
         .set("group.id", group)
         .set("enable.auto.commit", "false")
@@ -79,7 +91,7 @@ pub fn read(brokers: &str, topic: &str, group: &str, start: Offset, idle: Durati
     consumer.assign(&tpl)?;
     let mut out = Vec::new();
     let mut last = Instant::now();
-    while last.elapsed() < idle {
+    while last.elapsed() < idle && out.len() < max {
         if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
             out.push(m.detach());
             last = Instant::now();
