@@ -656,7 +656,7 @@ async fn crash_point(
     crash_points: &mut BTreeMap<String, u32>,
 ) -> anyhow::Result<(String, bool)> {
     stack.set_env(s, "FAILPOINTS", &format!("{point}=1*return"));
-    stack.restart(s).await?;
+    stack.restart_unready(s).await?;
     let fired = stack.wait_exit(s, Duration::from_secs(20)).await.is_ok();
     stack.set_env(s, "FAILPOINTS", "");
     if fired {

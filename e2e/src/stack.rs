@@ -278,6 +278,18 @@ impl Stack {
 
     /// Starts one process (again) and waits until it is ready.
     pub async fn start_service(&mut self, s: Service) -> anyhow::Result<()> {
+        self.spawn(s)?;
+        self.wait_ready(s, Duration::from_secs(60)).await
+    }
+
+    /// SIGKILLs a process and starts it again without waiting for it to be
+    /// ready: an armed crash point may fire before the first health check.
+    pub async fn restart_unready(&mut self, s: Service) -> anyhow::Result<()> {
+        self.kill(s).await?;
+        self.spawn(s)
+    }
+
+    fn spawn(&mut self, s: Service) -> anyhow::Result<()> {
         let mut cmd = match s {
             Service::Broker => {
                 crate::broker::command(&crate::broker::ensure()?, &self.addr(s), &self.opts.run_dir.join("broker"))
@@ -305,7 +317,7 @@ impl Stack {
             cmd.stdout(log.try_clone()?).stderr(log).spawn()?
         };
         self.procs.insert(s, child);
-        self.wait_ready(s, Duration::from_secs(60)).await
+        Ok(())
     }
 
     async fn wait_ready(&mut self, s: Service, timeout: Duration) -> anyhow::Result<()> {
