@@ -677,7 +677,7 @@ async fn inject_duplicates(stack: &Stack, rng: &mut StdRng, duplicates: &mut Dup
         let (messages, _) = {
             let (b, t) = (brokers.clone(), topic.to_owned());
             tokio::task::spawn_blocking(move || {
-                messaging::dlq::read_at_most(&b, &t, &group, rdkafka::Offset::Beginning, Duration::from_millis(500), 60)
+                messaging::dlq::read_at_most(&b, &t, &group, rdkafka::Offset::Beginning, Duration::from_millis(1500), 60)
             })
             .await??
         };

@@ -51,6 +51,25 @@ pub async fn record(conn: &mut PgConnection, consumer: &str, event_id: Uuid) -> 
     Ok(Recorded::Duplicate)
 }
 
+/// Begins the transaction of an effect: records `event_id` for `consumer`
+/// and returns the open transaction for the effect when the event is new.
+/// On a duplicate it commits the redelivery count and returns `None`: skip
+/// the effect.
+pub async fn begin(
+    pool: &sqlx::PgPool,
+    consumer: &str,
+    event_id: Uuid,
+) -> sqlx::Result<Option<sqlx::Transaction<'static, sqlx::Postgres>>> {
+    let mut tx = pool.begin().await?;
+    match record(&mut tx, consumer, event_id).await? {
+        Recorded::New => Ok(Some(tx)),
+        Recorded::Duplicate => {
+            tx.commit().await?;
+            Ok(None)
+        }
+    }
+}
+
 /// Counts one absorbed redelivery of `event_id` to `consumer`.
 pub async fn note_redelivery(conn: &mut PgConnection, consumer: &str, event_id: Uuid) -> sqlx::Result<()> {
     sqlx::query(

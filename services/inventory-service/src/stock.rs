@@ -12,15 +12,12 @@ use sqlx::{PgConnection, PgPool};
 #[tracing::instrument(skip_all, fields(order_id = %envelope.order_id, event_type = %envelope.event_type, event_id = %envelope.event_id))]
 pub async fn handle(pool: &PgPool, envelope: Envelope) -> Result<Handled, HandleError> {
     let message = envelope.message().map_err(HandleError::permanent)?;
-    let mut tx = pool.begin().await.map_err(HandleError::transient)?;
-    if inbox::record(&mut tx, crate::CONSUMER, envelope.event_id)
+    let Some(mut tx) = inbox::begin(pool, crate::CONSUMER, envelope.event_id)
         .await
         .map_err(HandleError::transient)?
-        == inbox::Recorded::Duplicate
-    {
-        tx.commit().await.map_err(HandleError::transient)?; // keeps the redelivery count
+    else {
         return Ok(Handled::Duplicate);
-    }
+    };
     let reply = match &message {
         Message::ReserveStock { sku, quantity } => reserve(&mut tx, &envelope, sku, *quantity).await,
         Message::ReleaseStock => release(&mut tx, &envelope).await,

@@ -103,16 +103,13 @@ async fn settle(
     kind: &str,
     result: Option<(&str, Message)>,
 ) -> Result<Handled, HandleError> {
-    let mut tx = deps.pool.begin().await.map_err(HandleError::transient)?;
-    if inbox::record(&mut tx, crate::CONSUMER, envelope.event_id)
+    let Some(mut tx) = inbox::begin(&deps.pool, crate::CONSUMER, envelope.event_id)
         .await
         .map_err(HandleError::transient)?
-        == inbox::Recorded::Duplicate
-    {
+    else {
         // Another instance handled this very event meanwhile.
-        tx.commit().await.map_err(HandleError::transient)?; // keeps the redelivery count
         return Ok(Handled::Duplicate);
-    }
+    };
     if let Some((status, reply)) = result {
         let gateway_ref = match &reply {
             Message::PaymentCaptured { charge_id } => Some(charge_id.clone()),

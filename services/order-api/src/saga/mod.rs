@@ -20,15 +20,12 @@ pub use transitions::{decide, Decision, Input, Status};
 #[tracing::instrument(skip_all, fields(order_id = %envelope.order_id, event_type = %envelope.event_type, event_id = %envelope.event_id))]
 pub async fn handle(pool: &PgPool, envelope: Envelope) -> Result<Handled, HandleError> {
     let message = envelope.message().map_err(HandleError::permanent)?;
-    let mut tx = pool.begin().await.map_err(HandleError::transient)?;
-    if inbox::record(&mut tx, crate::SAGA_CONSUMER, envelope.event_id)
+    let Some(mut tx) = inbox::begin(pool, crate::SAGA_CONSUMER, envelope.event_id)
         .await
         .map_err(HandleError::transient)?
-        == inbox::Recorded::Duplicate
-    {
-        tx.commit().await.map_err(HandleError::transient)?; // keeps the redelivery count
+    else {
         return Ok(Handled::Duplicate);
-    }
+    };
     let Some(order) = orders::lock(&mut tx, envelope.order_id).await.map_err(HandleError::transient)? else {
         // Not retriable: an order id we never created. The inbox row commits so
         // a redelivery is absorbed; the dead-letter topic gets nothing to replay.
