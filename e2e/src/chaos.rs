@@ -410,7 +410,19 @@ async fn drive(stack: &mut Stack, cfg: &ChaosConfig) -> anyhow::Result<Report> {
         indeterminate: stats.indeterminate,
     };
     let audit = audit(stack, &expected).await?;
-    count_duplicates(stack, &mut duplicates).await?;
+    let mut problems = audit.violations.clone();
+    // Reading the whole log back can time out on a slow broker; try again
+    // before giving up, and then say so rather than lose the report.
+    let mut counted = Err(anyhow::anyhow!("not tried"));
+    for _ in 0..3 {
+        counted = count_duplicates(stack, &mut duplicates).await;
+        if counted.is_ok() {
+            break;
+        }
+    }
+    if let Err(e) = counted {
+        problems.push(format!("could not read the topics back to count duplicates: {e}"));
+    }
     let outcomes = outcomes(stack, &acked).await?;
 
     let mut kills: BTreeMap<String, u32> = stack.kills.iter().map(|(s, n)| (s.name().to_owned(), *n)).collect();
@@ -423,7 +435,6 @@ async fn drive(stack: &mut Stack, cfg: &ChaosConfig) -> anyhow::Result<Report> {
         *faults_fired.entry(format!("{:?}", e.fault)).or_default() += 1;
     }
 
-    let mut problems = audit.violations.clone();
     problems.extend(stats.violations.iter().cloned());
     if let Err(e) = &drained {
         problems.push(format!("did not drain: {e}"));

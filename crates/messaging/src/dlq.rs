@@ -83,14 +83,15 @@ pub fn read_at_most(
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
         .create()?;
-    let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    // A broker busy with a long log answers slowly: generous timeouts.
+    let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(30))?;
     let mut tpl = TopicPartitionList::new();
     // Partition → offset of its last message when reading began.
     let mut remaining: std::collections::BTreeMap<i32, i64> = std::collections::BTreeMap::new();
     for t in md.topics() {
         for p in t.partitions() {
             tpl.add_partition_offset(topic, p.id(), start)?;
-            let (low, high) = consumer.fetch_watermarks(topic, p.id(), Duration::from_secs(10))?;
+            let (low, high) = consumer.fetch_watermarks(topic, p.id(), Duration::from_secs(30))?;
             if high > low {
                 remaining.insert(p.id(), high - 1);
             }
@@ -98,7 +99,7 @@ pub fn read_at_most(
     }
     if start == Offset::Stored {
         // Partitions whose committed offset is already at the end have nothing to read.
-        let committed = consumer.committed_offsets(tpl.clone(), Duration::from_secs(10))?;
+        let committed = consumer.committed_offsets(tpl.clone(), Duration::from_secs(30))?;
         for e in committed.elements() {
             if let Offset::Offset(next) = e.offset() {
                 if remaining.get(&e.partition()).is_some_and(|end| next > *end) {
