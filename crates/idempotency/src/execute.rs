@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use sqlx::{PgConnection, PgPool};
 
-use crate::{begin, complete, Begin, Error, StoredResponse};
+use crate::{begin, complete, lookup, Begin, Error, StoredResponse};
 
 /// The work of a first execution, run inside the idempotency transaction.
 pub type Work<E> = Box<
@@ -70,7 +70,17 @@ where
             None => return Err(e),
         },
     };
-    complete(&mut tx, request.scope, request.key, request.fingerprint, ttl, &stored).await?;
+    if !complete(&mut tx, request.scope, request.key, request.fingerprint, ttl, &stored).await? {
+        // A concurrent first request committed this key after our snapshot:
+        // undo our effect and answer with its outcome.
+        tx.rollback().await.map_err(Error::from)?;
+        let mut conn = pool.acquire().await.map_err(Error::from)?;
+        return Ok(match lookup(&mut conn, request.scope, request.key, request.fingerprint).await? {
+            Some(Begin::Replay(stored)) => Outcome::Replayed(stored),
+            Some(Begin::Mismatch) => Outcome::Mismatch,
+            _ => Outcome::InFlight,
+        });
+    }
     tx.commit().await.map_err(Error::from)?;
     Ok(Outcome::Completed(stored))
 }

@@ -126,60 +126,70 @@ pub fn fingerprint(method: &str, path: &str, body: &[u8]) -> String {
 
 /// Starts an idempotent request inside the caller's transaction.
 ///
-/// A completed key is answered from its row without taking any lock, so
-/// concurrent replays never see each other as "in flight". Only an unseen
-/// key takes the in-flight lock, then looks again (the first request may
-/// have committed in between).
+/// One statement both tries the in-flight lock and reads the key's row. A
+/// completed key is answered from its row whether or not the lock was free,
+/// so concurrent replays never see each other as "in flight". If the first
+/// request commits between this statement's snapshot and its lock, the row
+/// is not seen and the request runs — and [`complete`] then finds the key
+/// taken, so the caller rolls back and replays (see [`execute`]).
 pub async fn begin(conn: &mut PgConnection, scope: &str, key: &str, fingerprint: &str) -> Result<Begin> {
-    if let Some(done) = lookup(conn, scope, key, fingerprint).await? {
-        return Ok(done);
+    // A 64-bit hash collision of the lock key can only cause a spurious 409.
+    let row = sqlx::query(
+        "SELECT pg_try_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 7)) AS locked,
+                k.fingerprint, k.status_code, k.headers, k.body, k.expires_at <= now() AS expired
+         FROM (SELECT 1) AS one
+         LEFT JOIN idempotency_keys k ON k.scope = $1 AND k.key = $2",
+    )
+    .bind(scope)
+    .bind(key)
+    .fetch_one(&mut *conn)
+    .await?;
+    let locked: bool = row.get("locked");
+    let expired: Option<bool> = row.get("expired");
+    match expired {
+        Some(false) => Ok(stored_outcome(&row, fingerprint)),
+        Some(true) if locked => {
+            sqlx::query("DELETE FROM idempotency_keys WHERE scope = $1 AND key = $2 AND expires_at <= now()")
+                .bind(scope)
+                .bind(key)
+                .execute(&mut *conn)
+                .await?;
+            Ok(Begin::New)
+        }
+        None if locked => Ok(Begin::New),
+        _ => Ok(Begin::InFlight),
     }
-    // In-flight guard: held until this transaction ends. A 64-bit hash
-    // collision can only cause a spurious 409, never a wrong replay.
-    let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 7))")
-        .bind(scope)
-        .bind(key)
-        .fetch_one(&mut *conn)
-        .await?;
-    if !locked {
-        return Ok(Begin::InFlight);
-    }
-    Ok(lookup(conn, scope, key, fingerprint).await?.unwrap_or(Begin::New))
 }
 
-/// The stored outcome of a completed, unexpired key; expired rows are
-/// deleted (they behave as new).
-async fn lookup(conn: &mut PgConnection, scope: &str, key: &str, fingerprint: &str) -> Result<Option<Begin>> {
+/// The stored outcome of a completed key, if it is there and unexpired.
+pub async fn lookup(conn: &mut PgConnection, scope: &str, key: &str, fingerprint: &str) -> Result<Option<Begin>> {
     let row = sqlx::query(
-        "SELECT fingerprint, status_code, headers, body, expires_at <= now() AS expired
-         FROM idempotency_keys WHERE scope = $1 AND key = $2",
+        "SELECT fingerprint, status_code, headers, body FROM idempotency_keys
+         WHERE scope = $1 AND key = $2 AND expires_at > now()",
     )
     .bind(scope)
     .bind(key)
     .fetch_optional(&mut *conn)
     .await?;
-    let Some(row) = row else { return Ok(None) };
-    if row.get::<bool, _>("expired") {
-        sqlx::query("DELETE FROM idempotency_keys WHERE scope = $1 AND key = $2 AND expires_at <= now()")
-            .bind(scope)
-            .bind(key)
-            .execute(&mut *conn)
-            .await?;
-        return Ok(None);
-    }
+    Ok(row.map(|r| stored_outcome(&r, fingerprint)))
+}
+
+fn stored_outcome(row: &sqlx::postgres::PgRow, fingerprint: &str) -> Begin {
     if row.get::<&str, _>("fingerprint") != fingerprint {
-        return Ok(Some(Begin::Mismatch));
+        return Begin::Mismatch;
     }
     let headers: sqlx::types::Json<Vec<(String, String)>> = row.get("headers");
-    Ok(Some(Begin::Replay(StoredResponse {
+    Begin::Replay(StoredResponse {
         status: row.get::<i16, _>("status_code") as u16,
         headers: headers.0,
         body: row.get("body"),
-    })))
+    })
 }
 
 /// Stores the response of a [`Begin::New`] request in the caller's
 /// transaction; it becomes visible (and replayable) when that commits.
+/// Returns false when the key was completed meanwhile by a concurrent
+/// request: the caller must roll back its effect and replay that one.
 pub async fn complete(
     conn: &mut PgConnection,
     scope: &str,
@@ -187,10 +197,11 @@ pub async fn complete(
     fingerprint: &str,
     ttl: Duration,
     response: &StoredResponse,
-) -> Result<()> {
-    sqlx::query(
+) -> Result<bool> {
+    let inserted = sqlx::query(
         "INSERT INTO idempotency_keys (scope, key, fingerprint, status_code, headers, body, expires_at)
-         VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7))",
+         VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7))
+         ON CONFLICT (scope, key) DO NOTHING",
     )
     .bind(scope)
     .bind(key)
@@ -200,8 +211,9 @@ pub async fn complete(
     .bind(&response.body)
     .bind(ttl.as_secs_f64())
     .execute(conn)
-    .await?;
-    Ok(())
+    .await?
+    .rows_affected();
+    Ok(inserted == 1)
 }
 
 /// Deletes up to `batch` expired keys; returns how many. Short statements,
