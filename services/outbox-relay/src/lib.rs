@@ -31,6 +31,11 @@ pub struct Config {
     /// Rows claimed per round.
     #[arg(long, env = "RELAY_BATCH", default_value_t = 256)]
     pub batch: i64,
+    /// Claim loops per source database. They share the work like separate
+    /// relay processes do (SKIP LOCKED, per-order head rule), so one loop's
+    /// database work overlaps another's wait for the broker.
+    #[arg(long, env = "RELAY_WORKERS", default_value_t = 2)]
+    pub workers: usize,
     /// Fallback poll interval when no notification arrives, in milliseconds.
     #[arg(long, env = "RELAY_POLL_MS", default_value_t = 500)]
     pub poll_ms: u64,
@@ -72,13 +77,19 @@ impl App {
         let publisher = KafkaPublisher::new(&self.config.kafka_brokers)?;
         let mut tasks = Vec::new();
         for (name, pool) in &self.sources {
-            let relay = Relay::new(pool.clone(), publisher.clone(), name.clone())
-                .batch(self.config.batch)
-                .poll_interval(Duration::from_millis(self.config.poll_ms));
-            let token = shutdown.clone();
+            let relay = |name: &str| {
+                Relay::new(pool.clone(), publisher.clone(), name)
+                    .batch(self.config.batch)
+                    .poll_interval(Duration::from_millis(self.config.poll_ms))
+            };
+            for _ in 1..self.config.workers.max(1) {
+                let (worker, token) = (relay(name), shutdown.clone());
+                tasks.push(tokio::spawn(async move { worker.run(token).await }));
+            }
+            let (first, token) = (relay(name), shutdown.clone());
             let retention = Duration::from_secs(self.config.retention_secs);
             tasks.push(tokio::spawn(async move {
-                tokio::join!(relay.run(token.clone()), housekeeping(&relay, retention, token));
+                tokio::join!(first.run(token.clone()), housekeeping(&first, retention, token));
             }));
         }
         let admin_pool = self.sources.first().map(|(_, p)| p.clone()).expect("at least one source");
