@@ -73,18 +73,25 @@ async fn main() {
     let topic = "bench.relay";
     messaging::kafka::ensure_topics(&broker.addr, &[topic]).await.unwrap();
 
-    // 1. Raw producer.
+    // 1. Raw producer, with the same concurrency as the relay: WORKERS
+    //    streams, each sending windows of BATCH and awaiting their acks.
     let producer = messaging::kafka::producer(&broker.addr).unwrap();
     let envelopes: Vec<Envelope> = (0..N).map(envelope).collect();
     let start = Instant::now();
-    for window in envelopes.chunks(BATCH as usize) {
-        let sends = window.iter().map(|e| messaging::kafka::publish(&producer, topic, e));
-        for r in futures::future::join_all(sends).await {
-            r.unwrap();
+    let streams = envelopes.chunks(N.div_ceil(WORKERS)).map(|stream| {
+        let producer = &producer;
+        async move {
+            for window in stream.chunks(BATCH as usize) {
+                let sends = window.iter().map(|e| messaging::kafka::publish(producer, topic, e));
+                for r in futures::future::join_all(sends).await {
+                    r.unwrap();
+                }
+            }
         }
-    }
+    });
+    futures::future::join_all(streams).await;
     let raw = N as f64 / start.elapsed().as_secs_f64();
-    println!("raw producer            {raw:>9.0} msg/s  ({N} messages, windows of {BATCH})");
+    println!("raw producer            {raw:>9.0} msg/s  ({N} messages, {WORKERS} streams of windows of {BATCH})");
 
     // 2. Relay with Kafka: RELAY_WORKERS (2) claim loops on one source, as
     //    outbox-relay runs them, sharing one producer.

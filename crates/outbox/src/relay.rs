@@ -166,16 +166,15 @@ impl<P: Publisher> Relay<P> {
                 Err(e) => parked.push((id, e.to_string())),
             }
         }
-        // Count the attempt before asking the broker, outside the claim
+        // Note the batch before asking the broker, outside the claim
         // transaction, so a crash between publish and mark leaves a trace.
+        let batch = uuid::Uuid::new_v4();
         let ids: Vec<i64> = pending.iter().map(|r| r.id).collect();
-        sqlx::query(
-            "INSERT INTO outbox_attempts (id, started) SELECT unnest($1::int8[]), 1
-             ON CONFLICT (id) DO UPDATE SET started = outbox_attempts.started + 1",
-        )
-        .bind(&ids)
-        .execute(&self.pool)
-        .await?;
+        sqlx::query("INSERT INTO outbox_inflight (batch, ids) VALUES ($1, $2)")
+            .bind(batch)
+            .bind(&ids)
+            .execute(&self.pool)
+            .await?;
         let results = self.publisher.publish(&pending).await;
         fail::fail_point!("relay::after_publish_before_mark", |_| std::process::abort());
         let mut published = Vec::new();
@@ -191,12 +190,14 @@ impl<P: Publisher> Relay<P> {
             .bind(&published)
             .execute(&mut *tx)
             .await?;
-        // The round is complete for every claimed row: forget its attempts.
+        // The batch is done; batches of crashed relays that published some of
+        // these rows before are done too, and their overlap was republished.
         let republished: i64 = sqlx::query_scalar(
-            "WITH done AS (DELETE FROM outbox_attempts WHERE id = ANY($1) RETURNING id, started)
-             SELECT count(*) FROM done WHERE started > 1 AND id = ANY($2)",
+            "WITH gone AS (
+                 DELETE FROM outbox_inflight WHERE batch = $1 OR ids && $2::int8[] RETURNING batch, ids)
+             SELECT count(*) FROM gone, unnest(gone.ids) AS id WHERE gone.batch <> $1 AND id = ANY($2::int8[])",
         )
-        .bind(&ids)
+        .bind(batch)
         .bind(&published)
         .fetch_one(&mut *tx)
         .await?;
