@@ -13,7 +13,9 @@ pub fn find() -> Option<PathBuf> {
         return Some(PathBuf::from(p));
     }
     let on_path = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths).map(|d| d.join("tansu")).find(|p| p.is_file())
+        std::env::split_paths(&paths)
+            .map(|d| d.join("tansu"))
+            .find(|p| p.is_file())
     });
     on_path.or_else(|| {
         let home = std::env::var_os("CARGO_HOME")
@@ -68,7 +70,11 @@ impl Broker {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let dir = std::env::temp_dir().join(format!("eo-broker-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir)?;
-        let mut b = Self { addr: format!("127.0.0.1:{port}"), dir, child: None };
+        let mut b = Self {
+            addr: format!("127.0.0.1:{port}"),
+            dir,
+            child: None,
+        };
         b.restart().await?;
         Ok(b)
     }

@@ -246,13 +246,20 @@ pub async fn run(cfg: &ChaosConfig) -> anyhow::Result<Report> {
     let label = if cfg.negative_control { "chaos-neg" } else { "chaos" };
     let mut opts = StackOptions::ephemeral(label)?;
     opts.gateway_proxy = true;
-    opts.extra_env.push((Service::Payment, "GATEWAY_TIMEOUT_MS".into(), "1000".into()));
+    opts.extra_env
+        .push((Service::Payment, "GATEWAY_TIMEOUT_MS".into(), "1000".into()));
     if cfg.negative_control {
-        opts.extra_env.push((Service::Payment, "PAYMENT_UNSAFE_DISABLE_DEDUP".into(), "true".into()));
+        opts.extra_env
+            .push((Service::Payment, "PAYMENT_UNSAFE_DISABLE_DEDUP".into(), "true".into()));
     }
     let run_dir = opts.run_dir.clone();
     if cfg.progress {
-        eprintln!("chaos: seed {} · {} orders · logs in {}", cfg.seed, cfg.orders, run_dir.display());
+        eprintln!(
+            "chaos: seed {} · {} orders · logs in {}",
+            cfg.seed,
+            cfg.orders,
+            run_dir.display()
+        );
     }
     let mut stack = Stack::start(opts).await?;
     let result = drive(&mut stack, cfg).await;
@@ -280,7 +287,11 @@ pub async fn run(cfg: &ChaosConfig) -> anyhow::Result<Report> {
 async fn drive(stack: &mut Stack, cfg: &ChaosConfig) -> anyhow::Result<Report> {
     let mut rng = StdRng::seed_from_u64(cfg.seed);
     let client = Client::new(stack, Duration::from_secs(2))?;
-    let stock = [("WIDGET", (cfg.orders * 3) as i32), ("GADGET", (cfg.orders * 3) as i32), ("RARE", 5)];
+    let stock = [
+        ("WIDGET", (cfg.orders * 3) as i32),
+        ("GADGET", (cfg.orders * 3) as i32),
+        ("RARE", 5),
+    ];
     for (sku, n) in stock {
         client.seed_stock(sku, n).await?;
     }
@@ -296,8 +307,14 @@ async fn drive(stack: &mut Stack, cfg: &ChaosConfig) -> anyhow::Result<Report> {
     let rate = cfg.rate_per_sec;
     let workers: Vec<_> = (0..cfg.clients)
         .map(|_| {
-            let (client, stats, acked, next, plan, cancels) =
-                (client.clone(), stats.clone(), acked.clone(), next.clone(), plan.clone(), cancels.clone());
+            let (client, stats, acked, next, plan, cancels) = (
+                client.clone(),
+                stats.clone(),
+                acked.clone(),
+                next.clone(),
+                plan.clone(),
+                cancels.clone(),
+            );
             tokio::spawn(async move {
                 loop {
                     let i = next.fetch_add(1, Ordering::SeqCst);
@@ -308,7 +325,10 @@ async fn drive(stack: &mut Stack, cfg: &ChaosConfig) -> anyhow::Result<Report> {
                     if let Some(id) = place(&client, p, &stats, &acked).await {
                         if p.cancel {
                             let (client, stats) = (client.clone(), stats.clone());
-                            cancels.lock().await.spawn(async move { cancel_when_confirmed(&client, id, &stats).await });
+                            cancels
+                                .lock()
+                                .await
+                                .spawn(async move { cancel_when_confirmed(&client, id, &stats).await });
                         }
                     }
                 }
@@ -332,10 +352,14 @@ async fn drive(stack: &mut Stack, cfg: &ChaosConfig) -> anyhow::Result<Report> {
                 let in_flight = non_terminal(&orders_url).await.unwrap_or(-1);
                 let acknowledged = sampler_acked.lock().expect("acked").len();
                 let second = t0.elapsed().as_secs();
-                if progress && second % 5 == 0 {
+                if progress && second.is_multiple_of(5) {
                     eprintln!("chaos: t={second:>3}s acknowledged {acknowledged}/{total} · not terminal {in_flight}");
                 }
-                samples.push(Sample { second, acknowledged, in_flight });
+                samples.push(Sample {
+                    second,
+                    acknowledged,
+                    in_flight,
+                });
             }
             samples
         })
@@ -378,7 +402,12 @@ async fn drive(stack: &mut Stack, cfg: &ChaosConfig) -> anyhow::Result<Report> {
         if fired {
             fired_kinds.insert(fault);
         }
-        timeline.push(FaultEvent { at_ms, fault, detail, fired });
+        timeline.push(FaultEvent {
+            at_ms,
+            fault,
+            detail,
+            fired,
+        });
     }
     for w in workers {
         w.await?;
@@ -484,14 +513,44 @@ fn plan(rng: &mut StdRng, n: usize) -> Vec<Planned> {
             let roll: f64 = rng.gen();
             let (kind, request) = if roll < 0.8 {
                 let sku = if rng.gen_bool(0.5) { "WIDGET" } else { "GADGET" };
-                (Kind::Payable, OrderRequest { sku: sku.into(), quantity: rng.gen_range(1..=3), amount_cents: rng.gen_range(100..50_000), card: GOOD_CARD.into() })
+                (
+                    Kind::Payable,
+                    OrderRequest {
+                        sku: sku.into(),
+                        quantity: rng.gen_range(1..=3),
+                        amount_cents: rng.gen_range(100..50_000),
+                        card: GOOD_CARD.into(),
+                    },
+                )
             } else if roll < 0.9 {
-                (Kind::Declined, OrderRequest { sku: "WIDGET".into(), quantity: 1, amount_cents: 999, card: DECLINED_CARD.into() })
+                (
+                    Kind::Declined,
+                    OrderRequest {
+                        sku: "WIDGET".into(),
+                        quantity: 1,
+                        amount_cents: 999,
+                        card: DECLINED_CARD.into(),
+                    },
+                )
             } else {
-                (Kind::OutOfStock, OrderRequest { sku: "RARE".into(), quantity: 4, amount_cents: 4_444, card: GOOD_CARD.into() })
+                (
+                    Kind::OutOfStock,
+                    OrderRequest {
+                        sku: "RARE".into(),
+                        quantity: 4,
+                        amount_cents: 4_444,
+                        card: GOOD_CARD.into(),
+                    },
+                )
             };
             let key = Uuid::from_u128(rng.gen()).to_string();
-            Planned { kind, key, request, resend: i % 10 == 3, cancel: kind == Kind::Payable && rng.gen_bool(0.05) }
+            Planned {
+                kind,
+                key,
+                request,
+                resend: i % 10 == 3,
+                cancel: kind == Kind::Payable && rng.gen_bool(0.05),
+            }
         })
         .collect()
 }
@@ -515,13 +574,16 @@ async fn place(
                 if attempts > 1 && r.replayed {
                     s.replays += 1;
                 }
-                break serde_json::from_str::<crate::driver::OrderView>(&r.body).ok().map(|o| o.id);
+                break serde_json::from_str::<crate::driver::OrderView>(&r.body)
+                    .ok()
+                    .map(|o| o.id);
             }
             Ok(r) if r.status == 409 => stats.lock().expect("stats").in_flight_409 += 1,
             Ok(r) if r.status < 500 => {
                 let mut s = stats.lock().expect("stats");
                 s.rejected += 1;
-                s.violations.push(format!("order {} refused: {} {}", p.key, r.status, r.body));
+                s.violations
+                    .push(format!("order {} refused: {} {}", p.key, r.status, r.body));
                 return None;
             }
             _ => {}
@@ -548,9 +610,12 @@ async fn place(
             let mut s = stats.lock().expect("stats");
             s.resends += 1;
             if r.status == 201 {
-                let again = serde_json::from_str::<crate::driver::OrderView>(&r.body).ok().map(|o| o.id);
+                let again = serde_json::from_str::<crate::driver::OrderView>(&r.body)
+                    .ok()
+                    .map(|o| o.id);
                 if again != Some(id) || !r.replayed {
-                    s.violations.push(format!("key {} answered with order {again:?}, first {id}", p.key));
+                    s.violations
+                        .push(format!("key {} answered with order {again:?}, first {id}", p.key));
                 }
             }
         }
@@ -610,17 +675,43 @@ async fn inject(
     duplicates: &mut Duplicates,
 ) -> anyhow::Result<(String, bool)> {
     Ok(match fault {
-        Fault::OrderApiAfterCommit => crash_point(stack, Service::OrderApi, "order_api::after_commit_before_response", crash_points).await?,
-        Fault::RelayAfterPublish => crash_point(stack, Service::Relay, "relay::after_publish_before_mark", crash_points).await?,
-        Fault::PaymentAfterCharge => crash_point(stack, Service::Payment, "payment::after_gateway_before_record", crash_points).await?,
+        Fault::OrderApiAfterCommit => {
+            crash_point(
+                stack,
+                Service::OrderApi,
+                "order_api::after_commit_before_response",
+                crash_points,
+            )
+            .await?
+        }
+        Fault::RelayAfterPublish => {
+            crash_point(stack, Service::Relay, "relay::after_publish_before_mark", crash_points).await?
+        }
+        Fault::PaymentAfterCharge => {
+            crash_point(
+                stack,
+                Service::Payment,
+                "payment::after_gateway_before_record",
+                crash_points,
+            )
+            .await?
+        }
         Fault::ConsumerBeforeOffsetCommit => {
-            let s = *[Service::Inventory, Service::Payment, Service::OrderApi].choose(rng).expect("non-empty");
+            let s = *[Service::Inventory, Service::Payment, Service::OrderApi]
+                .choose(rng)
+                .expect("non-empty");
             crash_point(stack, s, "consumer::before_offset_commit", crash_points).await?
         }
         Fault::RandomKill => {
-            let s = *[Service::OrderApi, Service::Relay, Service::Inventory, Service::Payment, Service::Gateway]
-                .choose(rng)
-                .expect("non-empty");
+            let s = *[
+                Service::OrderApi,
+                Service::Relay,
+                Service::Inventory,
+                Service::Payment,
+                Service::Gateway,
+            ]
+            .choose(rng)
+            .expect("non-empty");
             stack.restart(s).await?;
             (format!("SIGKILL + restart {}", s.name()), true)
         }
@@ -633,23 +724,34 @@ async fn inject(
             (format!("pg_terminate_backend on {n} connections"), n > 0)
         }
         Fault::GatewayTimeoutAfterCommit => {
-            client.set_gateway_faults(serde_json::json!({"timeout_after_commit_rate": 0.3, "hang_ms": 1500})).await?;
+            client
+                .set_gateway_faults(serde_json::json!({"timeout_after_commit_rate": 0.3, "hang_ms": 1500}))
+                .await?;
             ("gateway: 30 % commit-then-hang 1.5 s (client timeout 1 s)".into(), true)
         }
         Fault::Gateway5xxAndLatency => {
-            client.set_gateway_faults(serde_json::json!({"fail_rate": 0.3, "latency_ms": 50})).await?;
+            client
+                .set_gateway_faults(serde_json::json!({"fail_rate": 0.3, "latency_ms": 50}))
+                .await?;
             ("gateway: 30 % 503 before commit, +50 ms".into(), true)
         }
         Fault::NetworkFault => {
-            let mode = *[Mode::Latency(Duration::from_millis(150)), Mode::Reset, Mode::Blackhole].choose(rng).expect("non-empty");
-            let proxy = stack.gateway_proxy().ok_or_else(|| anyhow::anyhow!("no gateway proxy"))?;
+            let mode = *[Mode::Latency(Duration::from_millis(150)), Mode::Reset, Mode::Blackhole]
+                .choose(rng)
+                .expect("non-empty");
+            let proxy = stack
+                .gateway_proxy()
+                .ok_or_else(|| anyhow::anyhow!("no gateway proxy"))?;
             proxy.set(mode);
             (format!("payment → gateway: {mode:?}"), true)
         }
         Fault::TwoConsumerInstances => {
             let a = stack.start_extra(Service::Inventory).await?;
             let b = stack.start_extra(Service::Payment).await?;
-            (format!("second inventory-service (pid {a}) and payment-service (pid {b})"), true)
+            (
+                format!("second inventory-service (pid {a}) and payment-service (pid {b})"),
+                true,
+            )
         }
         Fault::DuplicateInjection => {
             let n = inject_duplicates(stack, rng, duplicates).await?;
@@ -676,7 +778,14 @@ async fn crash_point(
     } else {
         stack.restart(s).await?;
     }
-    Ok((format!("{} at {point}{}", s.name(), if fired { "" } else { " (no traffic reached it)" }), fired))
+    Ok((
+        format!(
+            "{} at {point}{}",
+            s.name(),
+            if fired { "" } else { " (no traffic reached it)" }
+        ),
+        fired,
+    ))
 }
 
 async fn inject_duplicates(stack: &Stack, rng: &mut StdRng, duplicates: &mut Duplicates) -> anyhow::Result<usize> {
@@ -688,14 +797,23 @@ async fn inject_duplicates(stack: &Stack, rng: &mut StdRng, duplicates: &mut Dup
         let (messages, _) = {
             let (b, t) = (brokers.clone(), topic.to_owned());
             tokio::task::spawn_blocking(move || {
-                messaging::dlq::read_at_most(&b, &t, &group, rdkafka::Offset::Beginning, Duration::from_millis(1500), 60)
+                messaging::dlq::read_at_most(
+                    &b,
+                    &t,
+                    &group,
+                    rdkafka::Offset::Beginning,
+                    Duration::from_millis(1500),
+                    60,
+                )
             })
             .await??
         };
         let picks: Vec<_> = messages.choose_multiple(rng, 25.min(messages.len())).cloned().collect();
         for m in &picks {
             use rdkafka::Message as _;
-            let Ok(env) = messaging::Envelope::from_bytes(m.payload().unwrap_or_default()) else { continue };
+            let Ok(env) = messaging::Envelope::from_bytes(m.payload().unwrap_or_default()) else {
+                continue;
+            };
             messaging::kafka::publish(&producer, topic, &env).await?;
             total += 1;
             *duplicates.injected.entry(topic.to_owned()).or_default() += 1;
@@ -706,9 +824,11 @@ async fn inject_duplicates(stack: &Stack, rng: &mut StdRng, duplicates: &mut Dup
 
 async fn non_terminal(orders_url: &str) -> anyhow::Result<i64> {
     let mut c = sqlx::PgConnection::connect(orders_url).await?;
-    Ok(sqlx::query_scalar("SELECT count(*) FROM orders WHERE status NOT IN ('CONFIRMED', 'CANCELLED')")
-        .fetch_one(&mut c)
-        .await?)
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM orders WHERE status NOT IN ('CONFIRMED', 'CANCELLED')")
+            .fetch_one(&mut c)
+            .await?,
+    )
 }
 
 /// Waits until no order is mid-saga and every outbox is drained.
@@ -719,16 +839,21 @@ async fn wait_drained(stack: &Stack, timeout: Duration) -> anyhow::Result<()> {
         let mut pending = 0i64;
         for db in ["orders", "inventory", "payments"] {
             if let Ok(mut c) = sqlx::PgConnection::connect(&stack.db_url(db)).await {
-                pending += sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox WHERE published_at IS NULL AND parked_at IS NULL")
-                    .fetch_one(&mut c)
-                    .await
-                    .unwrap_or(i64::MAX / 4);
+                pending += sqlx::query_scalar::<_, i64>(
+                    "SELECT count(*) FROM outbox WHERE published_at IS NULL AND parked_at IS NULL",
+                )
+                .fetch_one(&mut c)
+                .await
+                .unwrap_or(i64::MAX / 4);
             }
         }
         if busy == 0 && pending == 0 {
             return Ok(());
         }
-        anyhow::ensure!(Instant::now() < end, "{busy} orders mid-saga, {pending} outbox rows pending after {timeout:?}");
+        anyhow::ensure!(
+            Instant::now() < end,
+            "{busy} orders mid-saga, {pending} outbox rows pending after {timeout:?}"
+        );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
@@ -751,7 +876,11 @@ async fn count_duplicates(stack: &Stack, d: &mut Duplicates) -> anyhow::Result<(
         }
         d.in_log.insert(topic.to_owned(), seen.values().map(|n| n - 1).sum());
     }
-    for (db, consumer) in [("orders", "order-saga"), ("inventory", "inventory-service"), ("payments", "payment-service")] {
+    for (db, consumer) in [
+        ("orders", "order-saga"),
+        ("inventory", "inventory-service"),
+        ("payments", "payment-service"),
+    ] {
         let mut c = sqlx::PgConnection::connect(&stack.db_url(db)).await?;
         let n: i64 = sqlx::query_scalar("SELECT COALESCE(sum(redeliveries), 0)::int8 FROM inbox_redeliveries")
             .fetch_one(&mut c)
@@ -761,9 +890,14 @@ async fn count_duplicates(stack: &Stack, d: &mut Duplicates) -> anyhow::Result<(
     Ok(())
 }
 
-async fn outcomes(stack: &Stack, acked: &BTreeMap<String, (Uuid, Kind)>) -> anyhow::Result<BTreeMap<String, BTreeMap<String, i64>>> {
+async fn outcomes(
+    stack: &Stack,
+    acked: &BTreeMap<String, (Uuid, Kind)>,
+) -> anyhow::Result<BTreeMap<String, BTreeMap<String, i64>>> {
     let mut c = sqlx::PgConnection::connect(&stack.db_url("orders")).await?;
-    let rows: Vec<(Uuid, String)> = sqlx::query_as("SELECT id, status FROM orders").fetch_all(&mut c).await?;
+    let rows: Vec<(Uuid, String)> = sqlx::query_as("SELECT id, status FROM orders")
+        .fetch_all(&mut c)
+        .await?;
     let status: BTreeMap<Uuid, String> = rows.into_iter().collect();
     let mut out: BTreeMap<String, BTreeMap<String, i64>> = BTreeMap::new();
     for (id, kind) in acked.values() {
@@ -783,16 +917,35 @@ pub fn markdown(r: &Report) -> String {
         (false, _, false) => "FAILED",
     };
     let _ = writeln!(s, "# Chaos run — seed {} — {verdict}\n", r.seed);
-    let _ = writeln!(s, "Replay with `cargo xtask chaos --orders {} --seed {}`{}.\n", r.orders, r.seed, if r.negative_control { " --negative-control" } else { "" });
+    let _ = writeln!(
+        s,
+        "Replay with `cargo xtask chaos --orders {} --seed {}`{}.\n",
+        r.orders,
+        r.seed,
+        if r.negative_control { " --negative-control" } else { "" }
+    );
     let _ = writeln!(s, "## Outcome\n");
     let _ = writeln!(s, "| | |\n|---|---|");
-    let _ = writeln!(s, "| orders planned / acknowledged / indeterminate | {} / {} / {} |", r.orders, r.clients.acknowledged, r.clients.indeterminate);
+    let _ = writeln!(
+        s,
+        "| orders planned / acknowledged / indeterminate | {} / {} / {} |",
+        r.orders, r.clients.acknowledged, r.clients.indeterminate
+    );
     let _ = writeln!(s, "| orders by status | {:?} |", r.audit.orders_by_status);
     let _ = writeln!(s, "| **double charges** | **{}** |", r.audit.double_charged.len());
     let _ = writeln!(s, "| **lost orders** | **{}** |", r.audit.lost.len());
     let _ = writeln!(s, "| **stuck orders** | **{}** |", r.audit.stuck.len());
-    let _ = writeln!(s, "| ledger | {} captures, {} declines, {} refunds |", r.audit.captures, r.audit.declines, r.audit.refunds);
-    let _ = writeln!(s, "| load / time to quiesce | {:.1} s / {:.1} s |", r.load_ms as f64 / 1000.0, r.quiesce_ms as f64 / 1000.0);
+    let _ = writeln!(
+        s,
+        "| ledger | {} captures, {} declines, {} refunds |",
+        r.audit.captures, r.audit.declines, r.audit.refunds
+    );
+    let _ = writeln!(
+        s,
+        "| load / time to quiesce | {:.1} s / {:.1} s |",
+        r.load_ms as f64 / 1000.0,
+        r.quiesce_ms as f64 / 1000.0
+    );
     let _ = writeln!(s, "\nBy intended kind → final status: {:?}\n", r.outcomes);
     let _ = writeln!(s, "## HTTP layer\n");
     let c = &r.clients;
@@ -802,17 +955,40 @@ pub fn markdown(r: &Report) -> String {
     let _ = writeln!(s, "crash points fired: {:?}\n", r.crash_points);
     let _ = writeln!(s, "| t (s) | fault | detail |\n|---:|---|---|");
     for e in &r.timeline {
-        let _ = writeln!(s, "| {:.1} | {:?}{} | {} |", e.at_ms as f64 / 1000.0, e.fault, if e.fired { "" } else { " (not fired)" }, e.detail);
+        let _ = writeln!(
+            s,
+            "| {:.1} | {:?}{} | {} |",
+            e.at_ms as f64 / 1000.0,
+            e.fault,
+            if e.fired { "" } else { " (not fired)" },
+            e.detail
+        );
     }
     let _ = writeln!(s, "\n## Duplicates\n");
     let d = &r.duplicates;
     let _ = writeln!(s, "injected per topic: {:?}\n", d.injected);
-    let _ = writeln!(s, "duplicate copies in the broker's log (each delivered at least once): {:?} — total {}\n", d.in_log, d.delivered());
+    let _ = writeln!(
+        s,
+        "duplicate copies in the broker's log (each delivered at least once): {:?} — total {}\n",
+        d.in_log,
+        d.delivered()
+    );
     let _ = writeln!(s, "duplicate deliveries absorbed by the inboxes (durable count; includes redeliveries after crashes and by second instances): {:?} — total {}\n", d.absorbed, d.total_absorbed());
-    let _ = writeln!(s, "duplicate effects: {} double charges in the gateway ledger\n", r.audit.double_charged.len());
-    let _ = writeln!(s, "## Timeline (per second)\n\n| s | acknowledged | not terminal |\n|---:|---:|---:|");
+    let _ = writeln!(
+        s,
+        "duplicate effects: {} double charges in the gateway ledger\n",
+        r.audit.double_charged.len()
+    );
+    let _ = writeln!(
+        s,
+        "## Timeline (per second)\n\n| s | acknowledged | not terminal |\n|---:|---:|---:|"
+    );
     for sample in &r.samples {
-        let _ = writeln!(s, "| {} | {} | {} |", sample.second, sample.acknowledged, sample.in_flight);
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} |",
+            sample.second, sample.acknowledged, sample.in_flight
+        );
     }
     let _ = writeln!(s, "\n## Problems\n");
     if r.problems.is_empty() {

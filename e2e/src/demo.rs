@@ -64,13 +64,37 @@ pub async fn run(stack: &Stack, mix: Mix) -> anyhow::Result<Outcome> {
     let mut plan = Vec::new();
     for i in 0..mix.payable {
         let sku = if i % 2 == 0 { "WIDGET" } else { "GADGET" };
-        plan.push((Kind::Payable, OrderRequest { sku: sku.into(), quantity: 1 + (i % 3) as i32, amount_cents: 1_000 + 10 * i as i64, card: GOOD_CARD.into() }));
+        plan.push((
+            Kind::Payable,
+            OrderRequest {
+                sku: sku.into(),
+                quantity: 1 + (i % 3) as i32,
+                amount_cents: 1_000 + 10 * i as i64,
+                card: GOOD_CARD.into(),
+            },
+        ));
     }
     for _ in 0..mix.declined {
-        plan.push((Kind::Declined, OrderRequest { sku: "WIDGET".into(), quantity: 2, amount_cents: 2_500, card: DECLINED_CARD.into() }));
+        plan.push((
+            Kind::Declined,
+            OrderRequest {
+                sku: "WIDGET".into(),
+                quantity: 2,
+                amount_cents: 2_500,
+                card: DECLINED_CARD.into(),
+            },
+        ));
     }
     for _ in 0..mix.out_of_stock {
-        plan.push((Kind::OutOfStock, OrderRequest { sku: "RARE".into(), quantity: 4, amount_cents: 9_900, card: GOOD_CARD.into() }));
+        plan.push((
+            Kind::OutOfStock,
+            OrderRequest {
+                sku: "RARE".into(),
+                quantity: 4,
+                amount_cents: 9_900,
+                card: GOOD_CARD.into(),
+            },
+        ));
     }
     let started = Instant::now();
     let placed = futures::future::join_all(plan.into_iter().enumerate().map(|(i, (kind, req))| {
@@ -84,7 +108,10 @@ pub async fn run(stack: &Stack, mix: Mix) -> anyhow::Result<Outcome> {
             if i % 4 == 0 {
                 let again = client.post_order(&key, &req).await?;
                 let same: crate::driver::OrderView = serde_json::from_str(&again.body)?;
-                anyhow::ensure!(again.status == 201 && same.id == order.id, "retry with the same key made a new order");
+                anyhow::ensure!(
+                    again.status == 201 && same.id == order.id,
+                    "retry with the same key made a new order"
+                );
                 replayed = again.replayed;
             }
             anyhow::Ok((kind, key, order, replayed))
@@ -115,14 +142,26 @@ pub async fn run(stack: &Stack, mix: Mix) -> anyhow::Result<Outcome> {
 impl Outcome {
     /// Orders of `kind` whose final status is `status`.
     pub fn count(&self, kind: Kind, status: &str) -> usize {
-        self.orders.iter().filter(|(k, o)| *k == kind && o.status == status).count()
+        self.orders
+            .iter()
+            .filter(|(k, o)| *k == kind && o.status == status)
+            .count()
     }
 
     /// Human summary.
     pub fn summary(&self) -> String {
         let mut s = String::new();
-        let _ = writeln!(s, "orders placed: {} in {:.1?} (to last terminal state)", self.orders.len(), self.elapsed);
-        for (kind, label) in [(Kind::Payable, "payable"), (Kind::Declined, "declined card"), (Kind::OutOfStock, "out of stock")] {
+        let _ = writeln!(
+            s,
+            "orders placed: {} in {:.1?} (to last terminal state)",
+            self.orders.len(),
+            self.elapsed
+        );
+        for (kind, label) in [
+            (Kind::Payable, "payable"),
+            (Kind::Declined, "declined card"),
+            (Kind::OutOfStock, "out of stock"),
+        ] {
             let _ = writeln!(
                 s,
                 "  {label:<14} CONFIRMED {:>3}   CANCELLED {:>3}",
@@ -157,9 +196,18 @@ impl Outcome {
     pub fn check_endings(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.audit.passed(), "invariants violated: {:?}", self.audit.violations);
         let n = |k| self.orders.iter().filter(|(kind, _)| *kind == k).count();
-        anyhow::ensure!(self.count(Kind::Payable, "CONFIRMED") == n(Kind::Payable), "not every payable order was confirmed");
-        anyhow::ensure!(self.count(Kind::Declined, "CANCELLED") == n(Kind::Declined), "not every declined order was cancelled");
-        anyhow::ensure!(self.count(Kind::OutOfStock, "CANCELLED") == n(Kind::OutOfStock), "not every out-of-stock order was cancelled");
+        anyhow::ensure!(
+            self.count(Kind::Payable, "CONFIRMED") == n(Kind::Payable),
+            "not every payable order was confirmed"
+        );
+        anyhow::ensure!(
+            self.count(Kind::Declined, "CANCELLED") == n(Kind::Declined),
+            "not every declined order was cancelled"
+        );
+        anyhow::ensure!(
+            self.count(Kind::OutOfStock, "CANCELLED") == n(Kind::OutOfStock),
+            "not every out-of-stock order was cancelled"
+        );
         Ok(())
     }
 }

@@ -87,7 +87,8 @@ impl Client {
 
     /// `POST /orders/{id}/cancel` once with `key`.
     pub async fn cancel(&self, key: &str, id: Uuid) -> reqwest::Result<Posted> {
-        self.post(&format!("{}/orders/{id}/cancel", self.orders), key, &json!({})).await
+        self.post(&format!("{}/orders/{id}/cancel", self.orders), key, &json!({}))
+            .await
     }
 
     async fn post(&self, url: &str, key: &str, body: &serde_json::Value) -> reqwest::Result<Posted> {
@@ -101,7 +102,11 @@ impl Client {
             .await?;
         let status = resp.status().as_u16();
         let replayed = resp.headers().get("idempotent-replayed").is_some();
-        Ok(Posted { status, replayed, body: resp.text().await? })
+        Ok(Posted {
+            status,
+            replayed,
+            body: resp.text().await?,
+        })
     }
 
     /// Places an order, retrying with the **same** key on timeouts, 409 and
@@ -115,14 +120,24 @@ impl Client {
                 Ok(p) => anyhow::bail!("order rejected: {} {}", p.status, p.body),
                 Err(_) => {}
             }
-            anyhow::ensure!(Instant::now() < end, "order with key {key} not acknowledged in {deadline:?}");
+            anyhow::ensure!(
+                Instant::now() < end,
+                "order with key {key} not acknowledged in {deadline:?}"
+            );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 
     /// `GET /orders/{id}`.
     pub async fn order(&self, id: Uuid) -> anyhow::Result<OrderView> {
-        Ok(self.http.get(format!("{}/orders/{id}", self.orders)).send().await?.error_for_status()?.json().await?)
+        Ok(self
+            .http
+            .get(format!("{}/orders/{id}", self.orders))
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?)
     }
 
     /// Waits until every order in `ids` is terminal (CONFIRMED or CANCELLED,
@@ -146,7 +161,11 @@ impl Client {
             }
             if Instant::now() > end {
                 let stuck: Vec<_> = ids.iter().filter(|i| !done.contains_key(i)).take(10).collect();
-                anyhow::bail!("{} of {} orders not terminal after {timeout:?}, e.g. {stuck:?}", ids.len() - done.len(), ids.len());
+                anyhow::bail!(
+                    "{} of {} orders not terminal after {timeout:?}, e.g. {stuck:?}",
+                    ids.len() - done.len(),
+                    ids.len()
+                );
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
@@ -172,8 +191,14 @@ impl Client {
             available: i64,
             reserved: i64,
         }
-        let levels: Vec<Level> =
-            self.http.get(format!("{}/stock", self.inventory)).send().await?.error_for_status()?.json().await?;
+        let levels: Vec<Level> = self
+            .http
+            .get(format!("{}/stock", self.inventory))
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
         Ok(levels.into_iter().map(|l| (l.sku, (l.available, l.reserved))).collect())
     }
 

@@ -68,7 +68,9 @@ pub async fn audit(stack: &Stack, expected: &Expected) -> anyhow::Result<Audit> 
     let mut inventory_db = connect(&stack.db_url("inventory")).await?;
 
     let orders: Vec<(Uuid, String, i64, String, i32)> =
-        sqlx::query_as("SELECT id, status, amount_cents, sku, quantity FROM orders").fetch_all(&mut orders_db).await?;
+        sqlx::query_as("SELECT id, status, amount_cents, sku, quantity FROM orders")
+            .fetch_all(&mut orders_db)
+            .await?;
     let known: BTreeSet<Uuid> = orders.iter().map(|o| o.0).collect();
     for (_, status, ..) in &orders {
         *a.orders_by_status.entry(status.clone()).or_default() += 1;
@@ -76,7 +78,9 @@ pub async fn audit(stack: &Stack, expected: &Expected) -> anyhow::Result<Audit> 
 
     // Ledger: the ground truth of money.
     let ledger: Vec<(Uuid, String, String, i64)> =
-        sqlx::query_as("SELECT order_id, kind, status, amount_cents FROM ledger").fetch_all(&mut gateway_db).await?;
+        sqlx::query_as("SELECT order_id, kind, status, amount_cents FROM ledger")
+            .fetch_all(&mut gateway_db)
+            .await?;
     let mut captures: BTreeMap<Uuid, (i64, i64)> = BTreeMap::new(); // order → (count, cents)
     let mut refunded: BTreeMap<Uuid, i64> = BTreeMap::new();
     for (order, kind, status, cents) in &ledger {
@@ -103,7 +107,8 @@ pub async fn audit(stack: &Stack, expected: &Expected) -> anyhow::Result<Audit> 
         }
     }
     if !a.double_charged.is_empty() {
-        a.violations.push(format!("{} orders captured more than once", a.double_charged.len()));
+        a.violations
+            .push(format!("{} orders captured more than once", a.double_charged.len()));
     }
     let mut wrong_net = 0;
     for (id, status, amount, ..) in &orders {
@@ -118,7 +123,9 @@ pub async fn audit(stack: &Stack, expected: &Expected) -> anyhow::Result<Audit> 
         }
     }
     if wrong_net > 0 {
-        a.violations.push(format!("{wrong_net} terminal orders whose ledger net is wrong (CONFIRMED ≠ amount or CANCELLED ≠ 0)"));
+        a.violations.push(format!(
+            "{wrong_net} terminal orders whose ledger net is wrong (CONFIRMED ≠ amount or CANCELLED ≠ 0)"
+        ));
     }
 
     // Nothing lost, nothing stuck, one order per key.
@@ -133,10 +140,12 @@ pub async fn audit(stack: &Stack, expected: &Expected) -> anyhow::Result<Audit> 
         .map(|o| o.0)
         .collect();
     if !a.stuck.is_empty() {
-        a.violations.push(format!("{} orders stuck in a non-terminal state", a.stuck.len()));
+        a.violations
+            .push(format!("{} orders stuck in a non-terminal state", a.stuck.len()));
     }
     if acked.len() != expected.acknowledged.len() {
-        a.violations.push("two idempotency keys were acknowledged with the same order".into());
+        a.violations
+            .push("two idempotency keys were acknowledged with the same order".into());
     }
     let most = expected.acknowledged.len() + expected.indeterminate;
     if orders.len() < expected.acknowledged.len() || orders.len() > most {
@@ -185,11 +194,15 @@ pub async fn audit(stack: &Stack, expected: &Expected) -> anyhow::Result<Audit> 
     for (sku, available, reserved) in levels {
         let initial = expected.initial_stock.get(&sku).copied().unwrap_or(0);
         if available < 0 || available + reserved != initial {
-            a.violations.push(format!("stock of {sku}: initial {initial} ≠ available {available} + reserved {reserved}"));
+            a.violations.push(format!(
+                "stock of {sku}: initial {initial} ≠ available {available} + reserved {reserved}"
+            ));
         }
         let held = confirmed_qty.get(sku.as_str()).copied().unwrap_or(0);
         if reserved != held {
-            a.violations.push(format!("stock of {sku}: {reserved} reserved but CONFIRMED orders hold {held}"));
+            a.violations.push(format!(
+                "stock of {sku}: {reserved} reserved but CONFIRMED orders hold {held}"
+            ));
         }
         a.stock.insert(sku, (initial, available, reserved));
     }

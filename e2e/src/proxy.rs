@@ -44,7 +44,11 @@ impl FaultProxy {
                 tokio::spawn(serve(client, target.clone(), rx.clone()));
             }
         });
-        Ok(Self { addr, mode: Arc::new(tx), task })
+        Ok(Self {
+            addr,
+            mode: Arc::new(tx),
+            task,
+        })
     }
 
     /// Switches the mode for new and existing connections.
@@ -71,7 +75,9 @@ async fn serve(mut client: TcpStream, target: String, mut mode: watch::Receiver<
         Mode::Blackhole => return swallow(client, mode).await,
         _ => {}
     }
-    let Ok(upstream) = TcpStream::connect(&target).await else { return };
+    let Ok(upstream) = TcpStream::connect(&target).await else {
+        return;
+    };
     let (mut cr, mut cw) = client.split();
     let (mut ur, mut uw) = tokio::io::split(upstream);
     let mut m1 = mode.clone();
@@ -155,7 +161,10 @@ mod tests {
     #[tokio::test]
     async fn modes_pass_delay_reset_and_swallow() {
         let proxy = FaultProxy::start(echo_server().await).await.unwrap();
-        assert_eq!(roundtrip(&proxy.addr, Duration::from_secs(1)).await.as_deref(), Some(&b"ping"[..]));
+        assert_eq!(
+            roundtrip(&proxy.addr, Duration::from_secs(1)).await.as_deref(),
+            Some(&b"ping"[..])
+        );
         proxy.set(Mode::Latency(Duration::from_millis(150)));
         let t = std::time::Instant::now();
         assert!(roundtrip(&proxy.addr, Duration::from_secs(2)).await.is_some());

@@ -33,8 +33,14 @@ pub enum Service {
 
 impl Service {
     /// Start order: broker first, relay last.
-    pub const ALL: [Service; 6] =
-        [Service::Broker, Service::Gateway, Service::Inventory, Service::Payment, Service::OrderApi, Service::Relay];
+    pub const ALL: [Service; 6] = [
+        Service::Broker,
+        Service::Gateway,
+        Service::Inventory,
+        Service::Payment,
+        Service::OrderApi,
+        Service::Relay,
+    ];
 
     /// Process name (also the binary name, except the broker).
     pub fn name(self) -> &'static str {
@@ -148,9 +154,14 @@ impl Drop for Stack {
         for child in self.procs.values_mut().chain(self.extras.iter_mut().map(|(_, c)| c)) {
             let _ = child.start_kill();
         }
-        let urls: Vec<String> = ["orders", "inventory", "payments", "gateway"].map(|d| self.db_url(d)).to_vec();
+        let urls: Vec<String> = ["orders", "inventory", "payments", "gateway"]
+            .map(|d| self.db_url(d))
+            .to_vec();
         let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
             rt.block_on(async {
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 for url in urls {
@@ -235,7 +246,9 @@ impl Stack {
                 ("DATABASE_URL".into(), self.db_url("payments")),
                 (
                     "GATEWAY_URL".into(),
-                    self.proxy.as_ref().map_or_else(|| self.url(Service::Gateway), |p| format!("http://{}", p.addr)),
+                    self.proxy
+                        .as_ref()
+                        .map_or_else(|| self.url(Service::Gateway), |p| format!("http://{}", p.addr)),
                 ),
                 brokers,
             ]),
@@ -291,12 +304,18 @@ impl Stack {
 
     fn spawn(&mut self, s: Service) -> anyhow::Result<()> {
         let mut cmd = match s {
-            Service::Broker => {
-                crate::broker::command(&crate::broker::ensure()?, &self.addr(s), &self.opts.run_dir.join("broker"))
-            }
+            Service::Broker => crate::broker::command(
+                &crate::broker::ensure()?,
+                &self.addr(s),
+                &self.opts.run_dir.join("broker"),
+            ),
             _ => {
                 let bin = self.opts.bin_dir.join(s.name());
-                anyhow::ensure!(bin.is_file(), "{} not found: build the workspace first (cargo build --bins)", bin.display());
+                anyhow::ensure!(
+                    bin.is_file(),
+                    "{} not found: build the workspace first (cargo build --bins)",
+                    bin.display()
+                );
                 Command::new(bin)
             }
         };
@@ -324,7 +343,11 @@ impl Stack {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = self.procs.get_mut(&s).and_then(|c| c.try_wait().ok().flatten()) {
-                bail!("{} exited during start-up ({status}); see {}", s.name(), self.log_path(s).display());
+                bail!(
+                    "{} exited during start-up ({status}); see {}",
+                    s.name(),
+                    self.log_path(s).display()
+                );
             }
             let ready = match s {
                 Service::Broker => tokio::net::TcpStream::connect(self.addr(s)).await.is_ok(),
@@ -339,7 +362,11 @@ impl Stack {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                bail!("{} not ready after {timeout:?}; see {}", s.name(), self.log_path(s).display());
+                bail!(
+                    "{} not ready after {timeout:?}; see {}",
+                    s.name(),
+                    self.log_path(s).display()
+                );
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -473,7 +500,10 @@ impl Stack {
 async fn terminate(child: &mut Child) {
     if let Some(pid) = child.id() {
         let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status().await;
-        if tokio::time::timeout(Duration::from_secs(10), child.wait()).await.is_ok() {
+        if tokio::time::timeout(Duration::from_secs(10), child.wait())
+            .await
+            .is_ok()
+        {
             return;
         }
     }
@@ -481,7 +511,14 @@ async fn terminate(child: &mut Child) {
 }
 
 async fn tee(stream: impl tokio::io::AsyncRead + Unpin, path: PathBuf, name: &'static str) {
-    let Ok(mut file) = tokio::fs::OpenOptions::new().create(true).append(true).open(&path).await else { return };
+    let Ok(mut file) = tokio::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .await
+    else {
+        return;
+    };
     let mut lines = BufReader::new(stream).lines();
     while let Ok(Some(line)) = lines.next_line().await {
         println!("{name:>17} | {line}");

@@ -94,7 +94,10 @@ fn cargo() -> Command {
 }
 
 fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
 }
 
 /// Debug builds carry the named crash points of the chaos suite (the `fail`
@@ -108,7 +111,13 @@ const FAILPOINT_FEATURES: &str =
 fn build_services() -> anyhow::Result<()> {
     let mut cmd = cargo();
     cmd.args(["build", "--quiet"]);
-    for bin in ["order-api", "outbox-relay", "inventory-service", "payment-service", "mock-gateway"] {
+    for bin in [
+        "order-api",
+        "outbox-relay",
+        "inventory-service",
+        "payment-service",
+        "mock-gateway",
+    ] {
         cmd.args(["-p", bin]);
     }
     if cfg!(debug_assertions) {
@@ -133,7 +142,10 @@ async fn dlq(action: &DlqAction, brokers: &str) -> anyhow::Result<()> {
                     l.key.as_deref().unwrap_or("-"),
                     l.consumer.as_deref().unwrap_or("-"),
                     l.error.as_deref().unwrap_or("-"),
-                    String::from_utf8_lossy(&l.payload).chars().take(200).collect::<String>()
+                    String::from_utf8_lossy(&l.payload)
+                        .chars()
+                        .take(200)
+                        .collect::<String>()
                 );
             }
             println!("{} dead letters on {topic}.dlq", letters.len());
@@ -151,7 +163,13 @@ async fn dlq(action: &DlqAction, brokers: &str) -> anyhow::Result<()> {
 fn run_tests(args: &[String]) -> anyhow::Result<i32> {
     use std::io::{BufRead, BufReader};
     let mut child = cargo()
-        .args(["test", "--workspace", "--no-fail-fast", "--features", FAILPOINT_FEATURES])
+        .args([
+            "test",
+            "--workspace",
+            "--no-fail-fast",
+            "--features",
+            FAILPOINT_FEATURES,
+        ])
         .args(args)
         .stdout(std::process::Stdio::piped())
         .spawn()?;
@@ -162,7 +180,12 @@ fn run_tests(args: &[String]) -> anyhow::Result<i32> {
         if let Some(rest) = line.strip_prefix("test result: ") {
             let count = |word: &str| -> u64 {
                 rest.split(';')
-                    .find_map(|part| part.trim().trim_start_matches("ok. ").trim_start_matches("FAILED. ").strip_suffix(word))
+                    .find_map(|part| {
+                        part.trim()
+                            .trim_start_matches("ok. ")
+                            .trim_start_matches("FAILED. ")
+                            .strip_suffix(word)
+                    })
                     .and_then(|n| n.trim().parse().ok())
                     .unwrap_or(0)
             };
@@ -172,7 +195,11 @@ fn run_tests(args: &[String]) -> anyhow::Result<i32> {
     }
     let status = child.wait()?;
     println!("all tests: {passed} passed, {failed} failed");
-    Ok(if status.success() && failed == 0 { 0 } else { status.code().unwrap_or(1).max(1) })
+    Ok(if status.success() && failed == 0 {
+        0
+    } else {
+        status.code().unwrap_or(1).max(1)
+    })
 }
 
 #[tokio::main]
@@ -185,7 +212,14 @@ async fn main() -> anyhow::Result<()> {
     build_services()?;
     match cli.command {
         Cmd::Dlq { .. } => unreachable!("handled above"),
-        Cmd::Chaos { orders, seed, clients, rate, fault_interval_ms, negative_control } => {
+        Cmd::Chaos {
+            orders,
+            seed,
+            clients,
+            rate,
+            fault_interval_ms,
+            negative_control,
+        } => {
             let mut cfg = e2e::chaos::ChaosConfig::ci(seed);
             cfg.orders = orders;
             cfg.clients = clients;
@@ -202,7 +236,10 @@ async fn main() -> anyhow::Result<()> {
             println!("{}", e2e::chaos::markdown(&report));
             println!("report: {}/report.md and report.json", dir.display());
             if negative_control {
-                anyhow::ensure!(!report.audit.double_charged.is_empty(), "negative control found no double charge");
+                anyhow::ensure!(
+                    !report.audit.double_charged.is_empty(),
+                    "negative control found no double charge"
+                );
             } else {
                 anyhow::ensure!(report.passed(), "chaos run failed: {:?}", report.problems);
             }
@@ -222,12 +259,24 @@ async fn main() -> anyhow::Result<()> {
             );
             stack.run_until_ctrl_c().await
         }
-        Cmd::Demo { payable, declined, out_of_stock } => {
+        Cmd::Demo {
+            payable,
+            declined,
+            out_of_stock,
+        } => {
             let opts = StackOptions::ephemeral("demo")?;
             eprintln!("booting the stack (logs in {})…", opts.run_dir.display());
             let stack = Stack::start(opts).await?;
             eprintln!("stack ready; placing {} orders…", payable + declined + out_of_stock);
-            let outcome = demo::run(&stack, Mix { payable, declined, out_of_stock }).await;
+            let outcome = demo::run(
+                &stack,
+                Mix {
+                    payable,
+                    declined,
+                    out_of_stock,
+                },
+            )
+            .await;
             let ok = match &outcome {
                 Ok(o) => {
                     println!("{}", o.summary());

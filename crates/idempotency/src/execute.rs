@@ -75,11 +75,13 @@ where
         // undo our effect and answer with its outcome.
         tx.rollback().await.map_err(Error::from)?;
         let mut conn = pool.acquire().await.map_err(Error::from)?;
-        return Ok(match lookup(&mut conn, request.scope, request.key, request.fingerprint).await? {
-            Some(Begin::Replay(stored)) => Outcome::Replayed(stored),
-            Some(Begin::Mismatch) => Outcome::Mismatch,
-            _ => Outcome::InFlight,
-        });
+        return Ok(
+            match lookup(&mut conn, request.scope, request.key, request.fingerprint).await? {
+                Some(Begin::Replay(stored)) => Outcome::Replayed(stored),
+                Some(Begin::Mismatch) => Outcome::Mismatch,
+                _ => Outcome::InFlight,
+            },
+        );
     }
     tx.commit().await.map_err(Error::from)?;
     Ok(Outcome::Completed(stored))

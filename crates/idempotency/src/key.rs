@@ -28,10 +28,7 @@ impl IdempotencyKey {
     pub fn from_headers(headers: &HeaderMap) -> Result<Self, KeyError> {
         let raw = headers.get("idempotency-key").ok_or(KeyError::Missing)?;
         let s = raw.to_str().map_err(|_| KeyError::Invalid)?.trim();
-        let s = s
-            .strip_prefix('"')
-            .and_then(|r| r.strip_suffix('"'))
-            .unwrap_or(s);
+        let s = s.strip_prefix('"').and_then(|r| r.strip_suffix('"')).unwrap_or(s);
         let printable = s.bytes().all(|b| (0x21..=0x7e).contains(&b) && b != b'"');
         if s.is_empty() || s.len() > MAX_KEY_LEN || !printable {
             return Err(KeyError::Invalid);

@@ -82,13 +82,18 @@ impl StoredResponse {
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let mut resp = (status, self.body.clone()).into_response();
         for (name, value) in &self.headers {
-            if let (Ok(n), Ok(v)) = (HeaderName::try_from(name.as_str()), HeaderValue::try_from(value.as_str())) {
+            if let (Ok(n), Ok(v)) = (
+                HeaderName::try_from(name.as_str()),
+                HeaderValue::try_from(value.as_str()),
+            ) {
                 resp.headers_mut().insert(n, v);
             }
         }
         if replayed {
-            resp.headers_mut()
-                .insert(HeaderName::from_static(REPLAYED_HEADER), HeaderValue::from_static("true"));
+            resp.headers_mut().insert(
+                HeaderName::from_static(REPLAYED_HEADER),
+                HeaderValue::from_static("true"),
+            );
         }
         resp
     }

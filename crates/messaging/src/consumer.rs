@@ -159,7 +159,11 @@ where
             }
             Ok(Some(Handled::Duplicate)) => {
                 telemetry::metrics::incr("consumer_duplicates_absorbed_total", &[("consumer", name)]);
-                tracing::info!(consumer = name, offset = msg.offset(), "duplicate event absorbed by inbox");
+                tracing::info!(
+                    consumer = name,
+                    offset = msg.offset(),
+                    "duplicate event absorbed by inbox"
+                );
             }
             // Shutdown while retrying: leave the offset for redelivery.
             Ok(None) => break,
@@ -170,7 +174,10 @@ where
             }
         }
         fail::fail_point!("consumer::before_offset_commit", |_| std::process::abort());
-        if let Err(e) = consumer.store_offset_from_message(&msg).and_then(|_| consumer.commit_consumer_state(CommitMode::Sync)) {
+        if let Err(e) = consumer
+            .store_offset_from_message(&msg)
+            .and_then(|_| consumer.commit_consumer_state(CommitMode::Sync))
+        {
             // Not fatal: the message is redelivered later and absorbed by the inbox.
             tracing::warn!(consumer = name, error = %e, "offset commit failed");
         }
@@ -226,15 +233,33 @@ async fn dead_letter(
         let mut headers = OwnedHeaders::new();
         if let Some(original) = msg.headers() {
             for h in original.iter() {
-                headers = headers.insert(Header { key: h.key, value: h.value });
+                headers = headers.insert(Header {
+                    key: h.key,
+                    value: h.value,
+                });
             }
         }
         let headers = headers
-            .insert(Header { key: "dlq.error", value: Some(reason) })
-            .insert(Header { key: "dlq.consumer", value: Some(consumer) })
-            .insert(Header { key: "dlq.topic", value: Some(msg.topic()) })
-            .insert(Header { key: "dlq.partition", value: Some(partition.as_str()) })
-            .insert(Header { key: "dlq.offset", value: Some(offset.as_str()) });
+            .insert(Header {
+                key: "dlq.error",
+                value: Some(reason),
+            })
+            .insert(Header {
+                key: "dlq.consumer",
+                value: Some(consumer),
+            })
+            .insert(Header {
+                key: "dlq.topic",
+                value: Some(msg.topic()),
+            })
+            .insert(Header {
+                key: "dlq.partition",
+                value: Some(partition.as_str()),
+            })
+            .insert(Header {
+                key: "dlq.offset",
+                value: Some(offset.as_str()),
+            });
         let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&topic).headers(headers);
         if let Some(k) = msg.key() {
             record = record.key(k);

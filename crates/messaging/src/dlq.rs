@@ -38,7 +38,11 @@ impl DeadLetter {
     fn from_message(m: &OwnedMessage) -> Self {
         let headers: Vec<(String, Option<Vec<u8>>)> = m
             .headers()
-            .map(|h| h.iter().map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec))).collect())
+            .map(|h| {
+                h.iter()
+                    .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
+                    .collect()
+            })
             .unwrap_or_default();
         let get = |k: &str| {
             headers
@@ -64,7 +68,13 @@ impl DeadLetter {
 /// the log as it was when reading began (the partitions' high watermarks),
 /// or until no message arrived for `idle` after the first one.
 /// Returns the messages and the consumer (to commit).
-pub fn read(brokers: &str, topic: &str, group: &str, start: Offset, idle: Duration) -> Result<(Vec<OwnedMessage>, BaseConsumer)> {
+pub fn read(
+    brokers: &str,
+    topic: &str,
+    group: &str,
+    start: Offset,
+    idle: Duration,
+) -> Result<(Vec<OwnedMessage>, BaseConsumer)> {
     read_at_most(brokers, topic, group, start, idle, usize::MAX)
 }
 
@@ -143,20 +153,34 @@ pub fn list(brokers: &str, topic: &str) -> Result<Vec<DeadLetter>> {
 /// offsets of the group `dlq-replay.<topic>`, so each letter is replayed once.
 pub async fn replay(brokers: &str, topic: &str) -> Result<usize> {
     let dlq = crate::message::dead_letter_topic(topic);
-    let (messages, consumer) = read(brokers, &dlq, &format!("dlq-replay.{topic}"), Offset::Stored, Duration::from_secs(2))?;
+    let (messages, consumer) = read(
+        brokers,
+        &dlq,
+        &format!("dlq-replay.{topic}"),
+        Offset::Stored,
+        Duration::from_secs(2),
+    )?;
     let producer = kafka::producer(brokers)?;
     for m in &messages {
         let letter = DeadLetter::from_message(m);
         let target = letter.original_topic.clone().unwrap_or_else(|| topic.to_owned());
         let mut headers = OwnedHeaders::new();
         for (k, v) in letter.headers.iter().filter(|(k, _)| !k.starts_with("dlq.")) {
-            headers = headers.insert(Header { key: k, value: v.as_deref() });
+            headers = headers.insert(Header {
+                key: k,
+                value: v.as_deref(),
+            });
         }
-        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&target).payload(letter.payload.as_slice()).headers(headers);
+        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&target)
+            .payload(letter.payload.as_slice())
+            .headers(headers);
         if let Some(k) = m.key() {
             record = record.key(k);
         }
-        producer.send(record, Timeout::After(Duration::from_secs(5))).await.map_err(|(e, _)| e)?;
+        producer
+            .send(record, Timeout::After(Duration::from_secs(5)))
+            .await
+            .map_err(|(e, _)| e)?;
         let mut done = TopicPartitionList::new();
         done.add_partition_offset(&dlq, m.partition(), Offset::Offset(m.offset() + 1))?;
         consumer.commit(&done, CommitMode::Sync)?;

@@ -45,9 +45,7 @@ impl Envelope {
             order_id,
             correlation_id: cause.map_or(order_id, |c| c.correlation_id),
             causation_id: cause.map(|c| c.event_id),
-            traceparent: Some(telemetry::trace::child_of(
-                cause.and_then(|c| c.traceparent.as_deref()),
-            )),
+            traceparent: Some(telemetry::trace::child_of(cause.and_then(|c| c.traceparent.as_deref()))),
             payload,
         }
     }
@@ -75,7 +73,14 @@ mod tests {
     #[test]
     fn round_trip_keeps_identity_and_causality() {
         let order = Uuid::new_v4();
-        let first = Envelope::new(order, &Message::ReserveStock { sku: "A".into(), quantity: 2 }, None);
+        let first = Envelope::new(
+            order,
+            &Message::ReserveStock {
+                sku: "A".into(),
+                quantity: 2,
+            },
+            None,
+        );
         let reply = Envelope::new(order, &Message::StockReserved, Some(&first));
         let decoded = Envelope::from_bytes(&reply.to_bytes()).unwrap();
         assert_eq!(decoded, reply);

@@ -76,10 +76,19 @@ pub async fn ensure_topics(brokers: &str, topics: &[&str]) -> Result<()> {
 pub fn headers(envelope: &Envelope) -> OwnedHeaders {
     let event_id = envelope.event_id.to_string();
     let mut h = OwnedHeaders::new()
-        .insert(Header { key: "event_id", value: Some(event_id.as_str()) })
-        .insert(Header { key: "event_type", value: Some(envelope.event_type.as_str()) });
+        .insert(Header {
+            key: "event_id",
+            value: Some(event_id.as_str()),
+        })
+        .insert(Header {
+            key: "event_type",
+            value: Some(envelope.event_type.as_str()),
+        });
     if let Some(tp) = &envelope.traceparent {
-        h = h.insert(Header { key: "traceparent", value: Some(tp.as_str()) });
+        h = h.insert(Header {
+            key: "traceparent",
+            value: Some(tp.as_str()),
+        });
     }
     h
 }
@@ -89,7 +98,10 @@ pub fn headers(envelope: &Envelope) -> OwnedHeaders {
 pub async fn publish(producer: &FutureProducer, topic: &str, envelope: &Envelope) -> Result<()> {
     let key = envelope.order_id.to_string();
     let body = envelope.to_bytes();
-    let record = FutureRecord::to(topic).key(&key).payload(&body).headers(headers(envelope));
+    let record = FutureRecord::to(topic)
+        .key(&key)
+        .payload(&body)
+        .headers(headers(envelope));
     producer
         .send(record, Timeout::After(Duration::from_secs(5)))
         .await

@@ -111,7 +111,10 @@ mod tests {
     fn unit_and_struct_variants_round_trip() {
         for m in [
             Message::ReleaseStock,
-            Message::ChargePayment { amount_cents: 10, card: "4242".into() },
+            Message::ChargePayment {
+                amount_cents: 10,
+                card: "4242".into(),
+            },
         ] {
             let (t, p) = m.to_parts();
             assert_eq!(Message::from_parts(&t, p).unwrap(), m);

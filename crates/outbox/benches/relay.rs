@@ -29,13 +29,23 @@ impl Publisher for NullPublisher {
 }
 
 fn envelope(i: usize) -> Envelope {
-    Envelope::new(Uuid::new_v4(), &Message::ReserveStock { sku: format!("SKU-{}", i % 50), quantity: 1 + (i % 3) as i32 }, None)
+    Envelope::new(
+        Uuid::new_v4(),
+        &Message::ReserveStock {
+            sku: format!("SKU-{}", i % 50),
+            quantity: 1 + (i % 3) as i32,
+        },
+        None,
+    )
 }
 
 async fn fresh_db(tag: &str) -> (PgPool, String) {
     let base = std::env::var("PG_BASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
     let url = format!("{base}/eo_bench_{tag}_{}", Uuid::new_v4().simple());
-    (runtime::db::connect(&url, 8, vec![outbox::migrator()]).await.unwrap(), url)
+    (
+        runtime::db::connect(&url, 8, vec![outbox::migrator()]).await.unwrap(),
+        url,
+    )
 }
 
 async fn fill(pool: &PgPool, topic: &str, n: usize) {
@@ -98,12 +108,20 @@ async fn main() {
     let (pool, url) = fresh_db("relay").await;
     fill(&pool, topic, N).await;
     let publisher = KafkaPublisher::new(&broker.addr).unwrap();
-    let relays: Vec<_> = (0..WORKERS).map(|_| Relay::new(pool.clone(), publisher.clone(), "bench").batch(BATCH)).collect();
+    let relays: Vec<_> = (0..WORKERS)
+        .map(|_| Relay::new(pool.clone(), publisher.clone(), "bench").batch(BATCH))
+        .collect();
     let start = Instant::now();
-    let published: usize = futures::future::join_all(relays.iter().map(drain)).await.into_iter().sum();
+    let published: usize = futures::future::join_all(relays.iter().map(drain))
+        .await
+        .into_iter()
+        .sum();
     assert_eq!(published, N);
     let relayed = N as f64 / start.elapsed().as_secs_f64();
-    println!("relay → broker          {relayed:>9.0} rows/s ({:.0} % of raw; goal ≥ 80 %; {WORKERS} claim loops)", relayed / raw * 100.0);
+    println!(
+        "relay → broker          {relayed:>9.0} rows/s ({:.0} % of raw; goal ≥ 80 %; {WORKERS} claim loops)",
+        relayed / raw * 100.0
+    );
 
     // 3. Database side only.
     let (pool2, url2) = fresh_db("relaydb").await;

@@ -59,13 +59,17 @@ pub struct KafkaPublisher {
 impl KafkaPublisher {
     /// A publisher for `brokers`.
     pub fn new(brokers: &str) -> messaging::Result<Self> {
-        Ok(Self { producer: messaging::kafka::producer(brokers)? })
+        Ok(Self {
+            producer: messaging::kafka::producer(brokers)?,
+        })
     }
 
     /// A publisher whose messages fail after `timeout` without a broker ack
     /// (the row then stays pending and is retried).
     pub fn with_timeout(brokers: &str, timeout: Duration) -> messaging::Result<Self> {
-        Ok(Self { producer: messaging::kafka::producer_with_timeout(brokers, timeout)? })
+        Ok(Self {
+            producer: messaging::kafka::producer_with_timeout(brokers, timeout)?,
+        })
     }
 }
 
@@ -87,7 +91,10 @@ impl Publisher for KafkaPublisher {
                                 | RDKafkaErrorCode::InvalidMessage
                         ))
                     );
-                    PublishError { retriable, message: e.to_string() }
+                    PublishError {
+                        retriable,
+                        message: e.to_string(),
+                    }
                 })
             })
             .collect()
@@ -121,7 +128,13 @@ pub struct Relay<P> {
 impl<P: Publisher> Relay<P> {
     /// A relay for `pool` named `source` (used in metrics and logs).
     pub fn new(pool: PgPool, publisher: P, source: impl Into<String>) -> Self {
-        Self { pool, publisher, source: source.into(), batch: 256, poll_interval: Duration::from_millis(500) }
+        Self {
+            pool,
+            publisher,
+            source: source.into(),
+            batch: 256,
+            poll_interval: Duration::from_millis(500),
+        }
     }
 
     /// Sets the claim batch size.
@@ -153,7 +166,10 @@ impl<P: Publisher> Relay<P> {
         .bind(self.batch)
         .fetch_all(&mut *tx)
         .await?;
-        let mut round = Round { claimed: rows.len(), ..Round::default() };
+        let mut round = Round {
+            claimed: rows.len(),
+            ..Round::default()
+        };
         if rows.is_empty() {
             return Ok(round);
         }
@@ -162,7 +178,11 @@ impl<P: Publisher> Relay<P> {
         for row in rows {
             let id: i64 = row.get("id");
             match Envelope::from_bytes(row.get::<&str, _>("envelope").as_bytes()) {
-                Ok(envelope) => pending.push(PendingRow { id, topic: row.get("topic"), envelope }),
+                Ok(envelope) => pending.push(PendingRow {
+                    id,
+                    topic: row.get("topic"),
+                    envelope,
+                }),
                 Err(e) => parked.push((id, e.to_string())),
             }
         }

@@ -49,7 +49,10 @@ pub async fn drop_database(url: &str) -> Result<()> {
 fn parse(url: &str) -> Result<PgConnectOptions> {
     PgConnectOptions::from_str(url)
         .map(|o| o.disable_statement_logging())
-        .map_err(|source| Error::DatabaseUrl { url: url.to_owned(), source })
+        .map_err(|source| Error::DatabaseUrl {
+            url: url.to_owned(),
+            source,
+        })
 }
 
 /// Creates the database if needed, opens a pool and runs `migrators` in order.

@@ -24,7 +24,12 @@ pub struct Problem {
 impl Problem {
     /// A problem with `status`, type `kind`, `title` and `detail`.
     pub fn new(status: StatusCode, kind: &'static str, title: &'static str, detail: impl Into<String>) -> Self {
-        Self { kind, title, status: status.as_u16(), detail: detail.into() }
+        Self {
+            kind,
+            title,
+            status: status.as_u16(),
+            detail: detail.into(),
+        }
     }
 
     /// The HTTP status.
@@ -37,7 +42,8 @@ impl IntoResponse for Problem {
     fn into_response(self) -> Response {
         let body = serde_json::to_vec(&self).expect("problem serialises");
         let mut resp = (self.status_code(), body).into_response();
-        resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        resp.headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         resp
     }
 }

@@ -81,9 +81,7 @@ pub fn sum_samples(text: &str, name: &str, filter: &[(&str, &str)]) -> i64 {
             if metric != name {
                 return None;
             }
-            let all = filter
-                .iter()
-                .all(|(k, v)| labels.contains(&format!("{k}=\"{v}\"")));
+            let all = filter.iter().all(|(k, v)| labels.contains(&format!("{k}=\"{v}\"")));
             all.then(|| value.trim().parse::<i64>().ok()).flatten()
         })
         .sum()

@@ -11,14 +11,29 @@ async fn bad_requests_get_problem_json_and_write_nothing() {
     let http = reqwest::Client::new();
     let url = format!("{}/orders", stack.url(Service::OrderApi));
     let cases: Vec<(Option<&str>, &str, u16)> = vec![
-        (None, r#"{"sku":"A","quantity":1,"amount_cents":5,"card":"4242424242424242"}"#, 400), // no key
+        (
+            None,
+            r#"{"sku":"A","quantity":1,"amount_cents":5,"card":"4242424242424242"}"#,
+            400,
+        ), // no key
         (Some("k-1"), "{not json", 400),
-        (Some("k-2"), r#"{"sku":"A"}"#, 422),                                                       // missing fields
-        (Some("k-3"), r#"{"sku":"A","quantity":"x","amount_cents":5,"card":"4242424242424242"}"#, 422), // wrong type
-        (Some(""), r#"{"sku":"A","quantity":1,"amount_cents":5,"card":"4242424242424242"}"#, 400),  // empty key
+        (Some("k-2"), r#"{"sku":"A"}"#, 422), // missing fields
+        (
+            Some("k-3"),
+            r#"{"sku":"A","quantity":"x","amount_cents":5,"card":"4242424242424242"}"#,
+            422,
+        ), // wrong type
+        (
+            Some(""),
+            r#"{"sku":"A","quantity":1,"amount_cents":5,"card":"4242424242424242"}"#,
+            400,
+        ), // empty key
     ];
     for (key, body, want) in cases {
-        let mut req = http.post(&url).header("content-type", "application/json").body(body.to_owned());
+        let mut req = http
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(body.to_owned());
         if let Some(k) = key {
             req = req.header("idempotency-key", k);
         }
@@ -39,10 +54,19 @@ async fn bad_requests_get_problem_json_and_write_nothing() {
     assert_eq!(counts, (0, 0, 0), "a refused request wrote something");
 
     // Unknown order → 404 problem; a valid order → 201 with Location.
-    let resp = http.get(format!("{url}/{}", uuid::Uuid::new_v4())).send().await.unwrap();
+    let resp = http
+        .get(format!("{url}/{}", uuid::Uuid::new_v4()))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status().as_u16(), 404);
     let client = Client::new(&stack, Duration::from_secs(5)).unwrap();
-    let req = OrderRequest { sku: "WIDGET".into(), quantity: 1, amount_cents: 100, card: GOOD_CARD.into() };
+    let req = OrderRequest {
+        sku: "WIDGET".into(),
+        quantity: 1,
+        amount_cents: 100,
+        card: GOOD_CARD.into(),
+    };
     let posted = client.post_order("k-ok", &req).await.unwrap();
     assert_eq!(posted.status, 201, "{}", posted.body);
     stack.shutdown(true).await.unwrap();

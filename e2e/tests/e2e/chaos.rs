@@ -10,7 +10,12 @@ async fn chaos_run_finds_no_double_charge_and_loses_nothing() {
     println!("{}", chaos::markdown(&report));
     assert!(report.passed(), "{:?}", report.problems);
     assert!(report.orders >= 300);
-    assert_eq!(report.faults_fired.len(), 12, "every fault kind fired: {:?}", report.faults_fired);
+    assert_eq!(
+        report.faults_fired.len(),
+        12,
+        "every fault kind fired: {:?}",
+        report.faults_fired
+    );
     assert!(report.duplicates.delivered() > 0, "duplicates were delivered");
     assert!(report.duplicates.total_absorbed() > 0, "and absorbed");
     assert!(report.audit.double_charged.is_empty() && report.audit.lost.is_empty() && report.audit.stuck.is_empty());

@@ -42,10 +42,19 @@ fn compose_services_use_exactly_the_variables_their_config_reads() {
             .map(|k| k.as_str().expect("string key").to_owned())
             .collect();
         for key in &env {
-            assert!(vars.contains(key), "{name}: compose sets {key}, which the service does not read");
+            assert!(
+                vars.contains(key),
+                "{name}: compose sets {key}, which the service does not read"
+            );
         }
         // The defaults point at 127.0.0.1, which is wrong inside a container.
-        for must in ["DATABASE_URL", "OUTBOX_DATABASE_URLS", "KAFKA_BROKERS", "HTTP_ADDR", "GATEWAY_URL"] {
+        for must in [
+            "DATABASE_URL",
+            "OUTBOX_DATABASE_URLS",
+            "KAFKA_BROKERS",
+            "HTTP_ADDR",
+            "GATEWAY_URL",
+        ] {
             if vars.contains(must) {
                 assert!(env.contains(must), "{name}: compose must set {must}");
             }
@@ -62,8 +71,14 @@ fn compose_services_use_exactly_the_variables_their_config_reads() {
     }
     let dockerfile = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../Dockerfile")).unwrap();
     for (name, _) in &configs {
-        assert!(dockerfile.contains(&format!("-p {name}")), "Dockerfile does not build {name}");
-        assert!(dockerfile.contains(&format!("release/{name}")), "Dockerfile does not ship {name}");
+        assert!(
+            dockerfile.contains(&format!("-p {name}")),
+            "Dockerfile does not build {name}"
+        );
+        assert!(
+            dockerfile.contains(&format!("release/{name}")),
+            "Dockerfile does not ship {name}"
+        );
     }
 }
 
@@ -72,7 +87,10 @@ fn compose_creates_every_service_database_and_runs_kafka_in_kraft_mode() {
     let doc = compose();
     let init = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docker/postgres-init.sql")).unwrap();
     for db in ["orders", "inventory", "payments", "gateway"] {
-        assert!(init.contains(&format!("CREATE DATABASE {db};")), "init script misses {db}");
+        assert!(
+            init.contains(&format!("CREATE DATABASE {db};")),
+            "init script misses {db}"
+        );
     }
     let kafka = &doc["services"]["kafka"]["environment"];
     assert_eq!(kafka["KAFKA_PROCESS_ROLES"].as_str(), Some("broker,controller"));

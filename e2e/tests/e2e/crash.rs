@@ -9,21 +9,39 @@ use sqlx::Connection;
 
 async fn orders_in_db(stack: &e2e::Stack) -> i64 {
     let mut db = sqlx::PgConnection::connect(&stack.db_url("orders")).await.unwrap();
-    sqlx::query_scalar("SELECT count(*) FROM orders").fetch_one(&mut db).await.unwrap()
+    sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(&mut db)
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn order_api_killed_around_its_commit_never_loses_or_duplicates_an_order() {
     let mut stack = crate::stack("crash-api").await;
     let client = Client::new(&stack, Duration::from_secs(5)).unwrap();
-    let req = OrderRequest { sku: "WIDGET".into(), quantity: 1, amount_cents: 700, card: GOOD_CARD.into() };
+    let req = OrderRequest {
+        sku: "WIDGET".into(),
+        quantity: 1,
+        amount_cents: 700,
+        card: GOOD_CARD.into(),
+    };
 
     // 1. Killed after the commit, before the response: the client sees a
     //    broken connection; the retry gets the committed order back, replayed.
-    stack.set_env(Service::OrderApi, "FAILPOINTS", "order_api::after_commit_before_response=1*return");
+    stack.set_env(
+        Service::OrderApi,
+        "FAILPOINTS",
+        "order_api::after_commit_before_response=1*return",
+    );
     stack.restart(Service::OrderApi).await.unwrap();
-    assert!(client.post_order("k-after", &req).await.is_err(), "the process died before answering");
-    stack.wait_exit(Service::OrderApi, Duration::from_secs(5)).await.unwrap();
+    assert!(
+        client.post_order("k-after", &req).await.is_err(),
+        "the process died before answering"
+    );
+    stack
+        .wait_exit(Service::OrderApi, Duration::from_secs(5))
+        .await
+        .unwrap();
     assert_eq!(orders_in_db(&stack).await, 1, "the order committed before the crash");
     stack.set_env(Service::OrderApi, "FAILPOINTS", "");
     stack.start_service(Service::OrderApi).await.unwrap();
@@ -35,7 +53,10 @@ async fn order_api_killed_around_its_commit_never_loses_or_duplicates_an_order()
     stack.set_env(Service::OrderApi, "FAILPOINTS", "order_api::before_commit=1*return");
     stack.restart(Service::OrderApi).await.unwrap();
     assert!(client.post_order("k-before", &req).await.is_err());
-    stack.wait_exit(Service::OrderApi, Duration::from_secs(5)).await.unwrap();
+    stack
+        .wait_exit(Service::OrderApi, Duration::from_secs(5))
+        .await
+        .unwrap();
     assert_eq!(orders_in_db(&stack).await, 1, "nothing of the killed request survived");
     stack.set_env(Service::OrderApi, "FAILPOINTS", "");
     stack.start_service(Service::OrderApi).await.unwrap();
@@ -46,10 +67,15 @@ async fn order_api_killed_around_its_commit_never_loses_or_duplicates_an_order()
     // Both orders still complete the saga.
     let ids: Vec<uuid::Uuid> = {
         let mut db = sqlx::PgConnection::connect(&stack.db_url("orders")).await.unwrap();
-        sqlx::query_scalar("SELECT id FROM orders").fetch_all(&mut db).await.unwrap()
+        sqlx::query_scalar("SELECT id FROM orders")
+            .fetch_all(&mut db)
+            .await
+            .unwrap()
     };
     client.seed_stock("WIDGET", 10).await.unwrap();
     let done = client.wait_terminal(&ids, Duration::from_secs(60)).await.unwrap();
-    assert!(done.values().all(|o| o.status == "CONFIRMED" || o.status == "CANCELLED"));
+    assert!(done
+        .values()
+        .all(|o| o.status == "CONFIRMED" || o.status == "CANCELLED"));
     stack.shutdown(true).await.unwrap();
 }

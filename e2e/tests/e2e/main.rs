@@ -47,5 +47,8 @@ impl TestStack {
 pub async fn stack(label: &str) -> TestStack {
     let share = MACHINE.clone().read_owned().await;
     let opts = e2e::StackOptions::ephemeral(label).expect("stack options");
-    TestStack { stack: e2e::Stack::start(opts).await.expect("stack starts"), _share: share }
+    TestStack {
+        stack: e2e::Stack::start(opts).await.expect("stack starts"),
+        _share: share,
+    }
 }

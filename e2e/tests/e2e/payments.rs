@@ -19,12 +19,22 @@ async fn ledger(stack: &e2e::Stack, order: Uuid) -> Vec<(String, String)> {
 }
 
 async fn metric(stack: &e2e::Stack, s: Service, name: &str) -> i64 {
-    let text = reqwest::get(format!("{}/metrics", stack.url(s))).await.unwrap().text().await.unwrap();
+    let text = reqwest::get(format!("{}/metrics", stack.url(s)))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     telemetry::metrics::sum_samples(&text, name, &[])
 }
 
 fn order() -> OrderRequest {
-    OrderRequest { sku: "WIDGET".into(), quantity: 1, amount_cents: 1_234, card: GOOD_CARD.into() }
+    OrderRequest {
+        sku: "WIDGET".into(),
+        quantity: 1,
+        amount_cents: 1_234,
+        card: GOOD_CARD.into(),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -32,11 +42,25 @@ async fn payment_service_killed_after_the_charge_before_recording_it_charges_onc
     let mut stack = crate::stack("crash-pay").await;
     let client = Client::new(&stack, Duration::from_secs(5)).unwrap();
     client.seed_stock("WIDGET", 10).await.unwrap();
-    stack.set_env(Service::Payment, "FAILPOINTS", "payment::after_gateway_before_record=1*return");
+    stack.set_env(
+        Service::Payment,
+        "FAILPOINTS",
+        "payment::after_gateway_before_record=1*return",
+    );
     stack.restart(Service::Payment).await.unwrap();
-    let placed = client.place_order("k-pay", &order(), Duration::from_secs(10)).await.unwrap();
-    stack.wait_exit(Service::Payment, Duration::from_secs(30)).await.unwrap();
-    assert_eq!(ledger(&stack, placed.id).await, vec![("charge".into(), "captured".into())], "charged before the crash");
+    let placed = client
+        .place_order("k-pay", &order(), Duration::from_secs(10))
+        .await
+        .unwrap();
+    stack
+        .wait_exit(Service::Payment, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(
+        ledger(&stack, placed.id).await,
+        vec![("charge".into(), "captured".into())],
+        "charged before the crash"
+    );
     let mut db = sqlx::PgConnection::connect(&stack.db_url("payments")).await.unwrap();
     let status: String = sqlx::query_scalar("SELECT status FROM payments WHERE order_id = $1")
         .bind(placed.id)
@@ -46,9 +70,16 @@ async fn payment_service_killed_after_the_charge_before_recording_it_charges_onc
     assert_eq!(status, "PENDING", "the crash left the payment unrecorded");
     stack.set_env(Service::Payment, "FAILPOINTS", "");
     stack.start_service(Service::Payment).await.unwrap();
-    let done = client.wait_terminal(&[placed.id], Duration::from_secs(60)).await.unwrap();
+    let done = client
+        .wait_terminal(&[placed.id], Duration::from_secs(60))
+        .await
+        .unwrap();
     assert_eq!(done[&placed.id].status, "CONFIRMED");
-    assert_eq!(ledger(&stack, placed.id).await.len(), 1, "the redelivery got the same charge back");
+    assert_eq!(
+        ledger(&stack, placed.id).await.len(),
+        1,
+        "the redelivery got the same charge back"
+    );
     assert!(metric(&stack, Service::Gateway, "gateway_replays_total").await >= 1);
     stack.shutdown(true).await.unwrap();
 }
@@ -63,12 +94,27 @@ async fn a_gateway_that_commits_then_times_out_charges_once() {
         .set_gateway_faults(serde_json::json!({"timeout_after_commit_rate": 1.0, "hang_ms": 4000}))
         .await
         .unwrap();
-    let placed = client.place_order("k-gw", &order(), Duration::from_secs(10)).await.unwrap();
-    let done = client.wait_terminal(&[placed.id], Duration::from_secs(60)).await.unwrap();
+    let placed = client
+        .place_order("k-gw", &order(), Duration::from_secs(10))
+        .await
+        .unwrap();
+    let done = client
+        .wait_terminal(&[placed.id], Duration::from_secs(60))
+        .await
+        .unwrap();
     assert_eq!(done[&placed.id].status, "CONFIRMED");
-    assert_eq!(ledger(&stack, placed.id).await, vec![("charge".into(), "captured".into())]);
-    assert!(metric(&stack, Service::Payment, "consumer_transient_errors_total").await >= 1, "the timeout was seen");
-    assert!(metric(&stack, Service::Gateway, "gateway_replays_total").await >= 1, "the retry was a replay");
+    assert_eq!(
+        ledger(&stack, placed.id).await,
+        vec![("charge".into(), "captured".into())]
+    );
+    assert!(
+        metric(&stack, Service::Payment, "consumer_transient_errors_total").await >= 1,
+        "the timeout was seen"
+    );
+    assert!(
+        metric(&stack, Service::Gateway, "gateway_replays_total").await >= 1,
+        "the retry was a replay"
+    );
     stack.shutdown(true).await.unwrap();
 }
 
@@ -77,8 +123,14 @@ async fn cancelling_a_confirmed_order_refunds_once_and_releases_its_stock() {
     let stack = crate::stack("cancel").await;
     let client = Client::new(&stack, Duration::from_secs(5)).unwrap();
     client.seed_stock("WIDGET", 10).await.unwrap();
-    let placed = client.place_order("k-c", &order(), Duration::from_secs(10)).await.unwrap();
-    client.wait_terminal(&[placed.id], Duration::from_secs(60)).await.unwrap();
+    let placed = client
+        .place_order("k-c", &order(), Duration::from_secs(10))
+        .await
+        .unwrap();
+    client
+        .wait_terminal(&[placed.id], Duration::from_secs(60))
+        .await
+        .unwrap();
     assert_eq!(client.stock().await.unwrap()["WIDGET"], (9, 1));
     let first = client.cancel("cancel-1", placed.id).await.unwrap();
     assert_eq!(first.status, 202, "{}", first.body);
@@ -98,7 +150,10 @@ async fn cancelling_a_confirmed_order_refunds_once_and_releases_its_stock() {
     }
     assert_eq!(
         ledger(&stack, placed.id).await,
-        vec![("charge".into(), "captured".into()), ("refund".into(), "refunded".into())]
+        vec![
+            ("charge".into(), "captured".into()),
+            ("refund".into(), "refunded".into())
+        ]
     );
     assert_eq!(client.stock().await.unwrap()["WIDGET"], (10, 0), "stock released");
     stack.shutdown(true).await.unwrap();

@@ -23,7 +23,11 @@ pub const CONSUMER: &str = "inventory-service";
 #[command(name = "inventory-service", about = "Stock reservations for the order saga")]
 pub struct Config {
     /// PostgreSQL URL of the `inventory` database (created if missing).
-    #[arg(long, env = "DATABASE_URL", default_value = "postgres://postgres@127.0.0.1:5432/inventory")]
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/inventory"
+    )]
     pub database_url: String,
     /// Kafka bootstrap servers.
     #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
@@ -48,7 +52,11 @@ pub async fn connect(database_url: &str) -> anyhow::Result<PgPool> {
     Ok(runtime::db::connect(
         database_url,
         8,
-        vec![outbox::migrator(), inbox::migrator(), sqlx::migrate!("../../migrations/inventory")],
+        vec![
+            outbox::migrator(),
+            inbox::migrator(),
+            sqlx::migrate!("../../migrations/inventory"),
+        ],
     )
     .await?)
 }

@@ -21,7 +21,11 @@ pub async fn handle(pool: &PgPool, envelope: Envelope) -> Result<Handled, Handle
     let reply = match &message {
         Message::ReserveStock { sku, quantity } => reserve(&mut tx, &envelope, sku, *quantity).await,
         Message::ReleaseStock => release(&mut tx, &envelope).await,
-        other => return Err(HandleError::Permanent(format!("unexpected message {other:?} on inventory.commands"))),
+        other => {
+            return Err(HandleError::Permanent(format!(
+                "unexpected message {other:?} on inventory.commands"
+            )))
+        }
     }
     .map_err(HandleError::transient)?;
     if let Some(reply) = reply {
@@ -38,7 +42,9 @@ pub async fn handle(pool: &PgPool, envelope: Envelope) -> Result<Handled, Handle
 /// event id, even concurrently — finds the row and does nothing.
 async fn reserve(conn: &mut PgConnection, env: &Envelope, sku: &str, quantity: i32) -> sqlx::Result<Option<Message>> {
     if quantity <= 0 {
-        return Ok(Some(Message::StockRejected { reason: "invalid_quantity".into() }));
+        return Ok(Some(Message::StockRejected {
+            reason: "invalid_quantity".into(),
+        }));
     }
     let claimed = sqlx::query(
         "INSERT INTO reservations (order_id, sku, quantity, status) VALUES ($1, $2, $3, 'RESERVED')
@@ -74,7 +80,9 @@ async fn reserve(conn: &mut PgConnection, env: &Envelope, sku: &str, quantity: i
         .execute(&mut *conn)
         .await?;
     telemetry::metrics::incr("inventory_rejected_total", &[]);
-    Ok(Some(Message::StockRejected { reason: "out_of_stock".into() }))
+    Ok(Some(Message::StockRejected {
+        reason: "out_of_stock".into(),
+    }))
 }
 
 /// Releases the order's reservation once: only a RESERVED row moves to

@@ -131,16 +131,33 @@ pub async fn charge(State(state): State<AppState>, headers: HeaderMap, body: Byt
     if req.amount_cents <= 0 {
         return Err(GatewayError::Unprocessable("amount_cents must be positive".into()));
     }
-    keyed(&state, &headers, "/v1/charges", &body, Box::new(move |conn, client, key| {
-        Box::pin(async move {
-            let declined = req.card == crate::DECLINED_CARD;
-            let status = if declined { "declined" } else { "captured" };
-            let id = insert(conn, "charge", req.order_id, req.amount_cents, status, &client, &key).await?;
-            let code = if declined { StatusCode::PAYMENT_REQUIRED } else { StatusCode::CREATED };
-            telemetry::metrics::incr("gateway_charges_total", &[("status", status)]);
-            Ok(StoredResponse::json(code, &Movement { id, status: status.into() }, "application/json"))
-        })
-    }))
+    keyed(
+        &state,
+        &headers,
+        "/v1/charges",
+        &body,
+        Box::new(move |conn, client, key| {
+            Box::pin(async move {
+                let declined = req.card == crate::DECLINED_CARD;
+                let status = if declined { "declined" } else { "captured" };
+                let id = insert(conn, "charge", req.order_id, req.amount_cents, status, &client, &key).await?;
+                let code = if declined {
+                    StatusCode::PAYMENT_REQUIRED
+                } else {
+                    StatusCode::CREATED
+                };
+                telemetry::metrics::incr("gateway_charges_total", &[("status", status)]);
+                Ok(StoredResponse::json(
+                    code,
+                    &Movement {
+                        id,
+                        status: status.into(),
+                    },
+                    "application/json",
+                ))
+            })
+        }),
+    )
     .await
 }
 
@@ -148,10 +165,15 @@ pub async fn charge(State(state): State<AppState>, headers: HeaderMap, body: Byt
 /// refunds beyond what was captured are refused (422).
 pub async fn refund(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, GatewayError> {
     let req: RefundRequest = parse(&body)?;
-    keyed(&state, &headers, "/v1/refunds", &body, Box::new(move |conn, client, key| {
-        Box::pin(async move {
-            // Lock the order's ledger rows so concurrent refunds cannot overdraw.
-            let (captured, refunded): (i64, i64) = sqlx::query_as(
+    keyed(
+        &state,
+        &headers,
+        "/v1/refunds",
+        &body,
+        Box::new(move |conn, client, key| {
+            Box::pin(async move {
+                // Lock the order's ledger rows so concurrent refunds cannot overdraw.
+                let (captured, refunded): (i64, i64) = sqlx::query_as(
                 "SELECT COALESCE(sum(amount_cents) FILTER (WHERE kind = 'charge' AND status = 'captured'), 0)::int8,
                         COALESCE(sum(amount_cents) FILTER (WHERE kind = 'refund'), 0)::int8
                  FROM (SELECT * FROM ledger WHERE order_id = $1 FOR UPDATE) l",
@@ -159,18 +181,35 @@ pub async fn refund(State(state): State<AppState>, headers: HeaderMap, body: Byt
             .bind(req.order_id)
             .fetch_one(&mut *conn)
             .await?;
-            if req.amount_cents <= 0 || refunded + req.amount_cents > captured {
-                return Err(GatewayError::Unprocessable(format!(
-                    "refund of {} exceeds the refundable {}",
+                if req.amount_cents <= 0 || refunded + req.amount_cents > captured {
+                    return Err(GatewayError::Unprocessable(format!(
+                        "refund of {} exceeds the refundable {}",
+                        req.amount_cents,
+                        captured - refunded
+                    )));
+                }
+                let id = insert(
+                    conn,
+                    "refund",
+                    req.order_id,
                     req.amount_cents,
-                    captured - refunded
-                )));
-            }
-            let id = insert(conn, "refund", req.order_id, req.amount_cents, "refunded", &client, &key).await?;
-            telemetry::metrics::incr("gateway_refunds_total", &[]);
-            Ok(StoredResponse::json(StatusCode::CREATED, &Movement { id, status: "refunded".into() }, "application/json"))
-        })
-    }))
+                    "refunded",
+                    &client,
+                    &key,
+                )
+                .await?;
+                telemetry::metrics::incr("gateway_refunds_total", &[]);
+                Ok(StoredResponse::json(
+                    StatusCode::CREATED,
+                    &Movement {
+                        id,
+                        status: "refunded".into(),
+                    },
+                    "application/json",
+                ))
+            })
+        }),
+    )
     .await
 }
 
@@ -222,12 +261,19 @@ type Op = Box<
             &'c mut PgConnection,
             String,
             String,
-        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<StoredResponse, GatewayError>> + Send + 'c>>
-        + Send,
+        ) -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<StoredResponse, GatewayError>> + Send + 'c>,
+        > + Send,
 >;
 
 /// The keyed request flow with the configured faults around it.
-async fn keyed(state: &AppState, headers: &HeaderMap, path: &str, body: &[u8], op: Op) -> Result<Response, GatewayError> {
+async fn keyed(
+    state: &AppState,
+    headers: &HeaderMap,
+    path: &str,
+    body: &[u8],
+    op: Op,
+) -> Result<Response, GatewayError> {
     let key = IdempotencyKey::from_headers(headers).map_err(|e| GatewayError::BadRequest(e.to_string()))?;
     let client = headers
         .get("x-client-id")
@@ -239,7 +285,11 @@ async fn keyed(state: &AppState, headers: &HeaderMap, path: &str, body: &[u8], o
         tokio::time::sleep(Duration::from_millis(faults.latency_ms)).await;
     }
     let fingerprint = idempotency::fingerprint("POST", path, body);
-    let request = Keyed { scope: &client, key: &key.0, fingerprint: &fingerprint };
+    let request = Keyed {
+        scope: &client,
+        key: &key.0,
+        fingerprint: &fingerprint,
+    };
     let (c, k) = (client.clone(), key.0.clone());
     let fail_rate = faults.fail_rate;
     let work: idempotency::Work<GatewayError> = Box::new(move |conn| {
@@ -251,12 +301,18 @@ async fn keyed(state: &AppState, headers: &HeaderMap, path: &str, body: &[u8], o
             op(conn, c, k).await
         })
     });
-    let outcome = idempotency::execute(&state.pool, request, Duration::from_secs(86_400), work, |e: &GatewayError| {
-        matches!(e, GatewayError::Unprocessable(_)).then(|| {
-            let p = e.problem();
-            StoredResponse::json(p.status_code(), &p, PROBLEM_JSON)
-        })
-    })
+    let outcome = idempotency::execute(
+        &state.pool,
+        request,
+        Duration::from_secs(86_400),
+        work,
+        |e: &GatewayError| {
+            matches!(e, GatewayError::Unprocessable(_)).then(|| {
+                let p = e.problem();
+                StoredResponse::json(p.status_code(), &p, PROBLEM_JSON)
+            })
+        },
+    )
     .await?;
     match outcome {
         Outcome::Completed(stored) => {

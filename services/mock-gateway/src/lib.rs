@@ -24,10 +24,17 @@ pub const DECLINED_CARD: &str = "4000000000000002";
 
 /// mock-gateway configuration, from environment variables.
 #[derive(Debug, Clone, clap::Parser)]
-#[command(name = "mock-gateway", about = "Stripe-like payment gateway with a ledger and fault injection")]
+#[command(
+    name = "mock-gateway",
+    about = "Stripe-like payment gateway with a ledger and fault injection"
+)]
 pub struct Config {
     /// PostgreSQL URL of the `gateway` database (created if missing).
-    #[arg(long, env = "DATABASE_URL", default_value = "postgres://postgres@127.0.0.1:5432/gateway")]
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/gateway"
+    )]
     pub database_url: String,
     /// HTTP address.
     #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8083")]
@@ -65,8 +72,15 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     )
     .await?;
     let listener = TcpListener::bind(config.http_addr).await?;
-    let state = AppState { pool, faults: Arc::new(faults::FaultSwitch::new(config.faults)) };
-    Ok(App { state, listener, admin: config.admin })
+    let state = AppState {
+        pool,
+        faults: Arc::new(faults::FaultSwitch::new(config.faults)),
+    };
+    Ok(App {
+        state,
+        listener,
+        admin: config.admin,
+    })
 }
 
 impl App {
@@ -86,11 +100,12 @@ impl App {
             api = api.route("/admin/faults", get(faults::get).put(faults::put));
         }
         let reaper = tokio::spawn(idempotency::run_reaper(self.state.pool.clone(), shutdown.clone()));
-        let app = api.with_state(self.state.clone()).merge(runtime::admin::router(self.state.pool.clone()));
+        let app = api
+            .with_state(self.state.clone())
+            .merge(runtime::admin::router(self.state.pool.clone()));
         runtime::admin::serve(self.listener, app, shutdown.clone()).await?;
         shutdown.cancel();
         reaper.await?;
         Ok(())
     }
 }
-

@@ -32,7 +32,10 @@ async fn plain_insert(State(state): State<AppState>, Json(body): Json<serde_json
     };
     let mut tx = state.pool.begin().await.unwrap();
     let order = orders::insert(&mut tx, "bench", &new).await.unwrap();
-    let first = Message::ReserveStock { sku: order.sku.clone(), quantity: order.quantity };
+    let first = Message::ReserveStock {
+        sku: order.sku.clone(),
+        quantity: order.quantity,
+    };
     outbox::emit(&mut tx, order.id, &first, None).await.unwrap();
     tx.commit().await.unwrap();
     StatusCode::CREATED
@@ -52,7 +55,10 @@ async fn one(http: &reqwest::Client, base: &str, mode: Mode, i: usize) -> Durati
         Mode::Plain => ("/plain-orders", String::new()),
     };
     let start = Instant::now();
-    let mut req = http.post(format!("{base}{path}")).header("content-type", "application/json").body(BODY);
+    let mut req = http
+        .post(format!("{base}{path}"))
+        .header("content-type", "application/json")
+        .body(BODY);
     if !key.is_empty() {
         req = req.header("idempotency-key", key);
     }
@@ -94,7 +100,11 @@ async fn measure(http: &reqwest::Client, base: &str, mode: Mode) -> Figures {
         t.await.unwrap();
     }
     let rps = (per * CONCURRENCY) as f64 / start.elapsed().as_secs_f64();
-    Figures { p50_ms: pct(&lat, 0.50), p99_ms: pct(&lat, 0.99), rps }
+    Figures {
+        p50_ms: pct(&lat, 0.50),
+        p99_ms: pct(&lat, 0.99),
+        rps,
+    }
 }
 
 #[tokio::main]
@@ -102,13 +112,22 @@ async fn main() {
     let base_url = std::env::var("PG_BASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
     let db_url = format!("{base_url}/eo_bench_idem_{}", uuid::Uuid::new_v4().simple());
     let pool = order_api::connect(&db_url, 16).await.expect("database");
-    let state = AppState { pool: pool.clone(), idempotency_ttl: Duration::from_secs(86_400) };
-    let app: Router = order_api::http::router(state.clone())
-        .merge(Router::new().route("/plain-orders", post(plain_insert)).with_state(state));
+    let state = AppState {
+        pool: pool.clone(),
+        idempotency_ttl: Duration::from_secs(86_400),
+    };
+    let app: Router = order_api::http::router(state.clone()).merge(
+        Router::new()
+            .route("/plain-orders", post(plain_insert))
+            .with_state(state),
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });
-    let http = reqwest::Client::builder().pool_max_idle_per_host(CONCURRENCY).build().unwrap();
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(CONCURRENCY)
+        .build()
+        .unwrap();
 
     // Warm every path (connections, plans, table growth) before measuring.
     for i in 0..500 {
@@ -119,7 +138,14 @@ async fn main() {
     let mut rows = Vec::new();
     for mode in [Mode::Plain, Mode::Fresh, Mode::Replay] {
         let f = measure(&http, &base, mode).await;
-        println!("{:<8} p50 {:>6.3} ms  p99 {:>6.3} ms  {:>7.0} req/s ({} clients)", format!("{mode:?}"), f.p50_ms, f.p99_ms, f.rps, CONCURRENCY);
+        println!(
+            "{:<8} p50 {:>6.3} ms  p99 {:>6.3} ms  {:>7.0} req/s ({} clients)",
+            format!("{mode:?}"),
+            f.p50_ms,
+            f.p99_ms,
+            f.rps,
+            CONCURRENCY
+        );
         rows.push((mode, f));
     }
     let plain = rows[0].1.rps;

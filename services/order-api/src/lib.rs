@@ -23,7 +23,11 @@ pub const SAGA_CONSUMER: &str = "order-saga";
 #[command(name = "order-api", about = "Orders HTTP API and saga orchestrator")]
 pub struct Config {
     /// PostgreSQL URL of the `orders` database (created if missing).
-    #[arg(long, env = "DATABASE_URL", default_value = "postgres://postgres@127.0.0.1:5432/orders")]
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/orders"
+    )]
     pub database_url: String,
     /// Kafka bootstrap servers.
     #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
@@ -80,8 +84,15 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     let pool = connect(&config.database_url, config.pool_size).await?;
     messaging::kafka::ensure_topics(&config.kafka_brokers, &messaging::message::TOPICS).await?;
     let listener = TcpListener::bind(config.http_addr).await?;
-    let state = AppState { pool, idempotency_ttl: Duration::from_secs(config.idempotency_ttl_secs) };
-    Ok(App { state, listener, config })
+    let state = AppState {
+        pool,
+        idempotency_ttl: Duration::from_secs(config.idempotency_ttl_secs),
+    };
+    Ok(App {
+        state,
+        listener,
+        config,
+    })
 }
 
 impl App {
@@ -118,4 +129,3 @@ impl App {
         Ok(())
     }
 }
-

@@ -56,13 +56,24 @@ pub struct App {
 pub async fn build(config: Config) -> anyhow::Result<App> {
     let mut sources = Vec::new();
     for url in &config.database_urls {
-        let name = url.rsplit('/').next().unwrap_or(url).split('?').next().unwrap_or(url).to_owned();
+        let name = url
+            .rsplit('/')
+            .next()
+            .unwrap_or(url)
+            .split('?')
+            .next()
+            .unwrap_or(url)
+            .to_owned();
         let pool = runtime::db::connect(url, 4, vec![outbox::migrator()]).await?;
         sources.push((name, pool));
     }
     messaging::kafka::ensure_topics(&config.kafka_brokers, &messaging::message::TOPICS).await?;
     let listener = TcpListener::bind(config.http_addr).await?;
-    Ok(App { sources, listener, config })
+    Ok(App {
+        sources,
+        listener,
+        config,
+    })
 }
 
 impl App {
@@ -92,7 +103,11 @@ impl App {
                 tokio::join!(first.run(token.clone()), housekeeping(&first, retention, token));
             }));
         }
-        let admin_pool = self.sources.first().map(|(_, p)| p.clone()).expect("at least one source");
+        let admin_pool = self
+            .sources
+            .first()
+            .map(|(_, p)| p.clone())
+            .expect("at least one source");
         runtime::admin::serve(self.listener, runtime::admin::router(admin_pool), shutdown.clone()).await?;
         shutdown.cancel();
         for t in tasks {
@@ -114,7 +129,7 @@ async fn housekeeping(relay: &Relay<KafkaPublisher>, retention: Duration, shutdo
             tracing::warn!(error = %e, "backlog query failed");
         }
         tick += 1;
-        if tick % 12 == 0 {
+        if tick.is_multiple_of(12) {
             while let Ok(1000) = relay.purge_published(retention, 1000).await {}
         }
     }

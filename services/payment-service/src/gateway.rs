@@ -64,12 +64,22 @@ impl Client {
 
     /// Charges `amount_cents` on `card` for `order_id` under `key`.
     pub async fn charge(&self, key: &str, order_id: Uuid, amount_cents: i64, card: &str) -> Result<Reply, CallError> {
-        self.post("/v1/charges", key, &ChargeBody { order_id, amount_cents, card }).await
+        self.post(
+            "/v1/charges",
+            key,
+            &ChargeBody {
+                order_id,
+                amount_cents,
+                card,
+            },
+        )
+        .await
     }
 
     /// Refunds `amount_cents` of `order_id`'s charge under `key`.
     pub async fn refund(&self, key: &str, order_id: Uuid, amount_cents: i64) -> Result<Reply, CallError> {
-        self.post("/v1/refunds", key, &RefundBody { order_id, amount_cents }).await
+        self.post("/v1/refunds", key, &RefundBody { order_id, amount_cents })
+            .await
     }
 
     async fn post(&self, path: &str, key: &str, body: &impl Serialize) -> Result<Reply, CallError> {
@@ -88,7 +98,11 @@ impl Client {
             200..=299 | 402 => {
                 let m: Movement =
                     serde_json::from_str(&text).map_err(|e| CallError::Retry(format!("unreadable reply: {e}")))?;
-                Ok(if m.status == "declined" { Reply::Declined(m.id) } else { Reply::Done(m.id) })
+                Ok(if m.status == "declined" {
+                    Reply::Declined(m.id)
+                } else {
+                    Reply::Done(m.id)
+                })
             }
             409 | 429 | 500..=599 => Err(CallError::Retry(format!("{status}: {text}"))),
             _ => Err(CallError::Refused(format!("{status}: {text}"))),

@@ -19,7 +19,11 @@ pub const CONSUMER: &str = "payment-service";
 #[command(name = "payment-service", about = "Payments for the order saga")]
 pub struct Config {
     /// PostgreSQL URL of the `payments` database (created if missing).
-    #[arg(long, env = "DATABASE_URL", default_value = "postgres://postgres@127.0.0.1:5432/payments")]
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/payments"
+    )]
     pub database_url: String,
     /// Kafka bootstrap servers.
     #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
@@ -66,7 +70,11 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     let pool = runtime::db::connect(
         &config.database_url,
         8,
-        vec![outbox::migrator(), inbox::migrator(), sqlx::migrate!("../../migrations/payments")],
+        vec![
+            outbox::migrator(),
+            inbox::migrator(),
+            sqlx::migrate!("../../migrations/payments"),
+        ],
     )
     .await?;
     messaging::kafka::ensure_topics(&config.kafka_brokers, &messaging::message::TOPICS).await?;
@@ -75,7 +83,11 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     if config.unsafe_disable_dedup {
         tracing::error!("PAYMENT_UNSAFE_DISABLE_DEDUP is set: duplicates WILL be charged twice (negative control)");
     }
-    let deps = Deps { pool, gateway, dedup: !config.unsafe_disable_dedup };
+    let deps = Deps {
+        pool,
+        gateway,
+        dedup: !config.unsafe_disable_dedup,
+    };
     Ok(App { deps, listener, config })
 }
 

@@ -25,7 +25,11 @@ pub async fn handle(deps: &Deps, envelope: Envelope) -> Result<Handled, HandleEr
     let (kind, amount_cents) = match &message {
         Message::ChargePayment { amount_cents, .. } => ("charge", *amount_cents),
         Message::RefundPayment { amount_cents } => ("refund", *amount_cents),
-        other => return Err(HandleError::Permanent(format!("unexpected message {other:?} on payment.commands"))),
+        other => {
+            return Err(HandleError::Permanent(format!(
+                "unexpected message {other:?} on payment.commands"
+            )))
+        }
     };
     let order_id = envelope.order_id;
     if !deps.dedup {
@@ -88,7 +92,12 @@ pub async fn handle(deps: &Deps, envelope: Envelope) -> Result<Handled, HandleEr
     // Step 3: record the result and reply, atomically with the inbox row.
     let (new_status, reply_message) = match (kind, reply) {
         ("charge", Reply::Done(id)) => ("CAPTURED", Message::PaymentCaptured { charge_id: id }),
-        ("charge", Reply::Declined(_)) => ("DECLINED", Message::PaymentDeclined { reason: "card_declined".into() }),
+        ("charge", Reply::Declined(_)) => (
+            "DECLINED",
+            Message::PaymentDeclined {
+                reason: "card_declined".into(),
+            },
+        ),
         (_, Reply::Done(id)) => ("REFUNDED", Message::PaymentRefunded { refund_id: id }),
         (_, Reply::Declined(id)) => return Err(HandleError::Permanent(format!("refund {id} declined"))),
     };
@@ -159,12 +168,16 @@ async fn handle_without_dedup(
     .map_err(HandleError::transient)?;
     let reply = match (kind, reply) {
         ("charge", Reply::Done(id)) => Message::PaymentCaptured { charge_id: id },
-        ("charge", Reply::Declined(_)) => Message::PaymentDeclined { reason: "card_declined".into() },
+        ("charge", Reply::Declined(_)) => Message::PaymentDeclined {
+            reason: "card_declined".into(),
+        },
         (_, Reply::Done(id)) => Message::PaymentRefunded { refund_id: id },
         (_, Reply::Declined(id)) => return Err(HandleError::Permanent(format!("refund {id} declined"))),
     };
     let mut tx = deps.pool.begin().await.map_err(HandleError::transient)?;
-    outbox::emit(&mut tx, envelope.order_id, &reply, Some(envelope)).await.map_err(HandleError::transient)?;
+    outbox::emit(&mut tx, envelope.order_id, &reply, Some(envelope))
+        .await
+        .map_err(HandleError::transient)?;
     tx.commit().await.map_err(HandleError::transient)?;
     Ok(Handled::Applied)
 }

@@ -22,9 +22,16 @@ async fn inbox_retention_keeps_rows_inside_the_window() {
         .unwrap();
 
     let window = Duration::from_secs(7 * 86_400);
-    assert_eq!(inbox::purge(&mut conn, window, 1000).await.unwrap(), 1, "only the row past the window");
+    assert_eq!(
+        inbox::purge(&mut conn, window, 1000).await.unwrap(),
+        1,
+        "only the row past the window"
+    );
     // A redelivery inside the window is absorbed (and counted)…
-    assert_eq!(inbox::record(&mut conn, "c", recent).await.unwrap(), Recorded::Duplicate);
+    assert_eq!(
+        inbox::record(&mut conn, "c", recent).await.unwrap(),
+        Recorded::Duplicate
+    );
     let counted: i32 = sqlx::query_scalar("SELECT redeliveries FROM inbox_redeliveries WHERE event_id = $1")
         .bind(recent)
         .fetch_one(&mut *conn)

@@ -34,17 +34,29 @@ impl World {
             .unwrap();
         let topic = format!("consumer-test-{}", Uuid::new_v4().simple());
         messaging::kafka::ensure_topics(&broker.addr, &[&topic]).await.unwrap();
-        Self { broker, pool, url, topic }
+        Self {
+            broker,
+            pool,
+            url,
+            topic,
+        }
     }
 
     fn settings(&self, group: &str) -> ConsumerSettings {
-        ConsumerSettings { brokers: self.broker.addr.clone(), group_id: group.into(), topics: vec![self.topic.clone()] }
+        ConsumerSettings {
+            brokers: self.broker.addr.clone(),
+            group_id: group.into(),
+            topics: vec![self.topic.clone()],
+        }
     }
 
     async fn send_raw(&self, key: &str, body: &[u8]) {
         let producer = messaging::kafka::producer(&self.broker.addr).unwrap();
         producer
-            .send(FutureRecord::to(&self.topic).key(key).payload(body), Timeout::After(Duration::from_secs(5)))
+            .send(
+                FutureRecord::to(&self.topic).key(key).payload(body),
+                Timeout::After(Duration::from_secs(5)),
+            )
             .await
             .unwrap();
     }
@@ -55,7 +67,10 @@ impl World {
     }
 
     async fn effects(&self) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM effects").fetch_one(&self.pool).await.unwrap()
+        sqlx::query_scalar("SELECT count(*) FROM effects")
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
     }
 
     async fn wait_effects(&self, n: i64) {
@@ -77,7 +92,11 @@ impl World {
 async fn apply(pool: &PgPool, consumer: &str, env: Envelope) -> Result<Handled, HandleError> {
     env.message().map_err(HandleError::permanent)?;
     let mut tx = pool.begin().await.map_err(HandleError::transient)?;
-    if inbox::record(&mut tx, consumer, env.event_id).await.map_err(HandleError::transient)? == inbox::Recorded::Duplicate {
+    if inbox::record(&mut tx, consumer, env.event_id)
+        .await
+        .map_err(HandleError::transient)?
+        == inbox::Recorded::Duplicate
+    {
         return Ok(Handled::Duplicate);
     }
     sqlx::query("INSERT INTO effects (event_id, order_id) VALUES ($1, $2)")
@@ -90,17 +109,25 @@ async fn apply(pool: &PgPool, consumer: &str, env: Envelope) -> Result<Handled, 
     Ok(Handled::Applied)
 }
 
-fn spawn_consumer(world: &World, group: &str, calls: Arc<AtomicUsize>) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+fn spawn_consumer(
+    world: &World,
+    group: &str,
+    calls: Arc<AtomicUsize>,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
     let token = CancellationToken::new();
     let pool = world.pool.clone();
     let name = group.to_owned();
-    let handle = tokio::spawn(messaging::consumer::run(world.settings(group), token.clone(), move |env| {
-        let (pool, name, calls) = (pool.clone(), name.clone(), calls.clone());
-        async move {
-            calls.fetch_add(1, Ordering::SeqCst);
-            apply(&pool, &name, env).await
-        }
-    }));
+    let handle = tokio::spawn(messaging::consumer::run(
+        world.settings(group),
+        token.clone(),
+        move |env| {
+            let (pool, name, calls) = (pool.clone(), name.clone(), calls.clone());
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                apply(&pool, &name, env).await
+            }
+        },
+    ));
     (token, tokio::spawn(async move { handle.await.unwrap().unwrap() }))
 }
 
@@ -149,9 +176,18 @@ async fn poison_goes_to_the_dead_letter_topic_and_the_partition_moves_on() {
     done.await.unwrap();
     let letters = messaging::dlq::list(&w.broker.addr, &w.topic).unwrap();
     assert_eq!(letters.len(), 2, "{letters:?}");
-    assert!(letters.iter().all(|l| l.error.as_deref().is_some_and(|e| e.contains("decode"))), "{letters:?}");
-    assert!(letters.iter().all(|l| l.original_topic.as_deref() == Some(w.topic.as_str())));
-    assert!(letters.iter().all(|l| l.key.as_deref() == Some(order.to_string().as_str())));
+    assert!(
+        letters
+            .iter()
+            .all(|l| l.error.as_deref().is_some_and(|e| e.contains("decode"))),
+        "{letters:?}"
+    );
+    assert!(letters
+        .iter()
+        .all(|l| l.original_topic.as_deref() == Some(w.topic.as_str())));
+    assert!(letters
+        .iter()
+        .all(|l| l.key.as_deref() == Some(order.to_string().as_str())));
     assert_eq!(letters[0].payload, b"{this is not an envelope");
     w.drop().await;
 }
@@ -160,7 +196,8 @@ async fn poison_goes_to_the_dead_letter_topic_and_the_partition_moves_on() {
 async fn offsets_are_committed_after_the_transaction_so_a_restart_resumes() {
     let w = World::new().await;
     for _ in 0..5 {
-        w.send(&Envelope::new(Uuid::new_v4(), &Message::ReleaseStock, None)).await;
+        w.send(&Envelope::new(Uuid::new_v4(), &Message::ReleaseStock, None))
+            .await;
     }
     let calls = Arc::new(AtomicUsize::new(0));
     let (token, done) = spawn_consumer(&w, "resume", calls.clone());
@@ -169,12 +206,17 @@ async fn offsets_are_committed_after_the_transaction_so_a_restart_resumes() {
     done.await.unwrap();
     assert_eq!(calls.load(Ordering::SeqCst), 5);
     // A restarted consumer starts after the committed offsets.
-    w.send(&Envelope::new(Uuid::new_v4(), &Message::ReleaseStock, None)).await;
+    w.send(&Envelope::new(Uuid::new_v4(), &Message::ReleaseStock, None))
+        .await;
     let (token, done) = spawn_consumer(&w, "resume", calls.clone());
     w.wait_effects(6).await;
     token.cancel();
     done.await.unwrap();
-    assert_eq!(calls.load(Ordering::SeqCst), 6, "nothing before the committed offset was redelivered");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        6,
+        "nothing before the committed offset was redelivered"
+    );
     w.drop().await;
 }
 
@@ -190,16 +232,20 @@ async fn transient_errors_retry_the_same_message_without_skipping_it() {
     let token = CancellationToken::new();
     let pool = w.pool.clone();
     let f = failures.clone();
-    let run = tokio::spawn(messaging::consumer::run(w.settings("flaky"), token.clone(), move |env| {
-        let (pool, f) = (pool.clone(), f.clone());
-        async move {
-            if f.load(Ordering::SeqCst) > 0 {
-                f.fetch_sub(1, Ordering::SeqCst);
-                return Err(HandleError::Transient("database restarting".into()));
+    let run = tokio::spawn(messaging::consumer::run(
+        w.settings("flaky"),
+        token.clone(),
+        move |env| {
+            let (pool, f) = (pool.clone(), f.clone());
+            async move {
+                if f.load(Ordering::SeqCst) > 0 {
+                    f.fetch_sub(1, Ordering::SeqCst);
+                    return Err(HandleError::Transient("database restarting".into()));
+                }
+                apply(&pool, "flaky", env).await
             }
-            apply(&pool, "flaky", env).await
-        }
-    }));
+        },
+    ));
     w.wait_effects(2).await;
     token.cancel();
     run.await.unwrap().unwrap();
@@ -207,8 +253,15 @@ async fn transient_errors_retry_the_same_message_without_skipping_it() {
         .fetch_all(&w.pool)
         .await
         .unwrap();
-    assert_eq!(order_of, vec![first.event_id, second.event_id], "retried in place, in order");
-    assert!(messaging::dlq::list(&w.broker.addr, &w.topic).unwrap().is_empty(), "nothing dead-lettered");
+    assert_eq!(
+        order_of,
+        vec![first.event_id, second.event_id],
+        "retried in place, in order"
+    );
+    assert!(
+        messaging::dlq::list(&w.broker.addr, &w.topic).unwrap().is_empty(),
+        "nothing dead-lettered"
+    );
     w.drop().await;
 }
 
@@ -219,9 +272,11 @@ async fn dead_letters_can_be_replayed_once_the_cause_is_fixed() {
     w.send(&event).await;
     // First deployment: refuses the message for good.
     let token = CancellationToken::new();
-    let run = tokio::spawn(messaging::consumer::run(w.settings("fixable"), token.clone(), |_env| async {
-        Err::<Handled, _>(HandleError::Permanent("schema v2 not supported".into()))
-    }));
+    let run = tokio::spawn(messaging::consumer::run(
+        w.settings("fixable"),
+        token.clone(),
+        |_env| async { Err::<Handled, _>(HandleError::Permanent("schema v2 not supported".into())) },
+    ));
     let end = Instant::now() + Duration::from_secs(20);
     while messaging::dlq::list(&w.broker.addr, &w.topic).unwrap().is_empty() {
         assert!(Instant::now() < end, "never dead-lettered");
@@ -230,12 +285,19 @@ async fn dead_letters_can_be_replayed_once_the_cause_is_fixed() {
     run.await.unwrap().unwrap();
     // Fixed deployment; replay the letter.
     assert_eq!(messaging::dlq::replay(&w.broker.addr, &w.topic).await.unwrap(), 1);
-    assert_eq!(messaging::dlq::replay(&w.broker.addr, &w.topic).await.unwrap(), 0, "replayed once");
+    assert_eq!(
+        messaging::dlq::replay(&w.broker.addr, &w.topic).await.unwrap(),
+        0,
+        "replayed once"
+    );
     let (token, done) = spawn_consumer(&w, "fixable", Arc::default());
     w.wait_effects(1).await;
     token.cancel();
     done.await.unwrap();
-    let applied: Uuid = sqlx::query_scalar("SELECT event_id FROM effects").fetch_one(&w.pool).await.unwrap();
+    let applied: Uuid = sqlx::query_scalar("SELECT event_id FROM effects")
+        .fetch_one(&w.pool)
+        .await
+        .unwrap();
     assert_eq!(applied, event.event_id, "same identity after replay");
     w.drop().await;
 }

@@ -7,8 +7,7 @@ use e2e::broker::Broker;
 use messaging::{Envelope, Message};
 use outbox::relay::{PendingRow, PublishError, Publisher};
 use outbox::{KafkaPublisher, Relay};
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{Message as _, Offset, TopicPartitionList};
+use rdkafka::{Message as _, Offset};
 use sqlx::PgPool;
 use tokio::sync::Mutex;
 use uuid::Uuid;
@@ -31,14 +30,24 @@ impl Db {
 
     async fn enqueue(&self, topic: &str, order: Uuid, seq: i32) -> Envelope {
         let mut tx = self.pool.begin().await.unwrap();
-        let env = Envelope::new(order, &Message::ReserveStock { sku: format!("seq-{seq}"), quantity: seq + 1 }, None);
+        let env = Envelope::new(
+            order,
+            &Message::ReserveStock {
+                sku: format!("seq-{seq}"),
+                quantity: seq + 1,
+            },
+            None,
+        );
         outbox::enqueue(&mut tx, topic, &env).await.unwrap();
         tx.commit().await.unwrap();
         env
     }
 
     async fn pending(&self) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NULL").fetch_one(&self.pool).await.unwrap()
+        sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NULL")
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
     }
 
     async fn drop(self) {
@@ -52,33 +61,22 @@ fn topic() -> String {
 }
 
 /// Every message on `topic` from the beginning: (key, envelope), per partition in offset order.
-async fn read_all(brokers: &str, topic: &str, expect: usize) -> Vec<(String, Envelope)> {
-    let consumer: BaseConsumer = messaging::kafka::client_config(brokers)
-        .set("group.id", format!("reader-{}", Uuid::new_v4()))
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(10)).unwrap();
-    let mut tpl = TopicPartitionList::new();
-    for p in md.topics()[0].partitions() {
-        tpl.add_partition_offset(topic, p.id(), Offset::Beginning).unwrap();
-    }
-    consumer.assign(&tpl).unwrap();
-    let mut out = Vec::new();
-    let end = Instant::now() + Duration::from_secs(20);
-    let mut quiet_since = Instant::now();
-    while Instant::now() < end {
-        match consumer.poll(Duration::from_millis(100)) {
-            Some(Ok(m)) => {
-                let key = String::from_utf8(m.key().unwrap().to_vec()).unwrap();
-                out.push((key, Envelope::from_bytes(m.payload().unwrap()).unwrap()));
-                quiet_since = Instant::now();
-            }
-            _ if out.len() >= expect && quiet_since.elapsed() > Duration::from_millis(700) => break,
-            _ => {}
-        }
-    }
-    out
+async fn read_all(brokers: &str, topic: &str) -> Vec<(String, Envelope)> {
+    let (brokers, topic) = (brokers.to_owned(), topic.to_owned());
+    let group = format!("reader-{}", Uuid::new_v4());
+    let (messages, _) = tokio::task::spawn_blocking(move || {
+        messaging::dlq::read(&brokers, &topic, &group, Offset::Beginning, Duration::from_millis(700))
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    messages
+        .iter()
+        .map(|m| {
+            let key = String::from_utf8(m.key().unwrap().to_vec()).unwrap();
+            (key, Envelope::from_bytes(m.payload().unwrap()).unwrap())
+        })
+        .collect()
 }
 
 async fn drain<P: Publisher>(relay: &Relay<P>) {
@@ -104,27 +102,42 @@ async fn crash_between_publish_and_mark_publishes_again_with_the_same_event_id()
     for i in 0..5 {
         ids.insert(db.enqueue(&topic, Uuid::new_v4(), i).await.event_id);
     }
-    let relay = std::sync::Arc::new(Relay::new(db.pool.clone(), KafkaPublisher::new(&broker.addr).unwrap(), "test"));
+    let relay = std::sync::Arc::new(Relay::new(
+        db.pool.clone(),
+        KafkaPublisher::new(&broker.addr).unwrap(),
+        "test",
+    ));
     // A panic at the crash point drops the claiming transaction uncommitted,
     // exactly as a killed process does.
     fail::cfg("relay::after_publish_before_mark", "1*panic").unwrap();
     let r = relay.clone();
-    assert!(tokio::spawn(async move { r.run_once().await }).await.is_err(), "the crash point fired");
+    assert!(
+        tokio::spawn(async move { r.run_once().await }).await.is_err(),
+        "the crash point fired"
+    );
     fail::remove("relay::after_publish_before_mark");
     assert_eq!(db.pending().await, 5, "nothing marked published");
-    assert_eq!(read_all(&broker.addr, &topic, 5).await.len(), 5, "but the broker has them");
+    assert_eq!(read_all(&broker.addr, &topic).await.len(), 5, "but the broker has them");
 
     let round = relay.run_once().await.unwrap();
     assert_eq!((round.published, round.republished), (5, 5));
     assert_eq!(db.pending().await, 0);
-    assert_eq!(relay.run_once().await.unwrap().claimed, 0, "published exactly once more");
-    let all = read_all(&broker.addr, &topic, 10).await;
+    assert_eq!(
+        relay.run_once().await.unwrap().claimed,
+        0,
+        "published exactly once more"
+    );
+    let all = read_all(&broker.addr, &topic).await;
     assert_eq!(all.len(), 10);
     let mut per_id: BTreeMap<Uuid, usize> = BTreeMap::new();
     for (_, env) in &all {
         *per_id.entry(env.event_id).or_default() += 1;
     }
-    assert_eq!(per_id.keys().copied().collect::<BTreeSet<_>>(), ids, "same event ids, no new ones");
+    assert_eq!(
+        per_id.keys().copied().collect::<BTreeSet<_>>(),
+        ids,
+        "same event ids, no new ones"
+    );
     assert!(per_id.values().all(|n| *n == 2), "each row twice: {per_id:?}");
     db.drop().await;
 }
@@ -153,21 +166,36 @@ async fn three_relays_never_double_claim_and_keep_each_orders_order() {
         while Instant::now() < end {
             let round = r.run_once().await.unwrap();
             claimed += round.claimed;
-            if round.claimed == 0 && sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox WHERE published_at IS NULL").fetch_one(pool).await.unwrap() == 0 {
+            if round.claimed == 0
+                && sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox WHERE published_at IS NULL")
+                    .fetch_one(pool)
+                    .await
+                    .unwrap()
+                    == 0
+            {
                 break;
             }
         }
         claimed
     }))
     .await;
-    assert_eq!(rounds.iter().sum::<usize>(), 200, "every row claimed exactly once across relays: {rounds:?}");
-    assert!(rounds.iter().filter(|c| **c > 0).count() >= 2, "the relays shared the work: {rounds:?}");
-    let all = read_all(&broker.addr, &topic, 200).await;
+    assert_eq!(
+        rounds.iter().sum::<usize>(),
+        200,
+        "every row claimed exactly once across relays: {rounds:?}"
+    );
+    assert!(
+        rounds.iter().filter(|c| **c > 0).count() >= 2,
+        "the relays shared the work: {rounds:?}"
+    );
+    let all = read_all(&broker.addr, &topic).await;
     assert_eq!(all.len(), 200, "no row published twice");
     // Within one key (one partition) the broker's order is the publish order.
     let mut last: BTreeMap<String, i32> = BTreeMap::new();
     for (key, env) in &all {
-        let Message::ReserveStock { quantity, .. } = env.message().unwrap() else { panic!() };
+        let Message::ReserveStock { quantity, .. } = env.message().unwrap() else {
+            panic!()
+        };
         let prev = last.insert(key.clone(), quantity).unwrap_or(0);
         assert_eq!(quantity, prev + 1, "order {key}: event {quantity} after {prev}");
     }
@@ -185,7 +213,11 @@ async fn broker_down_keeps_rows_pending_and_nothing_is_lost_when_it_returns() {
     for i in 0..10 {
         db.enqueue(&topic, Uuid::new_v4(), i).await;
     }
-    let relay = Relay::new(db.pool.clone(), KafkaPublisher::with_timeout(&broker.addr, Duration::from_secs(2)).unwrap(), "t");
+    let relay = Relay::new(
+        db.pool.clone(),
+        KafkaPublisher::with_timeout(&broker.addr, Duration::from_secs(2)).unwrap(),
+        "t",
+    );
     let round = relay.run_once().await.unwrap();
     assert_eq!((round.claimed, round.published, round.failed), (10, 0, 10));
     assert_eq!(db.pending().await, 10, "nothing marked while the broker is down");
@@ -203,7 +235,7 @@ async fn broker_down_keeps_rows_pending_and_nothing_is_lost_when_it_returns() {
     }
     token.cancel();
     run.await.unwrap();
-    let all = read_all(&broker.addr, &topic, 10).await;
+    let all = read_all(&broker.addr, &topic).await;
     let distinct: BTreeSet<Uuid> = all.iter().map(|(_, e)| e.event_id).collect();
     assert_eq!(distinct.len(), 10, "every row reached the broker");
     db.drop().await;
@@ -218,7 +250,13 @@ async fn a_row_the_broker_rejects_for_good_is_parked_and_blocks_no_other_order()
     messaging::kafka::ensure_topics(&broker.addr, &[&topic]).await.unwrap();
     let big_order = Uuid::new_v4();
     let mut tx = db.pool.begin().await.unwrap();
-    let huge = Envelope::new(big_order, &Message::StockRejected { reason: "x".repeat(2_000_000) }, None);
+    let huge = Envelope::new(
+        big_order,
+        &Message::StockRejected {
+            reason: "x".repeat(2_000_000),
+        },
+        None,
+    );
     outbox::enqueue(&mut tx, &topic, &huge).await.unwrap();
     tx.commit().await.unwrap();
     let other = db.enqueue(&topic, Uuid::new_v4(), 0).await;
@@ -267,17 +305,34 @@ async fn retention_deletes_only_published_rows_older_than_the_window() {
         .execute(&db.pool)
         .await
         .unwrap();
-    sqlx::query("UPDATE outbox SET created_at = now() - interval '5 days'").execute(&db.pool).await.unwrap();
-    assert_eq!(relay.purge_published(Duration::from_secs(86_400), 1).await.unwrap(), 1, "batched");
-    assert_eq!(relay.purge_published(Duration::from_secs(86_400), 100).await.unwrap(), 1);
-    assert_eq!(relay.purge_published(Duration::from_secs(86_400), 100).await.unwrap(), 0);
+    sqlx::query("UPDATE outbox SET created_at = now() - interval '5 days'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        relay.purge_published(Duration::from_secs(86_400), 1).await.unwrap(),
+        1,
+        "batched"
+    );
+    assert_eq!(
+        relay.purge_published(Duration::from_secs(86_400), 100).await.unwrap(),
+        1
+    );
+    assert_eq!(
+        relay.purge_published(Duration::from_secs(86_400), 100).await.unwrap(),
+        0
+    );
     let left: (i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE published_at IS NULL), count(*) FILTER (WHERE published_at IS NOT NULL) FROM outbox",
     )
     .fetch_one(&db.pool)
     .await
     .unwrap();
-    assert_eq!(left, (2, 2), "pending rows are never deleted, recent published ones stay");
+    assert_eq!(
+        left,
+        (2, 2),
+        "pending rows are never deleted, recent published ones stay"
+    );
     db.drop().await;
 }
 
@@ -303,7 +358,10 @@ async fn notify_wakes_an_idle_relay_without_waiting_for_the_poll() {
         if done {
             break;
         }
-        assert!(start.elapsed() < Duration::from_secs(5), "not woken by NOTIFY (poll is 30 s)");
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "not woken by NOTIFY (poll is 30 s)"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     token.cancel();

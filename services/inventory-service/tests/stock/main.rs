@@ -18,12 +18,19 @@ impl Db {
         let base = std::env::var("PG_BASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
         let url = format!("{base}/eo_inv_{}", Uuid::new_v4().simple());
         let pool = inventory_service::connect(&url).await.unwrap();
-        sqlx::query("INSERT INTO stock (sku, available) VALUES ('A', $1)").bind(stock).execute(&pool).await.unwrap();
+        sqlx::query("INSERT INTO stock (sku, available) VALUES ('A', $1)")
+            .bind(stock)
+            .execute(&pool)
+            .await
+            .unwrap();
         Self { pool, url }
     }
 
     async fn available(&self) -> i32 {
-        sqlx::query_scalar("SELECT available FROM stock WHERE sku = 'A'").fetch_one(&self.pool).await.unwrap()
+        sqlx::query_scalar("SELECT available FROM stock WHERE sku = 'A'")
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
     }
 
     async fn count(&self, sql: &str) -> i64 {
@@ -37,7 +44,14 @@ impl Db {
 }
 
 fn reserve(order: Uuid, quantity: i32) -> Envelope {
-    Envelope::new(order, &Message::ReserveStock { sku: "A".into(), quantity }, None)
+    Envelope::new(
+        order,
+        &Message::ReserveStock {
+            sku: "A".into(),
+            quantity,
+        },
+        None,
+    )
 }
 
 #[tokio::test]
@@ -45,8 +59,14 @@ async fn the_same_event_twice_is_one_effect_and_two_equal_events_are_two() {
     let db = Db::new(10).await;
     // Contract, part 1: the same event (same event_id) delivered twice.
     let first = reserve(Uuid::new_v4(), 2);
-    assert_eq!(inventory_service::stock::handle(&db.pool, first.clone()).await.unwrap(), Handled::Applied);
-    assert_eq!(inventory_service::stock::handle(&db.pool, first.clone()).await.unwrap(), Handled::Duplicate);
+    assert_eq!(
+        inventory_service::stock::handle(&db.pool, first.clone()).await.unwrap(),
+        Handled::Applied
+    );
+    assert_eq!(
+        inventory_service::stock::handle(&db.pool, first.clone()).await.unwrap(),
+        Handled::Duplicate
+    );
     assert_eq!(db.available().await, 8, "reserved once");
     // Part 2: two events with equal payloads and different ids (two orders
     // for the same SKU and quantity) are two business facts.
@@ -55,7 +75,11 @@ async fn the_same_event_twice_is_one_effect_and_two_equal_events_are_two() {
     inventory_service::stock::handle(&db.pool, a).await.unwrap();
     inventory_service::stock::handle(&db.pool, b).await.unwrap();
     assert_eq!(db.available().await, 2, "both applied");
-    assert_eq!(db.count("SELECT count(*) FROM outbox").await, 3, "one reply per applied reservation");
+    assert_eq!(
+        db.count("SELECT count(*) FROM outbox").await,
+        3,
+        "one reply per applied reservation"
+    );
     db.drop().await;
 }
 
@@ -63,9 +87,16 @@ async fn the_same_event_twice_is_one_effect_and_two_equal_events_are_two() {
 async fn a_second_reserve_for_the_same_order_under_a_new_event_id_is_a_no_op() {
     let db = Db::new(10).await;
     let order = Uuid::new_v4();
-    inventory_service::stock::handle(&db.pool, reserve(order, 4)).await.unwrap();
+    inventory_service::stock::handle(&db.pool, reserve(order, 4))
+        .await
+        .unwrap();
     // A different event (new id) asking to reserve for the same order again.
-    assert_eq!(inventory_service::stock::handle(&db.pool, reserve(order, 4)).await.unwrap(), Handled::Applied);
+    assert_eq!(
+        inventory_service::stock::handle(&db.pool, reserve(order, 4))
+            .await
+            .unwrap(),
+        Handled::Applied
+    );
     assert_eq!(db.available().await, 6, "stock decremented once per order");
     assert_eq!(db.count("SELECT count(*) FROM outbox").await, 1, "no second reply");
     // Release is idempotent per order too.
@@ -85,7 +116,11 @@ async fn two_instances_handling_one_event_at_once_apply_it_once() {
         async move { inventory_service::stock::handle(&db.pool, event).await.unwrap() }
     }))
     .await;
-    assert_eq!(results.iter().filter(|h| **h == Handled::Applied).count(), 1, "{results:?}");
+    assert_eq!(
+        results.iter().filter(|h| **h == Handled::Applied).count(),
+        1,
+        "{results:?}"
+    );
     assert_eq!(db.available().await, 99);
     assert_eq!(db.count("SELECT count(*) FROM inbox").await, 1);
     Arc::into_inner(db).unwrap().drop().await;
@@ -96,13 +131,27 @@ async fn concurrent_orders_for_the_last_unit_never_drive_stock_negative() {
     let db = Arc::new(Db::new(1).await);
     futures::future::join_all((0..12).map(|_| {
         let db = db.clone();
-        async move { inventory_service::stock::handle(&db.pool, reserve(Uuid::new_v4(), 1)).await.unwrap() }
+        async move {
+            inventory_service::stock::handle(&db.pool, reserve(Uuid::new_v4(), 1))
+                .await
+                .unwrap()
+        }
     }))
     .await;
     assert_eq!(db.available().await, 0);
-    assert_eq!(db.count("SELECT count(*) FROM reservations WHERE status = 'RESERVED'").await, 1);
-    assert_eq!(db.count("SELECT count(*) FROM reservations WHERE status = 'REJECTED'").await, 11);
-    let rejected = db.count("SELECT count(*) FROM outbox WHERE envelope->>'event_type' = 'StockRejected'").await;
+    assert_eq!(
+        db.count("SELECT count(*) FROM reservations WHERE status = 'RESERVED'")
+            .await,
+        1
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM reservations WHERE status = 'REJECTED'")
+            .await,
+        11
+    );
+    let rejected = db
+        .count("SELECT count(*) FROM outbox WHERE envelope->>'event_type' = 'StockRejected'")
+        .await;
     assert_eq!(rejected, 11, "every loser is told");
     Arc::into_inner(db).unwrap().drop().await;
 }

@@ -26,7 +26,12 @@ impl Gateway {
         let base = format!("http://{}", app.local_addr());
         let token = tokio_util::sync::CancellationToken::new();
         tokio::spawn(app.run(token.clone()));
-        Self { base, http: reqwest::Client::new(), db_url, token }
+        Self {
+            base,
+            http: reqwest::Client::new(),
+            db_url,
+            token,
+        }
     }
 
     async fn post(&self, path: &str, key: &str, body: &Value) -> (u16, bool, Value) {
@@ -46,7 +51,14 @@ impl Gateway {
     }
 
     async fn ledger(&self) -> Vec<Value> {
-        self.http.get(format!("{}/v1/ledger", self.base)).send().await.unwrap().json().await.unwrap()
+        self.http
+            .get(format!("{}/v1/ledger", self.base))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
     }
 
     async fn stop(self) {
@@ -64,13 +76,19 @@ fn charge(order: Uuid, amount: i64, card: &str) -> Value {
 async fn same_key_returns_the_original_and_other_parameters_are_refused() {
     let gw = Gateway::start(Default::default()).await;
     let order = Uuid::new_v4();
-    let (s1, r1, b1) = gw.post("/v1/charges", "charge-1", &charge(order, 500, "4242424242424242")).await;
+    let (s1, r1, b1) = gw
+        .post("/v1/charges", "charge-1", &charge(order, 500, "4242424242424242"))
+        .await;
     assert_eq!((s1, r1), (201, false));
     assert_eq!(b1["status"], "captured");
-    let (s2, r2, b2) = gw.post("/v1/charges", "charge-1", &charge(order, 500, "4242424242424242")).await;
+    let (s2, r2, b2) = gw
+        .post("/v1/charges", "charge-1", &charge(order, 500, "4242424242424242"))
+        .await;
     assert_eq!((s2, r2), (201, true));
     assert_eq!(b2, b1, "the original charge, not a new one");
-    let (s3, _, b3) = gw.post("/v1/charges", "charge-1", &charge(order, 900, "4242424242424242")).await;
+    let (s3, _, b3) = gw
+        .post("/v1/charges", "charge-1", &charge(order, 900, "4242424242424242"))
+        .await;
     assert_eq!(s3, 422, "{b3}");
     assert_eq!(gw.ledger().await.len(), 1);
     gw.stop().await;
@@ -79,15 +97,28 @@ async fn same_key_returns_the_original_and_other_parameters_are_refused() {
 #[tokio::test]
 async fn declines_by_card_and_refunds_only_what_was_captured() {
     let gw = Gateway::start(Default::default()).await;
-    let (s, _, b) = gw.post("/v1/charges", "d-1", &charge(Uuid::new_v4(), 500, mock_gateway::DECLINED_CARD)).await;
+    let (s, _, b) = gw
+        .post(
+            "/v1/charges",
+            "d-1",
+            &charge(Uuid::new_v4(), 500, mock_gateway::DECLINED_CARD),
+        )
+        .await;
     assert_eq!((s, b["status"].as_str()), (402, Some("declined")));
     let order = Uuid::new_v4();
-    gw.post("/v1/charges", "c-1", &charge(order, 500, "4242424242424242")).await;
-    let (s, _, _) = gw.post("/v1/refunds", "r-1", &json!({"order_id": order, "amount_cents": 500})).await;
+    gw.post("/v1/charges", "c-1", &charge(order, 500, "4242424242424242"))
+        .await;
+    let (s, _, _) = gw
+        .post("/v1/refunds", "r-1", &json!({"order_id": order, "amount_cents": 500}))
+        .await;
     assert_eq!(s, 201);
-    let (s, _, _) = gw.post("/v1/refunds", "r-2", &json!({"order_id": order, "amount_cents": 1})).await;
+    let (s, _, _) = gw
+        .post("/v1/refunds", "r-2", &json!({"order_id": order, "amount_cents": 1}))
+        .await;
     assert_eq!(s, 422, "nothing left to refund");
-    let (s, replayed, _) = gw.post("/v1/refunds", "r-1", &json!({"order_id": order, "amount_cents": 500})).await;
+    let (s, replayed, _) = gw
+        .post("/v1/refunds", "r-1", &json!({"order_id": order, "amount_cents": 500}))
+        .await;
     assert_eq!((s, replayed), (201, true), "a retried refund is the same refund");
     assert_eq!(gw.ledger().await.len(), 3);
     gw.stop().await;
@@ -96,12 +127,20 @@ async fn declines_by_card_and_refunds_only_what_was_captured() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_requests_with_one_key_charge_once() {
     let gw = std::sync::Arc::new(
-        Gateway::start(mock_gateway::faults::Faults { latency_ms: 0, hang_ms: 30_000, ..Default::default() }).await,
+        Gateway::start(mock_gateway::faults::Faults {
+            latency_ms: 0,
+            hang_ms: 30_000,
+            ..Default::default()
+        })
+        .await,
     );
     let order = Uuid::new_v4();
     let replies = futures::future::join_all((0..10).map(|_| {
         let gw = gw.clone();
-        async move { gw.post("/v1/charges", "same", &charge(order, 100, "4242424242424242")).await }
+        async move {
+            gw.post("/v1/charges", "same", &charge(order, 100, "4242424242424242"))
+                .await
+        }
     }))
     .await;
     let fresh = replies.iter().filter(|r| r.0 == 201 && !r.1).count();
@@ -114,10 +153,16 @@ async fn concurrent_requests_with_one_key_charge_once() {
 
 #[tokio::test]
 async fn injected_faults_fail_before_commit_or_commit_then_hang() {
-    let faults = mock_gateway::faults::Faults { fail_rate: 1.0, hang_ms: 5_000, ..Default::default() };
+    let faults = mock_gateway::faults::Faults {
+        fail_rate: 1.0,
+        hang_ms: 5_000,
+        ..Default::default()
+    };
     let gw = Gateway::start(faults).await;
     let order = Uuid::new_v4();
-    let (s, _, _) = gw.post("/v1/charges", "k", &charge(order, 100, "4242424242424242")).await;
+    let (s, _, _) = gw
+        .post("/v1/charges", "k", &charge(order, 100, "4242424242424242"))
+        .await;
     assert_eq!(s, 503);
     assert!(gw.ledger().await.is_empty(), "a 503 charged nothing");
     // Commit, then hang past the client's 2 s timeout: the ambiguous case.
@@ -138,8 +183,14 @@ async fn injected_faults_fail_before_commit_or_commit_then_hang() {
         .await;
     assert!(timed_out.is_err(), "the client saw a timeout");
     assert_eq!(gw.ledger().await.len(), 1, "but the charge committed");
-    let (s, replayed, _) = gw.post("/v1/charges", "k", &charge(order, 100, "4242424242424242")).await;
-    assert_eq!((s, replayed), (201, true), "the retry gets the same charge back at once");
+    let (s, replayed, _) = gw
+        .post("/v1/charges", "k", &charge(order, 100, "4242424242424242"))
+        .await;
+    assert_eq!(
+        (s, replayed),
+        (201, true),
+        "the retry gets the same charge back at once"
+    );
     assert_eq!(gw.ledger().await.len(), 1);
     gw.stop().await;
 }

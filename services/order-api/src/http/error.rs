@@ -61,12 +61,28 @@ impl ApiError {
     pub fn problem(&self) -> Problem {
         let (status, kind, title) = match self {
             Self::BadRequest(_) => (StatusCode::BAD_REQUEST, "/problems/bad-request", "Bad request"),
-            Self::Unprocessable(_) => (StatusCode::UNPROCESSABLE_ENTITY, "/problems/invalid-order", "Invalid request"),
-            Self::KeyReused => (StatusCode::UNPROCESSABLE_ENTITY, "/problems/idempotency-key-reused", "Idempotency-Key reused"),
-            Self::KeyInFlight => (StatusCode::CONFLICT, "/problems/idempotency-key-in-flight", "Request in flight"),
+            Self::Unprocessable(_) => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "/problems/invalid-order",
+                "Invalid request",
+            ),
+            Self::KeyReused => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "/problems/idempotency-key-reused",
+                "Idempotency-Key reused",
+            ),
+            Self::KeyInFlight => (
+                StatusCode::CONFLICT,
+                "/problems/idempotency-key-in-flight",
+                "Request in flight",
+            ),
             Self::Conflict(_) => (StatusCode::CONFLICT, "/problems/conflict", "Conflict"),
             Self::NotFound => (StatusCode::NOT_FOUND, "/problems/not-found", "Not found"),
-            Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "/problems/internal", "Internal error"),
+            Self::Internal(_) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "/problems/internal",
+                "Internal error",
+            ),
         };
         Problem::new(status, kind, title, self.to_string())
     }
@@ -91,7 +107,8 @@ impl IntoResponse for ApiError {
         }
         let mut resp = self.to_stored().to_response(false);
         if matches!(self, Self::KeyInFlight) {
-            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         resp
     }

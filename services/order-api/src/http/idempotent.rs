@@ -46,7 +46,11 @@ pub async fn execute(
     let key = IdempotencyKey::from_headers(headers)?;
     let scope = client_scope(headers)?;
     let fingerprint = idempotency::fingerprint(method, path, body);
-    let request = Keyed { scope: &scope, key: &key.0, fingerprint: &fingerprint };
+    let request = Keyed {
+        scope: &scope,
+        key: &key.0,
+        fingerprint: &fingerprint,
+    };
     let outcome = idempotency::execute(&state.pool, request, state.idempotency_ttl, work, |e: &ApiError| {
         e.is_final().then(|| e.to_stored())
     })

@@ -48,7 +48,12 @@ impl CreateOrder {
         if !problems.is_empty() {
             return Err(ApiError::Unprocessable(problems.join("; ")));
         }
-        Ok(NewOrder { sku: self.sku, quantity: self.quantity, amount_cents: self.amount_cents, card: self.card })
+        Ok(NewOrder {
+            sku: self.sku,
+            quantity: self.quantity,
+            amount_cents: self.amount_cents,
+            card: self.card,
+        })
     }
 }
 
@@ -83,8 +88,13 @@ pub async fn create(State(state): State<AppState>, headers: HeaderMap, body: Byt
         Box::pin(async move {
             let new = request.validate()?;
             let order = orders::insert(conn, &client, &new).await?;
-            let first = Message::ReserveStock { sku: order.sku.clone(), quantity: order.quantity };
-            outbox::emit(conn, order.id, &first, None).await.map_err(anyhow::Error::from)?;
+            let first = Message::ReserveStock {
+                sku: order.sku.clone(),
+                quantity: order.quantity,
+            };
+            outbox::emit(conn, order.id, &first, None)
+                .await
+                .map_err(anyhow::Error::from)?;
             fail::fail_point!("order_api::before_commit", |_| std::process::abort());
             telemetry::metrics::incr("orders_created_total", &[]);
             tracing::info!(order_id = %order.id, "order placed");

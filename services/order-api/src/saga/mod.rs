@@ -26,7 +26,10 @@ pub async fn handle(pool: &PgPool, envelope: Envelope) -> Result<Handled, Handle
     else {
         return Ok(Handled::Duplicate);
     };
-    let Some(order) = orders::lock(&mut tx, envelope.order_id).await.map_err(HandleError::transient)? else {
+    let Some(order) = orders::lock(&mut tx, envelope.order_id)
+        .await
+        .map_err(HandleError::transient)?
+    else {
         // Not retriable: an order id we never created. The inbox row commits so
         // a redelivery is absorbed; the dead-letter topic gets nothing to replay.
         tracing::warn!("reply for unknown order ignored");
@@ -56,18 +59,34 @@ pub async fn apply(
                 "saga_ignored_transitions_total",
                 &[("status", order.status.as_str()), ("event_type", &event_type)],
             );
-            orders::record_history(conn, order.id, Some(order.status), order.status, &event_type, event_id, false)
-                .await
-                .map_err(HandleError::transient)?;
+            orders::record_history(
+                conn,
+                order.id,
+                Some(order.status),
+                order.status,
+                &event_type,
+                event_id,
+                false,
+            )
+            .await
+            .map_err(HandleError::transient)?;
             Ok(false)
         }
-        Decision::Apply { to, emit, cancel_reason } => {
-            orders::set_status(conn, order.id, to, cancel_reason).await.map_err(HandleError::transient)?;
+        Decision::Apply {
+            to,
+            emit,
+            cancel_reason,
+        } => {
+            orders::set_status(conn, order.id, to, cancel_reason)
+                .await
+                .map_err(HandleError::transient)?;
             orders::record_history(conn, order.id, Some(order.status), to, &event_type, event_id, true)
                 .await
                 .map_err(HandleError::transient)?;
             for next in &emit {
-                outbox::emit(conn, order.id, next, cause).await.map_err(HandleError::transient)?;
+                outbox::emit(conn, order.id, next, cause)
+                    .await
+                    .map_err(HandleError::transient)?;
             }
             telemetry::metrics::incr(
                 "saga_transitions_total",

@@ -113,12 +113,18 @@ impl Input<'_> {
 /// Decides the transition for `input` in `order`'s current state.
 pub fn decide(order: &Order, input: Input<'_>) -> Decision {
     use Status::*;
-    let apply = |to, emit, cancel_reason| Decision::Apply { to, emit, cancel_reason };
+    let apply = |to, emit, cancel_reason| Decision::Apply {
+        to,
+        emit,
+        cancel_reason,
+    };
     let message = match input {
         Input::CancelRequested if order.status == Confirmed => {
             return apply(
                 Refunding,
-                vec![Message::RefundPayment { amount_cents: order.amount_cents }],
+                vec![Message::RefundPayment {
+                    amount_cents: order.amount_cents,
+                }],
                 Some("customer_cancelled"),
             )
         }
@@ -128,7 +134,10 @@ pub fn decide(order: &Order, input: Input<'_>) -> Decision {
     match (order.status, message) {
         (Pending, Message::StockReserved) => apply(
             AwaitingPayment,
-            vec![Message::ChargePayment { amount_cents: order.amount_cents, card: order.card.clone() }],
+            vec![Message::ChargePayment {
+                amount_cents: order.amount_cents,
+                card: order.card.clone(),
+            }],
             None,
         ),
         (Pending, Message::StockRejected { .. }) => apply(Cancelled, vec![], Some("out_of_stock")),
@@ -166,21 +175,50 @@ mod tests {
     #[test]
     fn happy_path() {
         let d = decide(&order(Status::Pending), Input::Reply(&Message::StockReserved));
-        assert!(matches!(d, Decision::Apply { to: Status::AwaitingPayment, ref emit, .. }
-            if emit == &vec![Message::ChargePayment { amount_cents: 500, card: "4242424242424242".into() }]));
-        let d = decide(&order(Status::AwaitingPayment), Input::Reply(&Message::PaymentCaptured { charge_id: "x".into() }));
-        assert!(matches!(d, Decision::Apply { to: Status::Confirmed, .. }));
+        assert!(
+            matches!(d, Decision::Apply { to: Status::AwaitingPayment, ref emit, .. }
+            if emit == &vec![Message::ChargePayment { amount_cents: 500, card: "4242424242424242".into() }])
+        );
+        let d = decide(
+            &order(Status::AwaitingPayment),
+            Input::Reply(&Message::PaymentCaptured { charge_id: "x".into() }),
+        );
+        assert!(matches!(
+            d,
+            Decision::Apply {
+                to: Status::Confirmed,
+                ..
+            }
+        ));
     }
 
     #[test]
     fn replies_are_never_applied_twice_or_backwards() {
         // A second StockReserved (new event id) after the first moved the order on.
         for st in [Status::AwaitingPayment, Status::Confirmed, Status::Cancelled] {
-            assert_eq!(decide(&order(st), Input::Reply(&Message::StockReserved)), Decision::Ignore);
+            assert_eq!(
+                decide(&order(st), Input::Reply(&Message::StockReserved)),
+                Decision::Ignore
+            );
         }
-        assert_eq!(decide(&order(Status::Confirmed), Input::Reply(&Message::PaymentDeclined { reason: "x".into() })), Decision::Ignore);
-        assert_eq!(decide(&order(Status::Cancelled), Input::Reply(&Message::PaymentCaptured { charge_id: "x".into() })), Decision::Ignore);
-        assert_eq!(decide(&order(Status::Pending), Input::CancelRequested), Decision::Ignore);
+        assert_eq!(
+            decide(
+                &order(Status::Confirmed),
+                Input::Reply(&Message::PaymentDeclined { reason: "x".into() })
+            ),
+            Decision::Ignore
+        );
+        assert_eq!(
+            decide(
+                &order(Status::Cancelled),
+                Input::Reply(&Message::PaymentCaptured { charge_id: "x".into() })
+            ),
+            Decision::Ignore
+        );
+        assert_eq!(
+            decide(&order(Status::Pending), Input::CancelRequested),
+            Decision::Ignore
+        );
     }
 
     #[test]
@@ -188,9 +226,20 @@ mod tests {
         let d = decide(&order(Status::Confirmed), Input::CancelRequested);
         assert!(matches!(d, Decision::Apply { to: Status::Refunding, ref emit, .. }
             if emit == &vec![Message::RefundPayment { amount_cents: 500 }]));
-        let d = decide(&order(Status::Refunding), Input::Reply(&Message::PaymentRefunded { refund_id: "r".into() }));
-        assert!(matches!(d, Decision::Apply { to: Status::Cancelling, ref emit, .. } if emit == &vec![Message::ReleaseStock]));
+        let d = decide(
+            &order(Status::Refunding),
+            Input::Reply(&Message::PaymentRefunded { refund_id: "r".into() }),
+        );
+        assert!(
+            matches!(d, Decision::Apply { to: Status::Cancelling, ref emit, .. } if emit == &vec![Message::ReleaseStock])
+        );
         let d = decide(&order(Status::Cancelling), Input::Reply(&Message::StockReleased));
-        assert!(matches!(d, Decision::Apply { to: Status::Cancelled, .. }));
+        assert!(matches!(
+            d,
+            Decision::Apply {
+                to: Status::Cancelled,
+                ..
+            }
+        ));
     }
 }

@@ -18,8 +18,17 @@ async fn twenty_concurrent_requests_with_one_key_create_one_order() {
     let fresh: Vec<_> = replies.iter().filter(|r| r.status == 201 && !r.replayed).collect();
     let replayed: Vec<_> = replies.iter().filter(|r| r.status == 201 && r.replayed).collect();
     let in_flight: Vec<_> = replies.iter().filter(|r| r.status == 409).collect();
-    assert_eq!(fresh.len(), 1, "exactly one execution: {:?}", replies.iter().map(|r| r.status).collect::<Vec<_>>());
-    assert_eq!(fresh.len() + replayed.len() + in_flight.len(), 20, "no other status (never a 5xx)");
+    assert_eq!(
+        fresh.len(),
+        1,
+        "exactly one execution: {:?}",
+        replies.iter().map(|r| r.status).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        fresh.len() + replayed.len() + in_flight.len(),
+        20,
+        "no other status (never a 5xx)"
+    );
     for r in &replayed {
         assert_eq!(r.body, fresh[0].body, "replays are byte-identical");
     }
@@ -55,7 +64,10 @@ async fn same_key_with_a_different_request_is_422() {
     assert_eq!(reply.status, 422);
     assert_eq!(reply.json()["type"], "/problems/idempotency-key-reused");
     // The same key on another path is another request too.
-    let order_id = api.post("/orders", "k1", None, ORDER).await.json()["id"].as_str().unwrap().to_owned();
+    let order_id = api.post("/orders", "k1", None, ORDER).await.json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let reply = api.post(&format!("/orders/{order_id}/cancel"), "k1", None, "{}").await;
     assert_eq!(reply.status, 422);
     assert_eq!(api.counts().await.0, 1);
@@ -106,7 +118,10 @@ async fn validation_failures_are_stored_and_replayed() {
     assert_eq!(again.body, first.body);
     assert_eq!(api.counts().await, (0, 0, 1), "the outcome is stored, nothing else");
     // Cancelling a PENDING order is a stored 409 too.
-    let id = api.post("/orders", "k-ok", None, ORDER).await.json()["id"].as_str().unwrap().to_owned();
+    let id = api.post("/orders", "k-ok", None, ORDER).await.json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let c1 = api.post(&format!("/orders/{id}/cancel"), "c1", None, "{}").await;
     assert_eq!(c1.status, 409);
     let c2 = api.post(&format!("/orders/{id}/cancel"), "c1", None, "{}").await;

@@ -23,11 +23,19 @@ impl TestApi {
         let base = std::env::var("PG_BASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
         let db_url = format!("{base}/eo_http_{}", uuid::Uuid::new_v4().simple());
         let pool = order_api::connect(&db_url, 32).await.expect("database");
-        let state = AppState { pool: pool.clone(), idempotency_ttl: ttl };
+        let state = AppState {
+            pool: pool.clone(),
+            idempotency_ttl: ttl,
+        };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, order_api::http::router(state)).await });
-        Self { addr, pool, http: reqwest::Client::new(), db_url }
+        Self {
+            addr,
+            pool,
+            http: reqwest::Client::new(),
+            db_url,
+        }
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -50,7 +58,10 @@ impl TestApi {
             status: resp.status().as_u16(),
             replayed: resp.headers().get("idempotent-replayed").is_some(),
             retry_after: resp.headers().get("retry-after").is_some(),
-            content_type: resp.headers().get("content-type").map(|v| v.to_str().unwrap().to_owned()),
+            content_type: resp
+                .headers()
+                .get("content-type")
+                .map(|v| v.to_str().unwrap().to_owned()),
             body: resp.bytes().await.unwrap().to_vec(),
         }
     }
