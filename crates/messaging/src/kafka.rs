@@ -74,20 +74,28 @@ pub async fn ensure_topics(brokers: &str, topics: &[&str]) -> Result<()> {
 /// Kafka headers of an envelope: identity and trace context, so tools and
 /// dead-letter readers see them without parsing the body.
 pub fn headers(envelope: &Envelope) -> OwnedHeaders {
-    let event_id = envelope.event_id.to_string();
+    headers_for(
+        &envelope.event_id.to_string(),
+        &envelope.event_type,
+        envelope.traceparent.as_deref(),
+    )
+}
+
+/// The same headers from their parts (the relay reads them from its row).
+pub fn headers_for(event_id: &str, event_type: &str, traceparent: Option<&str>) -> OwnedHeaders {
     let mut h = OwnedHeaders::new()
         .insert(Header {
             key: "event_id",
-            value: Some(event_id.as_str()),
+            value: Some(event_id),
         })
         .insert(Header {
             key: "event_type",
-            value: Some(envelope.event_type.as_str()),
+            value: Some(event_type),
         });
-    if let Some(tp) = &envelope.traceparent {
+    if let Some(tp) = traceparent {
         h = h.insert(Header {
             key: "traceparent",
-            value: Some(tp.as_str()),
+            value: Some(tp),
         });
     }
     h
@@ -97,11 +105,18 @@ pub fn headers(envelope: &Envelope) -> OwnedHeaders {
 /// broker's delivery report.
 pub async fn publish(producer: &FutureProducer, topic: &str, envelope: &Envelope) -> Result<()> {
     let key = envelope.order_id.to_string();
-    let body = envelope.to_bytes();
-    let record = FutureRecord::to(topic)
-        .key(&key)
-        .payload(&body)
-        .headers(headers(envelope));
+    publish_raw(producer, topic, &key, &envelope.to_bytes(), headers(envelope)).await
+}
+
+/// Publishes an already serialised envelope and waits for the delivery report.
+pub async fn publish_raw(
+    producer: &FutureProducer,
+    topic: &str,
+    key: &str,
+    body: &[u8],
+    headers: OwnedHeaders,
+) -> Result<()> {
+    let record = FutureRecord::to(topic).key(key).payload(body).headers(headers);
     producer
         .send(record, Timeout::After(Duration::from_secs(5)))
         .await

@@ -34,7 +34,7 @@ pub struct Config {
     /// Claim loops per source database. They share the work like separate
     /// relay processes do (SKIP LOCKED, per-order head rule), so one loop's
     /// database work overlaps another's wait for the broker.
-    #[arg(long, env = "RELAY_WORKERS", default_value_t = 2)]
+    #[arg(long, env = "RELAY_WORKERS", default_value_t = 3)]
     pub workers: usize,
     /// Fallback poll interval when no notification arrives, in milliseconds.
     #[arg(long, env = "RELAY_POLL_MS", default_value_t = 500)]
