@@ -136,6 +136,10 @@ pub struct Relay<P> {
 
 impl<P: Publisher> Relay<P> {
     /// A relay for `pool` named `source` (used in metrics and logs).
+    ///
+    /// Each concurrent [`Relay::run_once`] holds two connections of `pool`
+    /// (the claiming transaction and the batch bookkeeping beside it), and
+    /// [`Relay::run`] one more for `LISTEN`: size the pool for that.
     pub fn new(pool: PgPool, publisher: P, source: impl Into<String>) -> Self {
         Self {
             pool,

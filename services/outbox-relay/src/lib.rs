@@ -64,7 +64,10 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
             .next()
             .unwrap_or(url)
             .to_owned();
-        let pool = runtime::db::connect(url, 4, vec![outbox::migrator()]).await?;
+        // Per claim loop: its claiming transaction, the batch bookkeeping
+        // beside it, and its LISTEN connection; plus one for housekeeping.
+        let connections = 3 * config.workers.max(1) as u32 + 1;
+        let pool = runtime::db::connect(url, connections, vec![outbox::migrator()]).await?;
         sources.push((name, pool));
     }
     messaging::kafka::ensure_topics(&config.kafka_brokers, &messaging::message::TOPICS).await?;
