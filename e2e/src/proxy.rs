@@ -55,11 +55,6 @@ impl FaultProxy {
     pub fn set(&self, mode: Mode) {
         self.mode.send_replace(mode);
     }
-
-    /// The current mode.
-    pub fn mode(&self) -> Mode {
-        *self.mode.borrow()
-    }
 }
 
 impl Drop for FaultProxy {

@@ -4,7 +4,7 @@
 //! crashes, SIGTERM for a clean stop — and databases are dropped at the end.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -429,11 +429,6 @@ impl Stack {
         self.opts.run_dir.join("logs").join(format!("{}.log", s.name()))
     }
 
-    /// The pid of a running process.
-    pub fn pid(&self, s: Service) -> Option<u32> {
-        self.procs.get(&s).and_then(Child::id)
-    }
-
     /// SIGKILLs a process (a crash: no shutdown hooks run) and reaps it.
     pub async fn kill(&mut self, s: Service) -> anyhow::Result<()> {
         if let Some(mut child) = self.procs.remove(&s) {
@@ -528,11 +523,4 @@ async fn tee(stream: impl tokio::io::AsyncRead + Unpin, path: PathBuf, name: &'s
 
 fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-/// Reads the last `n` lines of a file (for failure messages).
-pub fn tail(path: &Path, n: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
 }

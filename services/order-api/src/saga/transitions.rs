@@ -57,11 +57,6 @@ impl Status {
             Status::Cancelled => "CANCELLED",
         }
     }
-
-    /// Whether the saga has nothing left to do.
-    pub fn is_terminal(self) -> bool {
-        matches!(self, Status::Confirmed | Status::Cancelled)
-    }
 }
 
 impl TryFrom<String> for Status {
