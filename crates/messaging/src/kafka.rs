@@ -44,7 +44,9 @@ pub fn producer_with_timeout(brokers: &str, timeout: Duration) -> Result<FutureP
     Ok(client_config(brokers)
         .set("enable.idempotence", "true")
         .set("acks", "all")
-        .set("linger.ms", "2")
+        // No lingering: a lone outbox row goes out at once (idle-to-published
+        // p50 ~4.5 ms instead of ~9 ms); batches still form while requests are in flight.
+        .set("linger.ms", "0")
         .set("message.timeout.ms", timeout.as_millis().to_string())
         .create()?)
 }
