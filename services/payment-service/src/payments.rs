@@ -78,11 +78,7 @@ pub async fn handle(deps: &Deps, envelope: Envelope) -> Result<Handled, HandleEr
     }
 
     // Step 2: the external effect, made safe to repeat by the key.
-    let reply = match &message {
-        Message::ChargePayment { card, .. } => deps.gateway.charge(&key, order_id, amount_cents, card).await,
-        _ => deps.gateway.refund(&key, order_id, amount_cents).await,
-    };
-    let reply = match reply {
+    let reply = match call_gateway(deps, &message, &key, order_id, amount_cents).await {
         Ok(r) => r,
         Err(CallError::Retry(e)) => return Err(HandleError::Transient(e)),
         Err(CallError::Refused(e)) => return Err(HandleError::Permanent(e)),
@@ -90,17 +86,7 @@ pub async fn handle(deps: &Deps, envelope: Envelope) -> Result<Handled, HandleEr
     fail::fail_point!("payment::after_gateway_before_record", |_| std::process::abort());
 
     // Step 3: record the result and reply, atomically with the inbox row.
-    let (new_status, reply_message) = match (kind, reply) {
-        ("charge", Reply::Done(id)) => ("CAPTURED", Message::PaymentCaptured { charge_id: id }),
-        ("charge", Reply::Declined(_)) => (
-            "DECLINED",
-            Message::PaymentDeclined {
-                reason: "card_declined".into(),
-            },
-        ),
-        (_, Reply::Done(id)) => ("REFUNDED", Message::PaymentRefunded { refund_id: id }),
-        (_, Reply::Declined(id)) => return Err(HandleError::Permanent(format!("refund {id} declined"))),
-    };
+    let (new_status, reply_message) = outcome(kind, reply)?;
     settle(deps, &envelope, kind, Some((new_status, reply_message))).await
 }
 
@@ -161,23 +147,43 @@ async fn handle_without_dedup(
     amount_cents: i64,
 ) -> Result<Handled, HandleError> {
     let key = format!("{kind}-{}-{}", envelope.order_id, uuid::Uuid::new_v4());
-    let reply = match message {
-        Message::ChargePayment { card, .. } => deps.gateway.charge(&key, envelope.order_id, amount_cents, card).await,
-        _ => deps.gateway.refund(&key, envelope.order_id, amount_cents).await,
-    }
-    .map_err(HandleError::transient)?;
-    let reply = match (kind, reply) {
-        ("charge", Reply::Done(id)) => Message::PaymentCaptured { charge_id: id },
-        ("charge", Reply::Declined(_)) => Message::PaymentDeclined {
-            reason: "card_declined".into(),
-        },
-        (_, Reply::Done(id)) => Message::PaymentRefunded { refund_id: id },
-        (_, Reply::Declined(id)) => return Err(HandleError::Permanent(format!("refund {id} declined"))),
-    };
+    let reply = call_gateway(deps, message, &key, envelope.order_id, amount_cents)
+        .await
+        .map_err(HandleError::transient)?;
+    let (_, reply) = outcome(kind, reply)?;
     let mut tx = deps.pool.begin().await.map_err(HandleError::transient)?;
     outbox::emit(&mut tx, envelope.order_id, &reply, Some(envelope))
         .await
         .map_err(HandleError::transient)?;
     tx.commit().await.map_err(HandleError::transient)?;
     Ok(Handled::Applied)
+}
+
+/// Charges or refunds through the gateway, as `message` asks, under `key`.
+async fn call_gateway(
+    deps: &Deps,
+    message: &Message,
+    key: &str,
+    order_id: uuid::Uuid,
+    amount_cents: i64,
+) -> Result<Reply, CallError> {
+    match message {
+        Message::ChargePayment { card, .. } => deps.gateway.charge(key, order_id, amount_cents, card).await,
+        _ => deps.gateway.refund(key, order_id, amount_cents).await,
+    }
+}
+
+/// The payment's new status and the reply to send for the gateway's answer.
+fn outcome(kind: &str, reply: Reply) -> Result<(&'static str, Message), HandleError> {
+    Ok(match (kind, reply) {
+        ("charge", Reply::Done(id)) => ("CAPTURED", Message::PaymentCaptured { charge_id: id }),
+        ("charge", Reply::Declined(_)) => (
+            "DECLINED",
+            Message::PaymentDeclined {
+                reason: "card_declined".into(),
+            },
+        ),
+        (_, Reply::Done(id)) => ("REFUNDED", Message::PaymentRefunded { refund_id: id }),
+        (_, Reply::Declined(id)) => return Err(HandleError::Permanent(format!("refund {id} declined"))),
+    })
 }
