@@ -797,7 +797,7 @@ async fn inject_duplicates(stack: &Stack, rng: &mut StdRng, duplicates: &mut Dup
         let (messages, _) = {
             let (b, t) = (brokers.clone(), topic.to_owned());
             tokio::task::spawn_blocking(move || {
-                messaging::dlq::read_at_most(
+                messaging::kafka::read_topic_at_most(
                     &b,
                     &t,
                     &group,
@@ -864,7 +864,7 @@ async fn count_duplicates(stack: &Stack, d: &mut Duplicates) -> anyhow::Result<(
         let (b, t) = (brokers.clone(), topic.to_owned());
         let group = format!("chaos-audit-{}", Uuid::new_v4());
         let (messages, _) = tokio::task::spawn_blocking(move || {
-            messaging::dlq::read(&b, &t, &group, rdkafka::Offset::Beginning, Duration::from_secs(2))
+            messaging::kafka::read_topic(&b, &t, &group, rdkafka::Offset::Beginning, Duration::from_secs(2))
         })
         .await??;
         let mut seen: BTreeMap<Uuid, usize> = BTreeMap::new();

@@ -99,7 +99,7 @@ impl StackOptions {
         Ok(Self {
             run_dir,
             db_prefix: format!("eo_{label}_{short}"),
-            pg_base: pg_base(),
+            pg_base: runtime::db::server_url(),
             bin_dir: default_bin_dir()?,
             fixed_ports: false,
             echo: false,
@@ -107,11 +107,6 @@ impl StackOptions {
             gateway_proxy: false,
         })
     }
-}
-
-/// The PostgreSQL server: `$PG_BASE_URL`, default `postgres://postgres@127.0.0.1:5432`.
-pub fn pg_base() -> String {
-    std::env::var("PG_BASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
 }
 
 /// The directory of the workspace's binaries: `$EO_BIN_DIR`, else the
@@ -303,6 +298,14 @@ impl Stack {
     }
 
     fn spawn(&mut self, s: Service) -> anyhow::Result<()> {
+        let child = self.launch(s, self.env(s), s.name())?;
+        self.procs.insert(s, child);
+        Ok(())
+    }
+
+    /// Starts a process of `s` with `env`, logging to `logs/<log_name>.log`
+    /// (and the console when echoing).
+    fn launch(&self, s: Service, env: Vec<(String, String)>, log_name: &str) -> anyhow::Result<Child> {
         let mut cmd = match s {
             Service::Broker => crate::broker::command(
                 &crate::broker::ensure()?,
@@ -322,9 +325,9 @@ impl Stack {
         if s != Service::Broker && std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "info");
         }
-        cmd.envs(self.env(s)).stdin(Stdio::null()).kill_on_drop(true);
-        let log_path = self.opts.run_dir.join("logs").join(format!("{}.log", s.name()));
-        let child = if self.opts.echo {
+        cmd.envs(env).stdin(Stdio::null()).kill_on_drop(true);
+        let log_path = self.opts.run_dir.join("logs").join(format!("{log_name}.log"));
+        Ok(if self.opts.echo {
             let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
             let out = child.stdout.take().expect("piped");
             let err = child.stderr.take().expect("piped");
@@ -334,9 +337,7 @@ impl Stack {
         } else {
             let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path)?;
             cmd.stdout(log.try_clone()?).stderr(log).spawn()?
-        };
-        self.procs.insert(s, child);
-        Ok(())
+        })
     }
 
     async fn wait_ready(&mut self, s: Service, timeout: Duration) -> anyhow::Result<()> {
@@ -381,20 +382,10 @@ impl Stack {
     /// database and consumer group) next to the first; returns its pid.
     pub async fn start_extra(&mut self, s: Service) -> anyhow::Result<u32> {
         anyhow::ensure!(s != Service::Broker, "one broker only");
-        let bin = self.opts.bin_dir.join(s.name());
         let mut env = self.env(s);
         env.retain(|(k, _)| k != "HTTP_ADDR" && k != "FAILPOINTS");
         env.push(("HTTP_ADDR".into(), format!("127.0.0.1:{}", free_port()?)));
-        let log_path = self.opts.run_dir.join("logs").join(format!("{}-extra.log", s.name()));
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path)?;
-        let child = Command::new(bin)
-            .envs(env)
-            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()?;
+        let child = self.launch(s, env, &format!("{}-extra", s.name()))?;
         let pid = child.id().unwrap_or_default();
         self.extras.push((s, child));
         Ok(pid)

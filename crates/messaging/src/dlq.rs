@@ -3,9 +3,9 @@
 //! headers, so the consumer's inbox still recognises an event it already
 //! applied.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::message::{Header, Headers, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::FutureRecord;
 use rdkafka::util::Timeout;
@@ -64,87 +64,11 @@ impl DeadLetter {
     }
 }
 
-/// Reads `topic` from `start` (per partition) with `group` up to the end of
-/// the log as it was when reading began (the partitions' high watermarks),
-/// or until no message arrived for `idle` after the first one.
-/// Returns the messages and the consumer (to commit).
-pub fn read(
-    brokers: &str,
-    topic: &str,
-    group: &str,
-    start: Offset,
-    idle: Duration,
-) -> Result<(Vec<OwnedMessage>, BaseConsumer)> {
-    read_at_most(brokers, topic, group, start, idle, usize::MAX)
-}
-
-/// Like [`read`], stopping after `max` messages.
-pub fn read_at_most(
-    brokers: &str,
-    topic: &str,
-    group: &str,
-    start: Offset,
-    idle: Duration,
-    max: usize,
-) -> Result<(Vec<OwnedMessage>, BaseConsumer)> {
-    let consumer: BaseConsumer = kafka::client_config(brokers)
-        .set("group.id", group)
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("auto.offset.reset", "earliest")
-        .create()?;
-    // A broker busy with a long log answers slowly: generous timeouts.
-    let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(30))?;
-    let mut tpl = TopicPartitionList::new();
-    // Partition → offset of its last message when reading began.
-    let mut remaining: std::collections::BTreeMap<i32, i64> = std::collections::BTreeMap::new();
-    for t in md.topics() {
-        for p in t.partitions() {
-            tpl.add_partition_offset(topic, p.id(), start)?;
-            let (low, high) = consumer.fetch_watermarks(topic, p.id(), Duration::from_secs(30))?;
-            if high > low {
-                remaining.insert(p.id(), high - 1);
-            }
-        }
-    }
-    if start == Offset::Stored {
-        // Partitions whose committed offset is already at the end have nothing to read.
-        let committed = consumer.committed_offsets(tpl.clone(), Duration::from_secs(30))?;
-        for e in committed.elements() {
-            if let Offset::Offset(next) = e.offset() {
-                if remaining.get(&e.partition()).is_some_and(|end| next > *end) {
-                    remaining.remove(&e.partition());
-                }
-            }
-        }
-    }
-    consumer.assign(&tpl)?;
-    let mut out = Vec::new();
-    let mut last = Instant::now();
-    // The first fetch of a long log can take a while: the idle clock starts
-    // with the first message (or gives up after a generous wait for it).
-    let first_wait = idle.max(Duration::from_secs(20));
-    while !remaining.is_empty() && out.len() < max {
-        let limit = if out.is_empty() { first_wait } else { idle };
-        if last.elapsed() > limit {
-            break;
-        }
-        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
-            if remaining.get(&m.partition()).is_some_and(|end| m.offset() >= *end) {
-                remaining.remove(&m.partition());
-            }
-            out.push(m.detach());
-            last = Instant::now();
-        }
-    }
-    Ok((out, consumer))
-}
-
 /// Every dead letter of `topic` (i.e. on `<topic>.dlq`).
 pub fn list(brokers: &str, topic: &str) -> Result<Vec<DeadLetter>> {
     let dlq = crate::message::dead_letter_topic(topic);
     let group = format!("dlq-list-{}", uuid::Uuid::new_v4());
-    let (messages, _) = read(brokers, &dlq, &group, Offset::Beginning, Duration::from_secs(2))?;
+    let (messages, _) = kafka::read_topic(brokers, &dlq, &group, Offset::Beginning, Duration::from_secs(2))?;
     Ok(messages.iter().map(DeadLetter::from_message).collect())
 }
 
@@ -153,7 +77,7 @@ pub fn list(brokers: &str, topic: &str) -> Result<Vec<DeadLetter>> {
 /// offsets of the group `dlq-replay.<topic>`, so each letter is replayed once.
 pub async fn replay(brokers: &str, topic: &str) -> Result<usize> {
     let dlq = crate::message::dead_letter_topic(topic);
-    let (messages, consumer) = read(
+    let (messages, consumer) = kafka::read_topic(
         brokers,
         &dlq,
         &format!("dlq-replay.{topic}"),

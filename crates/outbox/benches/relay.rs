@@ -40,7 +40,7 @@ fn envelope(i: usize) -> Envelope {
 }
 
 async fn fresh_db(tag: &str) -> (PgPool, String) {
-    let base = std::env::var("PG_BASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
+    let base = runtime::db::server_url();
     let url = format!("{base}/eo_bench_{tag}_{}", Uuid::new_v4().simple());
     (
         runtime::db::connect(&url, 8, vec![outbox::migrator()]).await.unwrap(),

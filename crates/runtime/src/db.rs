@@ -10,6 +10,13 @@ use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
 
 use crate::{Error, Result};
 
+/// The PostgreSQL server (no database) that tests, benches and the e2e
+/// harness create their databases on: `$PG_BASE_URL`, default
+/// `postgres://postgres@127.0.0.1:5432`.
+pub fn server_url() -> String {
+    std::env::var("PG_BASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
+}
+
 /// Creates the database named in `url` if it does not exist yet.
 ///
 /// Connects to the server's `postgres` database to do so; a concurrent

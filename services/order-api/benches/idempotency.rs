@@ -109,7 +109,7 @@ async fn measure(http: &reqwest::Client, base: &str, mode: Mode) -> Figures {
 
 #[tokio::main]
 async fn main() {
-    let base_url = std::env::var("PG_BASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
+    let base_url = runtime::db::server_url();
     let db_url = format!("{base_url}/eo_bench_idem_{}", uuid::Uuid::new_v4().simple());
     let pool = order_api::connect(&db_url, 16).await.expect("database");
     let state = AppState {

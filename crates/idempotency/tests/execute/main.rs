@@ -9,7 +9,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 async fn db() -> (PgPool, String) {
-    let base = std::env::var("PG_BASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
+    let base = runtime::db::server_url();
     let url = format!("{base}/eo_idem_{}", Uuid::new_v4().simple());
     let pool = runtime::db::connect(&url, 4, vec![idempotency::migrator()])
         .await

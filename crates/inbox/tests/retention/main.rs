@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 #[tokio::test]
 async fn inbox_retention_keeps_rows_inside_the_window() {
-    let base = std::env::var("PG_BASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
+    let base = runtime::db::server_url();
     let url = format!("{base}/eo_inbox_{}", Uuid::new_v4().simple());
     let pool = runtime::db::connect(&url, 2, vec![inbox::migrator()]).await.unwrap();
     let mut conn = pool.acquire().await.unwrap();

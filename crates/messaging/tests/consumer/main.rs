@@ -25,7 +25,7 @@ struct World {
 impl World {
     async fn new() -> Self {
         let broker = Broker::start().await.unwrap();
-        let base = std::env::var("PG_BASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
+        let base = runtime::db::server_url();
         let url = format!("{base}/eo_consumer_{}", Uuid::new_v4().simple());
         let pool = runtime::db::connect(&url, 4, vec![inbox::migrator()]).await.unwrap();
         sqlx::query("CREATE TABLE effects (event_id uuid NOT NULL, order_id uuid NOT NULL, applied_at timestamptz DEFAULT clock_timestamp())")

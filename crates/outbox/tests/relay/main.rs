@@ -22,7 +22,7 @@ struct Db {
 
 impl Db {
     async fn new() -> Self {
-        let base = std::env::var("PG_BASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
+        let base = runtime::db::server_url();
         let url = format!("{base}/eo_outbox_{}", Uuid::new_v4().simple());
         let pool = runtime::db::connect(&url, 8, vec![outbox::migrator()]).await.unwrap();
         Self { pool, url }
@@ -65,7 +65,7 @@ async fn read_all(brokers: &str, topic: &str) -> Vec<(String, Envelope)> {
     let (brokers, topic) = (brokers.to_owned(), topic.to_owned());
     let group = format!("reader-{}", Uuid::new_v4());
     let (messages, _) = tokio::task::spawn_blocking(move || {
-        messaging::dlq::read(&brokers, &topic, &group, Offset::Beginning, Duration::from_millis(700))
+        messaging::kafka::read_topic(&brokers, &topic, &group, Offset::Beginning, Duration::from_millis(700))
     })
     .await
     .unwrap()

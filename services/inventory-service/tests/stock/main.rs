@@ -15,7 +15,7 @@ struct Db {
 
 impl Db {
     async fn new(stock: i32) -> Self {
-        let base = std::env::var("PG_BASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
+        let base = runtime::db::server_url();
         let url = format!("{base}/eo_inv_{}", Uuid::new_v4().simple());
         let pool = inventory_service::connect(&url).await.unwrap();
         sqlx::query("INSERT INTO stock (sku, available) VALUES ('A', $1)")

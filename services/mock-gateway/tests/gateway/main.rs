@@ -14,7 +14,7 @@ struct Gateway {
 
 impl Gateway {
     async fn start(faults: mock_gateway::faults::Faults) -> Self {
-        let base = std::env::var("PG_BASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
+        let base = runtime::db::server_url();
         let db_url = format!("{base}/eo_gw_{}", Uuid::new_v4().simple());
         let config = mock_gateway::Config {
             database_url: db_url.clone(),

@@ -20,7 +20,7 @@ pub struct TestApi {
 
 impl TestApi {
     pub async fn start(ttl: Duration) -> Self {
-        let base = std::env::var("PG_BASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
+        let base = runtime::db::server_url();
         let db_url = format!("{base}/eo_http_{}", uuid::Uuid::new_v4().simple());
         let pool = order_api::connect(&db_url, 32).await.expect("database");
         let state = AppState {
