@@ -339,7 +339,7 @@ async fn drive(stack: &mut Stack, cfg: &ChaosConfig) -> anyhow::Result<Report> {
     // Progress samples.
     let orders_url = stack.db_url("orders");
     let sampler_acked = acked.clone();
-    let sampler_stop = stop_flag();
+    let sampler_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sampler = {
         let stop = sampler_stop.clone();
         let progress = cfg.progress;
@@ -388,7 +388,7 @@ async fn drive(stack: &mut Stack, cfg: &ChaosConfig) -> anyhow::Result<Report> {
         }
         let jitter = rng.gen_range(0..=cfg.fault_interval.as_millis() as u64 / 2);
         tokio::time::sleep(cfg.fault_interval + Duration::from_millis(jitter)).await;
-        end_windows(stack, &client).await?;
+        end_windows(stack, &client).await;
         if round.is_empty() {
             round = Fault::FIRST_ROUND.to_vec();
             round.shuffle(&mut rng);
@@ -417,7 +417,7 @@ async fn drive(stack: &mut Stack, cfg: &ChaosConfig) -> anyhow::Result<Report> {
     let load_ms = started.elapsed().as_millis() as u64;
 
     // Faults stop; everything runs again; wait for the system to drain.
-    end_windows(stack, &client).await?;
+    end_windows(stack, &client).await;
     for s in Service::ALL {
         stack.set_env(s, "FAILPOINTS", "");
         if !stack.is_running(s) {
@@ -501,10 +501,6 @@ async fn drive(stack: &mut Stack, cfg: &ChaosConfig) -> anyhow::Result<Report> {
         audit,
         problems,
     })
-}
-
-fn stop_flag() -> Arc<std::sync::atomic::AtomicBool> {
-    Arc::new(std::sync::atomic::AtomicBool::new(false))
 }
 
 fn plan(rng: &mut StdRng, n: usize) -> Vec<Planned> {
@@ -655,7 +651,7 @@ async fn cancel_when_confirmed(client: &Client, id: Uuid, stats: &Mutex<ClientSt
 }
 
 /// Ends the windowed faults (gateway faults, network mode, extra instances).
-async fn end_windows(stack: &mut Stack, client: &Client) -> anyhow::Result<()> {
+async fn end_windows(stack: &mut Stack, client: &Client) {
     if let Some(p) = stack.gateway_proxy() {
         p.set(Mode::Pass);
     }
@@ -663,7 +659,6 @@ async fn end_windows(stack: &mut Stack, client: &Client) -> anyhow::Result<()> {
     if stack.is_running(Service::Gateway) {
         client.set_gateway_faults(serde_json::json!({})).await.ok();
     }
-    Ok(())
 }
 
 async fn inject(
