@@ -2,8 +2,8 @@
 //!
 //! `cargo bench -p outbox --bench relay`
 //!
-//! 1. raw: rdkafka's idempotent producer sending N envelopes straight to the broker;
-//! 2. relay: the same N envelopes as outbox rows, claimed, published and marked;
+//! 1. raw: rdkafka's idempotent producer sending n envelopes straight to the broker;
+//! 2. relay: the same n envelopes as outbox rows, claimed, published and marked;
 //! 3. relay, database side only: the publisher accepts instantly (no broker);
 //! 4. idle-to-published latency of single rows with the relay idle on LISTEN.
 
@@ -16,9 +16,12 @@ use outbox::{KafkaPublisher, Relay};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-const N: usize = 10_000;
-const BATCH: i64 = 1_000;
-const WORKERS: usize = 3;
+/// Rows per round, rounds, and the relay's batch size and batches in flight
+/// (outbox-relay's defaults, `RELAY_BATCH` and `RELAY_IN_FLIGHT`); override
+/// with `BENCH_ROWS`, `BENCH_ROUNDS`, `BENCH_BATCH`, `BENCH_IN_FLIGHT`.
+fn knob(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
 
 struct NullPublisher;
 
@@ -58,49 +61,110 @@ async fn fill(pool: &PgPool, topic: &str, n: usize) {
     }
 }
 
-async fn drain<P: Publisher>(relay: &Relay<P>) -> usize {
-    let mut total = 0;
-    let mut idle_rounds = 0;
-    loop {
-        let r = relay.run_once().await.unwrap();
-        assert_eq!(r.failed + r.parked, 0);
-        total += r.published;
-        // Another loop may hold the last rows: stop after a few empty rounds.
-        idle_rounds = if r.claimed == 0 { idle_rounds + 1 } else { 0 };
-        if idle_rounds == 3 {
-            return total;
+/// Runs `relay` (the production pipeline) until it has published `n` rows; the rate.
+async fn relay_rate<P: Publisher>(relay: Relay<P>, source: &str, n: usize) -> f64 {
+    let token = tokio_util::sync::CancellationToken::new();
+    let labels = [("source", source)];
+    let start = Instant::now();
+    let watch = async {
+        while (telemetry::metrics::get("relay_published_total", &labels) as usize) < n {
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
+        let elapsed = start.elapsed();
+        token.cancel();
+        elapsed
+    };
+    let ((), elapsed) = tokio::join!(relay.run(token.clone()), watch);
+    assert_eq!(telemetry::metrics::get("relay_publish_errors_total", &labels), 0);
+    n as f64 / elapsed.as_secs_f64()
+}
+
+/// CPU seconds used so far by this process, the broker and PostgreSQL (all
+/// its processes), from /proc: where a phase's CPU went on a shared machine.
+fn cpu() -> [f64; 3] {
+    let mut out = [0.0; 3];
+    let me = std::process::id().to_string();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for entry in procs.flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid ... utime stime: fields 14 and 15.
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let slot = match &stat[open + 1..close] {
+            _ if entry.file_name().to_str() == Some(me.as_str()) => 0,
+            "tansu" => 1,
+            "postgres" => 2,
+            _ => continue,
+        };
+        let fields: Vec<&str> = stat[close + 2..].split(' ').collect();
+        let ticks: f64 = fields[11].parse::<f64>().unwrap_or(0.0) + fields[12].parse::<f64>().unwrap_or(0.0);
+        out[slot] += ticks / 100.0;
     }
+    out
+}
+
+/// CPU milliseconds per 1,000 messages of a phase, per party.
+fn cpu_per_1k(before: [f64; 3], after: [f64; 3], n: usize) -> [f64; 3] {
+    std::array::from_fn(|i| (after[i] - before[i]) * 1e6 / n as f64)
 }
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 #[tokio::main]
 async fn main() {
+    let (n, batch, in_flight, rounds) = (
+        knob("BENCH_ROWS", 20_000),
+        knob("BENCH_BATCH", 1024) as i64,
+        knob("BENCH_IN_FLIGHT", 2),
+        knob("BENCH_ROUNDS", 5),
+    );
     let broker = Broker::start().await.unwrap();
 
-    // 1 and 2, alternating three times on fresh topics and databases (the
-    //    broker's speed drifts as its log grows): the raw producer with the
-    //    relay's concurrency (WORKERS streams of BATCH-sized windows, each
-    //    awaiting its acks), then the relay with WORKERS claim loops sharing
-    //    one producer, as outbox-relay runs them.
+    // 1 and 2, alternating `rounds` times on fresh topics and databases (the
+    //    broker's speed drifts as its log grows). The relay runs as
+    //    outbox-relay runs it: `in_flight` batches of `batch` rows awaiting the
+    //    broker. The raw producer it is held against sends the same messages
+    //    with the same number in flight (`in_flight` streams, each sending a
+    //    window of `batch` and awaiting its acks). For context, the ceiling:
+    //    the raw producer handing all n messages to rdkafka at once.
     let producer = messaging::kafka::producer(&broker.addr).unwrap();
     let publisher = KafkaPublisher::new(&broker.addr).unwrap();
-    let (mut raws, mut relays_rate) = (Vec::new(), Vec::new());
+    let (mut ceilings, mut raws, mut relays) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut raw_cpu, mut relay_cpu) = (Vec::new(), Vec::new());
     let mut keep = Vec::new();
-    for round in 0..3 {
+    for round in 0..rounds {
         let topic = format!("bench.relay.{round}");
         messaging::kafka::ensure_topics(&broker.addr, &[topic.as_str()])
             .await
             .unwrap();
-        let envelopes: Vec<Envelope> = (0..N).map(envelope).collect();
+        let envelopes: Vec<Envelope> = (0..n).map(envelope).collect();
         let start = Instant::now();
-        let streams = envelopes.chunks(N.div_ceil(WORKERS)).map(|stream| {
+        let sends = envelopes
+            .iter()
+            .map(|e| messaging::kafka::publish(&producer, &topic, e));
+        for r in futures::future::join_all(sends).await {
+            r.unwrap();
+        }
+        ceilings.push(n as f64 / start.elapsed().as_secs_f64());
+
+        let (before, start) = (cpu(), Instant::now());
+        let streams = envelopes.chunks(n.div_ceil(in_flight)).map(|stream| {
             let (producer, topic) = (&producer, topic.as_str());
             async move {
-                for window in stream.chunks(BATCH as usize) {
+                for window in stream.chunks(batch as usize) {
                     let sends = window.iter().map(|e| messaging::kafka::publish(producer, topic, e));
                     for r in futures::future::join_all(sends).await {
                         r.unwrap();
@@ -109,43 +173,55 @@ async fn main() {
             }
         });
         futures::future::join_all(streams).await;
-        raws.push(N as f64 / start.elapsed().as_secs_f64());
+        raws.push(n as f64 / start.elapsed().as_secs_f64());
+        raw_cpu.push(cpu_per_1k(before, cpu(), n));
 
         let (pool, url) = fresh_db("relay").await;
-        fill(&pool, &topic, N).await;
-        let relays: Vec<_> = (0..WORKERS)
-            .map(|_| Relay::new(pool.clone(), publisher.clone(), "bench").batch(BATCH))
-            .collect();
-        let start = Instant::now();
-        let published: usize = futures::future::join_all(relays.iter().map(drain))
-            .await
-            .into_iter()
-            .sum();
-        assert_eq!(published, N);
-        relays_rate.push(N as f64 / start.elapsed().as_secs_f64());
+        fill(&pool, &topic, n).await;
+        let source = format!("bench-{round}");
+        let relay = Relay::new(pool.clone(), publisher.clone(), &source)
+            .batch(batch)
+            .in_flight(in_flight);
+        let before = cpu();
+        relays.push(relay_rate(relay, &source, n).await);
+        relay_cpu.push(cpu_per_1k(before, cpu(), n));
         println!(
-            "round {round}: raw {:>7.0} msg/s, relay {:>7.0} rows/s",
-            raws[round], relays_rate[round]
+            "round {round}: ceiling {:>6.0} msg/s, raw {:>6.0} msg/s, relay {:>6.0} rows/s ({:.0} % of raw, {:.0} % of ceiling)",
+            ceilings[round],
+            raws[round],
+            relays[round],
+            relays[round] / raws[round] * 100.0,
+            relays[round] / ceilings[round] * 100.0
         );
         keep.push((pool, url));
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let (raw, relayed) = (median(&mut raws), median(&mut relays_rate));
-    println!("raw producer            {raw:>9.0} msg/s  (median of 3; {N} messages, {WORKERS} streams of windows of {BATCH})");
-    println!("relay → broker          {relayed:>9.0} rows/s (median of 3; {:.0} % of raw; goal ≥ 80 %; {WORKERS} claim loops)", relayed / raw * 100.0);
+    let (ceiling, raw, relayed) = (median(&ceilings), median(&raws), median(&relays));
+    let cpu_median =
+        |v: &[[f64; 3]]| -> [f64; 3] { std::array::from_fn(|i| median(&v.iter().map(|c| c[i]).collect::<Vec<_>>())) };
+    let (raw_cpu, relay_cpu) = (cpu_median(&raw_cpu), cpu_median(&relay_cpu));
+    println!("raw producer, ceiling   {ceiling:>9.0} msg/s  (median of {rounds}; {n} messages, all in flight)");
+    println!(
+        "raw producer            {raw:>9.0} msg/s  (median of {rounds}; {in_flight} streams of windows of {batch})"
+    );
+    println!(
+        "relay → broker          {relayed:>9.0} rows/s (median of {rounds}; {:.0} % of raw, goal ≥ 80 %; {:.0} % of the ceiling; batches of {batch}, {in_flight} in flight)",
+        relayed / raw * 100.0,
+        relayed / ceiling * 100.0
+    );
+    println!(
+        "CPU ms per 1,000 msgs   raw: client {:.0}, broker {:.0} (total {:.0}); relay: client {:.0}, broker {:.0}, PostgreSQL {:.0} (total {:.0})",
+        raw_cpu[0], raw_cpu[1], raw_cpu[0] + raw_cpu[1], relay_cpu[0], relay_cpu[1], relay_cpu[2], relay_cpu.iter().sum::<f64>()
+    );
     let (pool, url) = keep.pop().unwrap();
     let topic = "bench.relay.0";
 
-    // 3. Database side only.
+    // 3. Database side only: the same pipeline, the publisher acks at once.
     let (pool2, url2) = fresh_db("relaydb").await;
-    fill(&pool2, topic, N).await;
-    let relay_db = Relay::new(pool2.clone(), NullPublisher, "bench").batch(BATCH);
-    let start = Instant::now();
-    assert_eq!(drain(&relay_db).await, N); // one loop: the database side alone
-    let db_side = N as f64 / start.elapsed().as_secs_f64();
+    fill(&pool2, topic, n).await;
+    let relay_db = Relay::new(pool2.clone(), NullPublisher, "bench-db")
+        .batch(batch)
+        .in_flight(in_flight);
+    let db_side = relay_rate(relay_db, "bench-db", n).await;
     println!("relay, database side    {db_side:>9.0} rows/s (claim + mark; goal ≥ 20,000)");
 
     // 4. Idle-to-published latency with the real broker.
@@ -186,7 +262,11 @@ async fn main() {
     println!("idle → published        p50 {p50:.2} ms  p99 {p99:.2} ms (200 single rows; goal p99 ≤ 20 ms)");
 
     let json = serde_json::json!({
-        "bench": "relay", "rows": N, "batch": BATCH,
+        "bench": "relay", "rows": n, "batch": batch, "in_flight": in_flight, "rounds": rounds,
+        "ceiling_rounds_msgs_per_s": ceilings, "raw_rounds_msgs_per_s": raws, "relay_rounds_rows_per_s": relays,
+        "ceiling_msgs_per_s": ceiling,
+        "raw_cpu_ms_per_1k": {"client": raw_cpu[0], "broker": raw_cpu[1]},
+        "relay_cpu_ms_per_1k": {"client": relay_cpu[0], "broker": relay_cpu[1], "postgres": relay_cpu[2]}, "relay_vs_ceiling_percent": relayed / ceiling * 100.0,
         "raw_msgs_per_s": raw, "relay_rows_per_s": relayed, "relay_vs_raw_percent": relayed / raw * 100.0,
         "db_side_rows_per_s": db_side, "idle_latency_p50_ms": p50, "idle_latency_p99_ms": p99,
     });

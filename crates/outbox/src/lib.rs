@@ -37,13 +37,18 @@ pub fn migrator() -> Migrator {
 /// The `event_id` inside the envelope is the one every publish of this row
 /// will carry, however often the relay retries.
 pub async fn enqueue(conn: &mut PgConnection, topic: &str, envelope: &Envelope) -> Result<()> {
-    sqlx::query("INSERT INTO outbox (event_id, topic, message_key, envelope) VALUES ($1, $2, $3, $4)")
-        .bind(envelope.event_id)
-        .bind(topic)
-        .bind(envelope.order_id.to_string())
-        .bind(sqlx::types::Json(envelope))
-        .execute(conn)
-        .await?;
+    sqlx::query(
+        "INSERT INTO outbox (event_id, topic, message_key, envelope, event_type, traceparent)
+         VALUES ($1, $2, $3, $4::json, $5, $6)",
+    )
+    .bind(envelope.event_id)
+    .bind(topic)
+    .bind(envelope.order_id.to_string())
+    .bind(serde_json::to_string(envelope).expect("envelope serialises"))
+    .bind(&envelope.event_type)
+    .bind(envelope.traceparent.as_deref())
+    .execute(conn)
+    .await?;
     Ok(())
 }
 

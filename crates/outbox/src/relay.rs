@@ -12,18 +12,20 @@
 //! the locks and the rows are published again (same event ids).
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use futures::future::{BoxFuture, FutureExt};
+use futures::stream::{FuturesUnordered, StreamExt};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::FutureProducer;
 use sqlx::postgres::PgListener;
-use sqlx::{PgPool, Row};
+use sqlx::{PgPool, Postgres, Transaction};
 use tokio_util::sync::CancellationToken;
 
 use crate::Result;
 
 /// A claimed row on its way to the broker.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, sqlx::FromRow)]
 pub struct PendingRow {
     /// Outbox row id.
     pub id: i64,
@@ -37,8 +39,8 @@ pub struct PendingRow {
     pub event_type: String,
     /// The envelope's trace context.
     pub traceparent: Option<String>,
-    /// The envelope as stored (JSON), published as is: the relay never
-    /// re-serialises, so a republish carries the same document.
+    /// The envelope as its service serialised it (JSON), published as is:
+    /// the relay never re-serialises, so a republish carries the same bytes.
     pub body: String,
 }
 
@@ -131,21 +133,56 @@ pub struct Relay<P> {
     publisher: P,
     source: String,
     batch: i64,
+    in_flight: usize,
     poll_interval: Duration,
+}
+
+/// A claimed batch: `tx` holds its rows locked until it is settled.
+struct Claim {
+    tx: Transaction<'static, Postgres>,
+    batch: uuid::Uuid,
+    pending: Vec<PendingRow>,
+}
+
+/// What finished in the relay's pipeline.
+enum Step {
+    Claimed(Result<Option<Claim>>),
+    Delivered(Result<Round>),
+}
+
+const MIN_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// The end of a pause of `backoff`, which doubles for the next one.
+fn back_off(backoff: &mut Duration) -> Instant {
+    let until = Instant::now() + *backoff;
+    *backoff = (*backoff * 2).min(MAX_BACKOFF);
+    until
+}
+
+/// Sleeps until `deadline` (forever without one).
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(t) => tokio::time::sleep_until(t.into()).await,
+        None => std::future::pending().await,
+    }
 }
 
 impl<P: Publisher> Relay<P> {
     /// A relay for `pool` named `source` (used in metrics and logs).
     ///
-    /// Each concurrent [`Relay::run_once`] holds two connections of `pool`
-    /// (the claiming transaction and the batch bookkeeping beside it), and
-    /// [`Relay::run`] one more for `LISTEN`: size the pool for that.
+    /// Each claimed batch holds a connection of `pool` (its transaction)
+    /// until it is settled, and a claim briefly needs a second one (the batch
+    /// bookkeeping beside it); [`Relay::run`] keeps up to `in_flight` batches
+    /// and one more connection for `LISTEN`: size the pool for
+    /// `in_flight + 2`.
     pub fn new(pool: PgPool, publisher: P, source: impl Into<String>) -> Self {
         Self {
             pool,
             publisher,
             source: source.into(),
             batch: 256,
+            in_flight: 4,
             poll_interval: Duration::from_millis(500),
         }
     }
@@ -162,13 +199,27 @@ impl<P: Publisher> Relay<P> {
         self
     }
 
+    /// Sets how many claimed batches may await the broker at once (see [`Relay::run`]).
+    pub fn in_flight(mut self, batches: usize) -> Self {
+        self.in_flight = batches.max(1);
+        self
+    }
+
     /// Claims, publishes and marks one batch.
     pub async fn run_once(&self) -> Result<Round> {
+        match self.claim().await? {
+            Some(claim) => self.deliver(claim).await,
+            None => Ok(Round::default()),
+        }
+    }
+
+    /// Claims the next batch, or `None` when no row is claimable. The rows
+    /// stay locked by the returned transaction until [`Relay::settle`].
+    async fn claim(&self) -> Result<Option<Claim>> {
         let mut tx = self.pool.begin().await?;
-        let rows = sqlx::query(
-            "SELECT o.id, o.topic, o.message_key, o.envelope::text AS body,
-                    o.envelope->>'event_id' AS event_id, o.envelope->>'event_type' AS event_type,
-                    o.envelope->>'traceparent' AS traceparent
+        let pending: Vec<PendingRow> = sqlx::query_as(
+            "SELECT o.id, o.topic, o.message_key AS key, o.envelope::text AS body,
+                    o.event_id::text AS event_id, o.event_type, o.traceparent
              FROM outbox o
              WHERE o.published_at IS NULL AND o.parked_at IS NULL
                AND NOT EXISTS (
@@ -181,32 +232,8 @@ impl<P: Publisher> Relay<P> {
         .bind(self.batch)
         .fetch_all(&mut *tx)
         .await?;
-        let mut round = Round {
-            claimed: rows.len(),
-            ..Round::default()
-        };
-        if rows.is_empty() {
-            return Ok(round);
-        }
-        let mut pending = Vec::with_capacity(rows.len());
-        let mut parked: Vec<(i64, String)> = Vec::new();
-        for row in rows {
-            let id: i64 = row.get("id");
-            match (
-                row.get::<Option<String>, _>("event_id"),
-                row.get::<Option<String>, _>("event_type"),
-            ) {
-                (Some(event_id), Some(event_type)) => pending.push(PendingRow {
-                    id,
-                    topic: row.get("topic"),
-                    key: row.get("message_key"),
-                    event_id,
-                    event_type,
-                    traceparent: row.get("traceparent"),
-                    body: row.get("body"),
-                }),
-                _ => parked.push((id, "stored envelope has no event_id or event_type".into())),
-            }
+        if pending.is_empty() {
+            return Ok(None);
         }
         // Note the batch before asking the broker, outside the claim
         // transaction, so a crash between publish and mark leaves a trace.
@@ -222,10 +249,25 @@ impl<P: Publisher> Relay<P> {
         .bind(&ids)
         .execute(&self.pool)
         .await?;
-        let results = self.publisher.publish(&pending).await;
+        Ok(Some(Claim { tx, batch, pending }))
+    }
+
+    /// Publishes a claimed batch and settles it.
+    async fn deliver(&self, claim: Claim) -> Result<Round> {
+        let results = self.publisher.publish(&claim.pending).await;
         fail::fail_point!("relay::after_publish_before_mark", |_| std::process::abort());
-        let mut published = Vec::new();
-        let mut failed: Vec<(i64, String)> = Vec::new();
+        self.settle(claim, results).await
+    }
+
+    /// Marks what the broker acknowledged, notes what it refused, and
+    /// commits, releasing the batch's locks.
+    async fn settle(&self, claim: Claim, results: Vec<Result<(), PublishError>>) -> Result<Round> {
+        let Claim { mut tx, batch, pending } = claim;
+        let mut round = Round {
+            claimed: pending.len(),
+            ..Round::default()
+        };
+        let (mut published, mut failed, mut parked) = (Vec::new(), Vec::new(), Vec::new());
         for (row, result) in pending.iter().zip(results) {
             match result {
                 Ok(()) => published.push(row.id),
@@ -279,47 +321,91 @@ impl<P: Publisher> Relay<P> {
         Ok(round)
     }
 
-    /// Relays until `shutdown`: publishes while rows are pending, then sleeps
-    /// until a `NOTIFY outbox_new` or the poll interval; backs off on errors.
+    /// Relays until `shutdown`, as a pipeline: up to `in_flight` claimed
+    /// batches await the broker while the next one is claimed, so the
+    /// database work of one batch overlaps the broker round trip of the
+    /// others. Per-order order still holds: an in-flight batch keeps its
+    /// rows pending and locked, so the head rule keeps every later row of
+    /// those orders out of the next claims.
+    ///
+    /// When nothing is claimable the relay sleeps until a `NOTIFY outbox_new`
+    /// or the poll interval. A failed claim or a batch the broker did not take
+    /// pauses claiming with exponential backoff (the rows stay pending).
+    /// On `shutdown` it stops claiming and settles the batches in flight.
     pub async fn run(&self, shutdown: CancellationToken) {
         let mut listener = self.listen().await;
-        let mut backoff = Duration::from_millis(100);
-        while !shutdown.is_cancelled() {
-            let wait = match self.run_once().await {
-                Ok(r) if r.claimed > 0 && r.failed == 0 => {
-                    backoff = Duration::from_millis(100);
-                    continue;
-                }
-                Ok(r) if r.failed == 0 => None,
-                Ok(r) => {
-                    tracing::warn!(source = %self.source, failed = r.failed, ?backoff, "publish failed, backing off");
-                    Some(backoff)
-                }
-                Err(e) => {
-                    tracing::warn!(source = %self.source, error = %e, ?backoff, "relay round failed, backing off");
-                    listener = None;
-                    Some(backoff)
-                }
-            };
-            if let Some(delay) = wait {
-                backoff = (backoff * 2).min(Duration::from_secs(5));
-                tokio::select! {
-                    _ = shutdown.cancelled() => {}
-                    _ = tokio::time::sleep(delay) => {}
-                }
-                continue;
+        let mut backoff = MIN_BACKOFF;
+        let mut steps: FuturesUnordered<BoxFuture<'_, Step>> = FuturesUnordered::new();
+        let (mut claiming, mut delivering) = (false, 0usize);
+        // Whether a claim may find rows: false after an empty claim, until a
+        // batch settles (its orders' next rows become claimable), a
+        // notification arrives or the poll interval passes.
+        let mut claimable = true;
+        let mut paused_until: Option<Instant> = None;
+        loop {
+            let stopping = shutdown.is_cancelled();
+            if stopping && steps.is_empty() {
+                return;
             }
-            if listener.is_none() {
-                listener = self.listen().await;
+            let paused = paused_until.is_some_and(|t| Instant::now() < t);
+            if !stopping && !claiming && claimable && !paused && delivering < self.in_flight {
+                claiming = true;
+                steps.push(async { Step::Claimed(self.claim().await) }.boxed());
             }
-            let poll = self.poll_interval;
             tokio::select! {
-                _ = shutdown.cancelled() => {}
-                _ = tokio::time::sleep(poll) => {}
-                n = async { match listener.as_mut() { Some(l) => l.recv().await.map(|_| ()), None => std::future::pending().await } } => {
-                    if n.is_err() { listener = None; }
-                }
+                Some(step) = steps.next(), if !steps.is_empty() => match step {
+                    Step::Claimed(Ok(Some(claim))) => {
+                        (claiming, delivering) = (false, delivering + 1);
+                        steps.push(async { Step::Delivered(self.deliver(claim).await) }.boxed());
+                    }
+                    Step::Claimed(Ok(None)) => (claiming, claimable) = (false, false),
+                    Step::Claimed(Err(e)) => {
+                        claiming = false;
+                        tracing::warn!(source = %self.source, error = %e, ?backoff, "claim failed, backing off");
+                        listener = None;
+                        paused_until = Some(back_off(&mut backoff));
+                    }
+                    Step::Delivered(result) => {
+                        (delivering, claimable) = (delivering - 1, true);
+                        match result {
+                            Ok(r) if r.failed == 0 => backoff = MIN_BACKOFF,
+                            Ok(r) => {
+                                tracing::warn!(source = %self.source, failed = r.failed, ?backoff, "publish failed, backing off");
+                                paused_until = Some(back_off(&mut backoff));
+                            }
+                            Err(e) => {
+                                tracing::warn!(source = %self.source, error = %e, ?backoff, "settling a batch failed, backing off");
+                                paused_until = Some(back_off(&mut backoff));
+                            }
+                        }
+                    }
+                },
+                _ = shutdown.cancelled(), if !stopping => {}
+                _ = sleep_until(paused_until), if paused => paused_until = None,
+                _ = self.wait_for_rows(&mut listener), if !claimable && !paused && !stopping => claimable = true,
             }
+        }
+    }
+
+    /// Waits for a `NOTIFY outbox_new` or the poll interval, reconnecting
+    /// the listener when it is gone.
+    async fn wait_for_rows(&self, listener: &mut Option<PgListener>) {
+        if listener.is_none() {
+            *listener = self.listen().await;
+        }
+        let poll = tokio::time::sleep(self.poll_interval);
+        let lost = match listener.as_mut() {
+            Some(l) => tokio::select! {
+                n = l.recv() => n.is_err(),
+                _ = poll => false,
+            },
+            None => {
+                poll.await;
+                false
+            }
+        };
+        if lost {
+            *listener = None;
         }
     }
 

@@ -29,13 +29,12 @@ pub struct Config {
     #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8084")]
     pub http_addr: SocketAddr,
     /// Rows claimed per round.
-    #[arg(long, env = "RELAY_BATCH", default_value_t = 256)]
+    #[arg(long, env = "RELAY_BATCH", default_value_t = 1024)]
     pub batch: i64,
-    /// Claim loops per source database. They share the work like separate
-    /// relay processes do (SKIP LOCKED, per-order head rule), so one loop's
-    /// database work overlaps another's wait for the broker.
-    #[arg(long, env = "RELAY_WORKERS", default_value_t = 3)]
-    pub workers: usize,
+    /// Claimed batches awaiting the broker at once, per source database:
+    /// the next batch is claimed while earlier ones are being published.
+    #[arg(long, env = "RELAY_IN_FLIGHT", default_value_t = 2)]
+    pub in_flight: usize,
     /// Fallback poll interval when no notification arrives, in milliseconds.
     #[arg(long, env = "RELAY_POLL_MS", default_value_t = 500)]
     pub poll_ms: u64,
@@ -64,9 +63,9 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
             .next()
             .unwrap_or(url)
             .to_owned();
-        // Per claim loop: its claiming transaction, the batch bookkeeping
-        // beside it, and its LISTEN connection; plus one for housekeeping.
-        let connections = 3 * config.workers.max(1) as u32 + 1;
+        // One claiming transaction per batch in flight, the batch bookkeeping
+        // beside a claim, LISTEN, and housekeeping.
+        let connections = config.in_flight.max(1) as u32 + 3;
         let pool = runtime::db::connect(url, connections, vec![outbox::migrator()]).await?;
         sources.push((name, pool));
     }
@@ -91,19 +90,13 @@ impl App {
         let publisher = KafkaPublisher::new(&self.config.kafka_brokers)?;
         let mut tasks = Vec::new();
         for (name, pool) in &self.sources {
-            let relay = |name: &str| {
-                Relay::new(pool.clone(), publisher.clone(), name)
-                    .batch(self.config.batch)
-                    .poll_interval(Duration::from_millis(self.config.poll_ms))
-            };
-            for _ in 1..self.config.workers.max(1) {
-                let (worker, token) = (relay(name), shutdown.clone());
-                tasks.push(tokio::spawn(async move { worker.run(token).await }));
-            }
-            let (first, token) = (relay(name), shutdown.clone());
-            let retention = Duration::from_secs(self.config.retention_secs);
+            let relay = Relay::new(pool.clone(), publisher.clone(), name)
+                .batch(self.config.batch)
+                .in_flight(self.config.in_flight)
+                .poll_interval(Duration::from_millis(self.config.poll_ms));
+            let (token, retention) = (shutdown.clone(), Duration::from_secs(self.config.retention_secs));
             tasks.push(tokio::spawn(async move {
-                tokio::join!(first.run(token.clone()), housekeeping(&first, retention, token));
+                tokio::join!(relay.run(token.clone()), housekeeping(&relay, retention, token));
             }));
         }
         let admin_pool = self

@@ -149,12 +149,7 @@ async fn three_relays_never_double_claim_and_keep_each_orders_order() {
     let db = Db::new().await;
     let topic = topic();
     messaging::kafka::ensure_topics(&broker.addr, &[&topic]).await.unwrap();
-    let orders: Vec<Uuid> = (0..40).map(|_| Uuid::new_v4()).collect();
-    for seq in 0..5 {
-        for o in &orders {
-            db.enqueue(&topic, *o, seq).await;
-        }
-    }
+    enqueue_orders(&db, &topic, 40, 5).await;
     let publisher = KafkaPublisher::new(&broker.addr).unwrap();
     let relays: Vec<_> = (0..3)
         .map(|i| Relay::new(db.pool.clone(), publisher.clone(), format!("r{i}")).batch(16))
@@ -188,9 +183,27 @@ async fn three_relays_never_double_claim_and_keep_each_orders_order() {
         rounds.iter().filter(|c| **c > 0).count() >= 2,
         "the relays shared the work: {rounds:?}"
     );
-    let all = read_all(&broker.addr, &topic).await;
-    assert_eq!(all.len(), 200, "no row published twice");
-    // Within one key (one partition) the broker's order is the publish order.
+    assert_published_once_in_order(&broker.addr, &topic, 200).await;
+    db.drop().await;
+}
+
+/// `orders` orders with `events` events each, enqueued round-robin (so every
+/// batch mixes orders and holds at most a few events of each).
+async fn enqueue_orders(db: &Db, topic: &str, orders: usize, events: i32) {
+    let orders: Vec<Uuid> = (0..orders).map(|_| Uuid::new_v4()).collect();
+    for seq in 0..events {
+        for o in &orders {
+            db.enqueue(topic, *o, seq).await;
+        }
+    }
+}
+
+/// The topic holds `expected` messages, none twice, and each order's events
+/// in their insert order (within one key, i.e. one partition, the broker's
+/// order is the publish order).
+async fn assert_published_once_in_order(brokers: &str, topic: &str, expected: usize) {
+    let all = read_all(brokers, topic).await;
+    assert_eq!(all.len(), expected, "no row published twice, none missing");
     let mut last: BTreeMap<String, i32> = BTreeMap::new();
     for (key, env) in &all {
         let Message::ReserveStock { quantity, .. } = env.message().unwrap() else {
@@ -199,6 +212,64 @@ async fn three_relays_never_double_claim_and_keep_each_orders_order() {
         let prev = last.insert(key.clone(), quantity).unwrap_or(0);
         assert_eq!(quantity, prev + 1, "order {key}: event {quantity} after {prev}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_pipelined_relays_keep_each_orders_order() {
+    let _serial = SERIAL.lock().await;
+    let broker = Broker::start().await.unwrap();
+    let db = Db::new().await;
+    let topic = topic();
+    messaging::kafka::ensure_topics(&broker.addr, &[&topic]).await.unwrap();
+    // Each order's 5 events adjacent, batches of 3: every order spans two
+    // or three batches, which the relays claim at nearly the same time.
+    for _ in 0..40 {
+        let order = Uuid::new_v4();
+        for seq in 0..5 {
+            db.enqueue(&topic, order, seq).await;
+        }
+    }
+    // Each relay keeps up to 3 small batches at the broker while claiming the
+    // next: the head rule must hold across a relay's own in-flight batches
+    // as well as across relays.
+    // Each with its own producer, like separate relay processes: nothing but
+    // the head rule orders their publishes.
+    let token = tokio_util::sync::CancellationToken::new();
+    let sources: Vec<String> = (0..3)
+        .map(|i| format!("pipelined-{}-{i}", Uuid::new_v4().simple()))
+        .collect();
+    let runs: Vec<_> = sources
+        .iter()
+        .map(|source| {
+            let publisher = KafkaPublisher::new(&broker.addr).unwrap();
+            let relay = Relay::new(db.pool.clone(), publisher, source).batch(3).in_flight(3);
+            let token = token.clone();
+            tokio::spawn(async move { relay.run(token).await })
+        })
+        .collect();
+    let end = Instant::now() + Duration::from_secs(60);
+    while db.pending().await > 0 {
+        assert!(Instant::now() < end, "relays did not drain the outbox");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    token.cancel();
+    for run in runs {
+        run.await.unwrap();
+    }
+    let per_relay: Vec<i64> = sources
+        .iter()
+        .map(|s| telemetry::metrics::get("relay_published_total", &[("source", s.as_str())]))
+        .collect();
+    assert_eq!(
+        per_relay.iter().sum::<i64>(),
+        200,
+        "each row marked once: {per_relay:?}"
+    );
+    assert!(
+        per_relay.iter().filter(|n| **n > 0).count() >= 2,
+        "the relays shared the work: {per_relay:?}"
+    );
+    assert_published_once_in_order(&broker.addr, &topic, 200).await;
     db.drop().await;
 }
 
