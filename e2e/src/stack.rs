@@ -286,8 +286,25 @@ impl Stack {
 
     /// Starts one process (again) and waits until it is ready.
     pub async fn start_service(&mut self, s: Service) -> anyhow::Result<()> {
-        self.spawn(s)?;
-        self.wait_ready(s, Duration::from_secs(60)).await
+        for attempt in 1.. {
+            self.spawn(s)?;
+            match self.wait_ready(s, Duration::from_secs(60)).await {
+                // Ports are picked free but bound only once the process gets
+                // that far: a concurrent test may have taken this one. Move.
+                Err(e)
+                    if attempt < 3 && !self.opts.fixed_ports && !self.is_running(s) && port_taken(self.ports[&s]) =>
+                {
+                    eprintln!(
+                        "{}: port {} was taken meanwhile, moving ({e})",
+                        s.name(),
+                        self.ports[&s]
+                    );
+                    self.ports.insert(s, free_port()?);
+                }
+                result => return result,
+            }
+        }
+        unreachable!("the loop returns")
     }
 
     /// SIGKILLs a process and starts it again without waiting for it to be
@@ -352,12 +369,22 @@ impl Stack {
             }
             let ready = match s {
                 Service::Broker => tokio::net::TcpStream::connect(self.addr(s)).await.is_ok(),
-                _ => self
-                    .http
-                    .get(format!("{}/health/ready", self.url(s)))
-                    .send()
-                    .await
-                    .is_ok_and(|r| r.status().is_success()),
+                // Ready, and answered by this process rather than by another
+                // test's service that took the port first.
+                _ => {
+                    let pid = self.procs.get(&s).and_then(Child::id).map(|p| p.to_string());
+                    self.http
+                        .get(format!("{}/health/ready", self.url(s)))
+                        .send()
+                        .await
+                        .is_ok_and(|r| {
+                            r.status().is_success()
+                                && r.headers()
+                                    .get(runtime::admin::PROCESS_ID_HEADER)
+                                    .and_then(|v| v.to_str().ok())
+                                    == pid.as_deref()
+                        })
+                }
             };
             if ready {
                 return Ok(());
@@ -510,6 +537,11 @@ async fn tee(stream: impl tokio::io::AsyncRead + Unpin, path: PathBuf, name: &'s
         println!("{name:>17} | {line}");
         let _ = file.write_all(format!("{line}\n").as_bytes()).await;
     }
+}
+
+/// Whether something else listens on `port` now.
+fn port_taken(port: u16) -> bool {
+    std::net::TcpListener::bind(("127.0.0.1", port)).is_err()
 }
 
 fn free_port() -> anyhow::Result<u16> {

@@ -19,12 +19,18 @@ pub fn router(pool: PgPool) -> Router {
         .with_state(pool)
 }
 
+/// Ready when the database answers. The `X-Process-Id` header tells a
+/// supervisor which process answered (not another one on a reused port).
 async fn ready(State(pool): State<PgPool>) -> impl IntoResponse {
+    let pid = [(PROCESS_ID_HEADER, std::process::id().to_string())];
     match sqlx::query("SELECT 1").execute(&pool).await {
-        Ok(_) => (StatusCode::OK, "ready"),
-        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "database unavailable"),
+        Ok(_) => (StatusCode::OK, pid, "ready"),
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, pid, "database unavailable"),
     }
 }
+
+/// Header of `/health/ready` carrying the answering process's id.
+pub const PROCESS_ID_HEADER: &str = "x-process-id";
 
 async fn metrics() -> impl IntoResponse {
     (
