@@ -10,6 +10,9 @@
 //! **Marking.** Rows are marked published only after the broker's delivery
 //! report, in the claiming transaction; a crash before the commit releases
 //! the locks and the rows are published again (same event ids).
+//! **Pipelining.** [`Relay::run`] keeps up to `in_flight` claimed batches at
+//! the broker and claims the next meanwhile; the head rule applies to a
+//! relay's own in-flight rows as to another relay's, so order still holds.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -181,8 +184,8 @@ impl<P: Publisher> Relay<P> {
             pool,
             publisher,
             source: source.into(),
-            batch: 256,
-            in_flight: 4,
+            batch: 1024,
+            in_flight: 2,
             poll_interval: Duration::from_millis(500),
         }
     }
