@@ -9,7 +9,7 @@ use outbox::relay::{PendingRow, PublishError, Publisher};
 use outbox::{KafkaPublisher, Relay};
 use rdkafka::{Message as _, Offset};
 use sqlx::PgPool;
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, MutexGuard};
 use uuid::Uuid;
 
 /// Failpoints are process-global: tests that run the relay take turns.
@@ -56,6 +56,16 @@ impl Db {
     }
 }
 
+/// Takes this test's turn, and starts a broker, a database and a topic.
+async fn setup() -> (MutexGuard<'static, ()>, Broker, Db, String) {
+    let serial = SERIAL.lock().await;
+    let broker = Broker::start().await.unwrap();
+    let db = Db::new().await;
+    let topic = topic();
+    messaging::kafka::ensure_topics(&broker.addr, &[&topic]).await.unwrap();
+    (serial, broker, db, topic)
+}
+
 fn topic() -> String {
     format!("relay-test-{}", Uuid::new_v4().simple())
 }
@@ -93,11 +103,7 @@ async fn drain<P: Publisher>(relay: &Relay<P>) {
 #[cfg(feature = "failpoints")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_between_publish_and_mark_publishes_again_with_the_same_event_id() {
-    let _serial = SERIAL.lock().await;
-    let broker = Broker::start().await.unwrap();
-    let db = Db::new().await;
-    let topic = topic();
-    messaging::kafka::ensure_topics(&broker.addr, &[&topic]).await.unwrap();
+    let (_serial, broker, db, topic) = setup().await;
     let mut ids = BTreeSet::new();
     for i in 0..5 {
         ids.insert(db.enqueue(&topic, Uuid::new_v4(), i).await.event_id);
@@ -144,11 +150,7 @@ async fn crash_between_publish_and_mark_publishes_again_with_the_same_event_id()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_relays_never_double_claim_and_keep_each_orders_order() {
-    let _serial = SERIAL.lock().await;
-    let broker = Broker::start().await.unwrap();
-    let db = Db::new().await;
-    let topic = topic();
-    messaging::kafka::ensure_topics(&broker.addr, &[&topic]).await.unwrap();
+    let (_serial, broker, db, topic) = setup().await;
     enqueue_orders(&db, &topic, 40, 5).await;
     let publisher = KafkaPublisher::new(&broker.addr).unwrap();
     let relays: Vec<_> = (0..3)
@@ -221,11 +223,7 @@ async fn assert_published_once_in_order(brokers: &str, topic: &str, expected: us
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_pipelined_relays_keep_each_orders_order() {
-    let _serial = SERIAL.lock().await;
-    let broker = Broker::start().await.unwrap();
-    let db = Db::new().await;
-    let topic = topic();
-    messaging::kafka::ensure_topics(&broker.addr, &[&topic]).await.unwrap();
+    let (_serial, broker, db, topic) = setup().await;
     // Each order's 5 events adjacent, batches of 3: every order spans two
     // or three batches, which the relays claim at nearly the same time.
     for _ in 0..40 {
@@ -271,11 +269,7 @@ async fn three_pipelined_relays_keep_each_orders_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broker_down_keeps_rows_pending_and_nothing_is_lost_when_it_returns() {
-    let _serial = SERIAL.lock().await;
-    let mut broker = Broker::start().await.unwrap();
-    let db = Db::new().await;
-    let topic = topic();
-    messaging::kafka::ensure_topics(&broker.addr, &[&topic]).await.unwrap();
+    let (_serial, mut broker, db, topic) = setup().await;
     broker.kill().await;
     for i in 0..10 {
         db.enqueue(&topic, Uuid::new_v4(), i).await;
@@ -310,11 +304,7 @@ async fn broker_down_keeps_rows_pending_and_nothing_is_lost_when_it_returns() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_the_broker_rejects_for_good_is_parked_and_blocks_no_other_order() {
-    let _serial = SERIAL.lock().await;
-    let broker = Broker::start().await.unwrap();
-    let db = Db::new().await;
-    let topic = topic();
-    messaging::kafka::ensure_topics(&broker.addr, &[&topic]).await.unwrap();
+    let (_serial, broker, db, topic) = setup().await;
     let big_order = Uuid::new_v4();
     let mut tx = db.pool.begin().await.unwrap();
     let huge = Envelope::new(
