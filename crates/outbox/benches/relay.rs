@@ -13,6 +13,7 @@ use e2e::broker::Broker;
 use messaging::{Envelope, Message};
 use outbox::relay::{PendingRow, PublishError, Publisher};
 use outbox::{KafkaPublisher, Relay};
+use runtime::db::TempDb;
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -42,13 +43,13 @@ fn envelope(i: usize) -> Envelope {
     )
 }
 
-async fn fresh_db(tag: &str) -> (PgPool, String) {
-    let base = runtime::db::server_url();
-    let url = format!("{base}/eo_bench_{tag}_{}", Uuid::new_v4().simple());
-    (
-        runtime::db::connect(&url, 8, vec![outbox::migrator()]).await.unwrap(),
-        url,
-    )
+/// A fresh outbox database, dropped with the returned guard.
+async fn fresh_db(tag: &str) -> (PgPool, TempDb) {
+    let db = TempDb::new(&format!("eo_bench_{tag}"));
+    let pool = runtime::db::connect(db.url(), 8, vec![outbox::migrator()])
+        .await
+        .unwrap();
+    (pool, db)
 }
 
 async fn fill(pool: &PgPool, topic: &str, n: usize) {
@@ -176,7 +177,7 @@ async fn main() {
         raws.push(n as f64 / start.elapsed().as_secs_f64());
         raw_cpu.push(cpu_per_1k(before, cpu(), n));
 
-        let (pool, url) = fresh_db("relay").await;
+        let (pool, db) = fresh_db("relay").await;
         fill(&pool, &topic, n).await;
         let source = format!("bench-{round}");
         let relay = Relay::new(pool.clone(), publisher.clone(), &source)
@@ -193,7 +194,7 @@ async fn main() {
             relays[round] / raws[round] * 100.0,
             relays[round] / ceilings[round] * 100.0
         );
-        keep.push((pool, url));
+        keep.push((pool, db));
     }
     let (ceiling, raw, relayed) = (median(&ceilings), median(&raws), median(&relays));
     let cpu_median =
@@ -212,11 +213,11 @@ async fn main() {
         "CPU ms per 1,000 msgs   raw: client {:.0}, broker {:.0} (total {:.0}); relay: client {:.0}, broker {:.0}, PostgreSQL {:.0} (total {:.0})",
         raw_cpu[0], raw_cpu[1], raw_cpu[0] + raw_cpu[1], relay_cpu[0], relay_cpu[1], relay_cpu[2], relay_cpu.iter().sum::<f64>()
     );
-    let (pool, url) = keep.pop().unwrap();
+    let (pool, db) = keep.pop().unwrap();
     let topic = "bench.relay.0";
 
     // 3. Database side only: the same pipeline, the publisher acks at once.
-    let (pool2, url2) = fresh_db("relaydb").await;
+    let (pool2, db2) = fresh_db("relaydb").await;
     fill(&pool2, topic, n).await;
     let relay_db = Relay::new(pool2.clone(), NullPublisher, "bench-db")
         .batch(batch)
@@ -273,10 +274,9 @@ async fn main() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/bench-results");
     std::fs::create_dir_all(&dir).ok();
     std::fs::write(dir.join("relay.json"), serde_json::to_vec_pretty(&json).unwrap()).ok();
-    keep.push((pool, url));
-    keep.push((pool2, url2));
-    for (p, u) in keep {
+    keep.push((pool, db));
+    keep.push((pool2, db2));
+    for (p, _db) in keep {
         p.close().await;
-        runtime::db::drop_database(&u).await.unwrap();
     }
 }

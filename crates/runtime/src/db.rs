@@ -17,6 +17,44 @@ pub fn server_url() -> String {
     std::env::var("PG_BASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
 }
 
+/// A uniquely named database for one test or bench, dropped (with whatever
+/// is still connected to it) when this value is, also when the test panics.
+/// [`connect`] to [`TempDb::url`] creates it.
+#[derive(Debug)]
+pub struct TempDb {
+    url: String,
+}
+
+impl TempDb {
+    /// Names a fresh database `<prefix>_<random>` on [`server_url`].
+    pub fn new(prefix: &str) -> Self {
+        Self {
+            url: format!("{}/{prefix}_{}", server_url(), uuid::Uuid::new_v4().simple()),
+        }
+    }
+
+    /// Its connection URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+impl Drop for TempDb {
+    fn drop(&mut self) {
+        let url = std::mem::take(&mut self.url);
+        // Drop may run on a runtime's thread, which must not block on
+        // another runtime: the drop gets a thread of its own.
+        let dropped = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            rt.block_on(drop_database(&url)).map_err(std::io::Error::other)
+        })
+        .join();
+        if let Ok(Err(e)) = dropped {
+            eprintln!("could not drop a temporary database: {e}");
+        }
+    }
+}
+
 /// Creates the database named in `url` if it does not exist yet.
 ///
 /// Connects to the server's `postgres` database to do so; a concurrent

@@ -113,9 +113,8 @@ async fn measure(http: &reqwest::Client, base: &str, mode: Mode) -> Figures {
 
 #[tokio::main]
 async fn main() {
-    let base_url = runtime::db::server_url();
-    let db_url = format!("{base_url}/eo_bench_idem_{}", uuid::Uuid::new_v4().simple());
-    let pool = order_api::connect(&db_url, 16).await.expect("database");
+    let db = runtime::db::TempDb::new("eo_bench_idem");
+    let pool = order_api::connect(db.url(), 16).await.expect("database");
     let state = AppState {
         pool: pool.clone(),
         idempotency_ttl: Duration::from_secs(86_400),
@@ -193,5 +192,5 @@ async fn main() {
     std::fs::create_dir_all(&dir).ok();
     std::fs::write(dir.join("idempotency.json"), serde_json::to_vec_pretty(&json).unwrap()).ok();
     pool.close().await;
-    runtime::db::drop_database(&db_url).await.unwrap();
+    drop(db);
 }

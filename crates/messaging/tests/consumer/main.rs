@@ -11,6 +11,7 @@ use messaging::consumer::{ConsumerSettings, HandleError, Handled};
 use messaging::{Envelope, Message};
 use rdkafka::producer::FutureRecord;
 use rdkafka::util::Timeout;
+use runtime::db::TempDb;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -18,16 +19,18 @@ use uuid::Uuid;
 struct World {
     broker: Broker,
     pool: PgPool,
-    url: String,
+    /// Dropped with this value, also when the test panics.
+    _db: TempDb,
     topic: String,
 }
 
 impl World {
     async fn new() -> Self {
         let broker = Broker::start().await.unwrap();
-        let base = runtime::db::server_url();
-        let url = format!("{base}/eo_consumer_{}", Uuid::new_v4().simple());
-        let pool = runtime::db::connect(&url, 4, vec![inbox::migrator()]).await.unwrap();
+        let db = TempDb::new("eo_consumer");
+        let pool = runtime::db::connect(db.url(), 4, vec![inbox::migrator()])
+            .await
+            .unwrap();
         sqlx::query("CREATE TABLE effects (event_id uuid NOT NULL, order_id uuid NOT NULL, applied_at timestamptz DEFAULT clock_timestamp())")
             .execute(&pool)
             .await
@@ -37,7 +40,7 @@ impl World {
         Self {
             broker,
             pool,
-            url,
+            _db: db,
             topic,
         }
     }
@@ -82,9 +85,9 @@ impl World {
         tokio::time::sleep(Duration::from_millis(500)).await; // nothing more arrives
     }
 
+    /// Closes the pool; the database goes with `_db`.
     async fn drop(self) {
         self.pool.close().await;
-        runtime::db::drop_database(&self.url).await.unwrap();
     }
 }
 

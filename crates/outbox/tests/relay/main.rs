@@ -8,6 +8,7 @@ use messaging::{Envelope, Message};
 use outbox::relay::{PendingRow, PublishError, Publisher};
 use outbox::{KafkaPublisher, Relay};
 use rdkafka::{Message as _, Offset};
+use runtime::db::TempDb;
 use sqlx::PgPool;
 use tokio::sync::{Mutex, MutexGuard};
 use uuid::Uuid;
@@ -17,15 +18,17 @@ static SERIAL: Mutex<()> = Mutex::const_new(());
 
 struct Db {
     pool: PgPool,
-    url: String,
+    /// Dropped with this value, also when the test panics.
+    _db: TempDb,
 }
 
 impl Db {
     async fn new() -> Self {
-        let base = runtime::db::server_url();
-        let url = format!("{base}/eo_outbox_{}", Uuid::new_v4().simple());
-        let pool = runtime::db::connect(&url, 8, vec![outbox::migrator()]).await.unwrap();
-        Self { pool, url }
+        let db = TempDb::new("eo_outbox");
+        let pool = runtime::db::connect(db.url(), 8, vec![outbox::migrator()])
+            .await
+            .unwrap();
+        Self { pool, _db: db }
     }
 
     async fn enqueue(&self, topic: &str, order: Uuid, seq: i32) -> Envelope {
@@ -50,9 +53,9 @@ impl Db {
             .unwrap()
     }
 
+    /// Closes the pool; the database goes with `_db`.
     async fn drop(self) {
         self.pool.close().await;
-        runtime::db::drop_database(&self.url).await.unwrap();
     }
 }
 

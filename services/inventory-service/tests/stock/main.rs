@@ -5,25 +5,26 @@ use std::sync::Arc;
 
 use messaging::consumer::Handled;
 use messaging::{Envelope, Message};
+use runtime::db::TempDb;
 use sqlx::PgPool;
 use uuid::Uuid;
 
 struct Db {
     pool: PgPool,
-    url: String,
+    /// Dropped with this value, also when the test panics.
+    _db: TempDb,
 }
 
 impl Db {
     async fn new(stock: i32) -> Self {
-        let base = runtime::db::server_url();
-        let url = format!("{base}/eo_inv_{}", Uuid::new_v4().simple());
-        let pool = inventory_service::connect(&url).await.unwrap();
+        let db = TempDb::new("eo_inv");
+        let pool = inventory_service::connect(db.url()).await.unwrap();
         sqlx::query("INSERT INTO stock (sku, available) VALUES ('A', $1)")
             .bind(stock)
             .execute(&pool)
             .await
             .unwrap();
-        Self { pool, url }
+        Self { pool, _db: db }
     }
 
     async fn available(&self) -> i32 {
@@ -37,9 +38,9 @@ impl Db {
         sqlx::query_scalar(sql).fetch_one(&self.pool).await.unwrap()
     }
 
+    /// Closes the pool; the database goes with `_db`.
     async fn drop(self) {
         self.pool.close().await;
-        runtime::db::drop_database(&self.url).await.unwrap();
     }
 }
 
