@@ -152,20 +152,9 @@ impl Drop for Stack {
         let urls: Vec<String> = ["orders", "inventory", "payments", "gateway"]
             .map(|d| self.db_url(d))
             .to_vec();
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .ok()?;
-            rt.block_on(async {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                for url in urls {
-                    let _ = runtime::db::drop_database(&url).await;
-                }
-            });
-            Some(())
-        })
-        .join();
+        // A moment for the killed processes to go.
+        std::thread::sleep(Duration::from_millis(200));
+        runtime::db::drop_databases_blocking(urls);
     }
 }
 

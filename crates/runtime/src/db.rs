@@ -41,17 +41,34 @@ impl TempDb {
 
 impl Drop for TempDb {
     fn drop(&mut self) {
-        let url = std::mem::take(&mut self.url);
-        // Drop may run on a runtime's thread, which must not block on
-        // another runtime: the drop gets a thread of its own.
-        let dropped = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            rt.block_on(drop_database(&url)).map_err(std::io::Error::other)
+        drop_databases_blocking(vec![std::mem::take(&mut self.url)]);
+    }
+}
+
+/// Drops the databases named in `urls` from synchronous code such as a
+/// `Drop` (which may run on a runtime's thread and must not block on another
+/// runtime there: the work gets a thread of its own). Failures are reported
+/// on stderr, not raised.
+pub fn drop_databases_blocking(urls: Vec<String>) {
+    let failures = std::thread::spawn(move || {
+        let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            Ok(rt) => rt,
+            Err(e) => return vec![e.to_string()],
+        };
+        rt.block_on(async {
+            let mut failures = Vec::new();
+            for url in &urls {
+                if let Err(e) = drop_database(url).await {
+                    failures.push(e.to_string());
+                }
+            }
+            failures
         })
-        .join();
-        if let Ok(Err(e)) = dropped {
-            eprintln!("could not drop a temporary database: {e}");
-        }
+    })
+    .join()
+    .unwrap_or_default();
+    for e in failures {
+        eprintln!("could not drop a temporary database: {e}");
     }
 }
 

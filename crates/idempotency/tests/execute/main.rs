@@ -5,20 +5,20 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use idempotency::{Keyed, Outcome, StoredResponse};
+use runtime::db::TempDb;
 use sqlx::PgPool;
-use uuid::Uuid;
 
-async fn db() -> (PgPool, String) {
-    let base = runtime::db::server_url();
-    let url = format!("{base}/eo_idem_{}", Uuid::new_v4().simple());
-    let pool = runtime::db::connect(&url, 4, vec![idempotency::migrator()])
+/// A fresh database with an `effects` table; dropped with the guard.
+async fn db() -> (PgPool, TempDb) {
+    let db = TempDb::new("eo_idem");
+    let pool = runtime::db::connect(db.url(), 4, vec![idempotency::migrator()])
         .await
         .unwrap();
     sqlx::query("CREATE TABLE effects (n int)")
         .execute(&pool)
         .await
         .unwrap();
-    (pool, url)
+    (pool, db)
 }
 
 #[derive(Debug)]
@@ -36,7 +36,7 @@ fn response(body: &str) -> StoredResponse {
 
 #[tokio::test]
 async fn a_key_completed_by_a_concurrent_request_rolls_this_one_back_and_replays_it() {
-    let (pool, url) = db().await;
+    let (pool, _db) = db().await;
     let request = Keyed {
         scope: "c",
         key: "k",
@@ -73,12 +73,11 @@ async fn a_key_completed_by_a_concurrent_request_rolls_this_one_back_and_replays
         .unwrap();
     assert_eq!(effects, 0, "this request's effect was rolled back");
     pool.close().await;
-    runtime::db::drop_database(&url).await.unwrap();
 }
 
 #[tokio::test]
 async fn infrastructure_errors_store_nothing_and_final_errors_are_stored() {
-    let (pool, url) = db().await;
+    let (pool, _db) = db().await;
     let fail: idempotency::Work<Failed> = Box::new(|conn| {
         Box::pin(async move {
             sqlx::query("INSERT INTO effects VALUES (1)")
@@ -132,5 +131,4 @@ async fn infrastructure_errors_store_nothing_and_final_errors_are_stored() {
         .unwrap();
     assert!(matches!(again, Outcome::Replayed(ref r) if r.status == 422));
     pool.close().await;
-    runtime::db::drop_database(&url).await.unwrap();
 }

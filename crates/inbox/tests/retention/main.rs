@@ -8,9 +8,10 @@ use uuid::Uuid;
 
 #[tokio::test]
 async fn inbox_retention_keeps_rows_inside_the_window() {
-    let base = runtime::db::server_url();
-    let url = format!("{base}/eo_inbox_{}", Uuid::new_v4().simple());
-    let pool = runtime::db::connect(&url, 2, vec![inbox::migrator()]).await.unwrap();
+    let db = runtime::db::TempDb::new("eo_inbox");
+    let pool = runtime::db::connect(db.url(), 2, vec![inbox::migrator()])
+        .await
+        .unwrap();
     let mut conn = pool.acquire().await.unwrap();
     let (recent, old) = (Uuid::new_v4(), Uuid::new_v4());
     assert_eq!(inbox::record(&mut conn, "c", recent).await.unwrap(), Recorded::New);
@@ -43,5 +44,4 @@ async fn inbox_retention_keeps_rows_inside_the_window() {
     assert_eq!(inbox::record(&mut conn, "c", old).await.unwrap(), Recorded::New);
     drop(conn);
     pool.close().await;
-    runtime::db::drop_database(&url).await.unwrap();
 }

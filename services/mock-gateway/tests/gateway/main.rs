@@ -2,22 +2,23 @@
 
 use std::time::Duration;
 
+use runtime::db::TempDb;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
 struct Gateway {
     base: String,
     http: reqwest::Client,
-    db_url: String,
+    /// Dropped with this value, also when the test panics.
+    _db: TempDb,
     token: tokio_util::sync::CancellationToken,
 }
 
 impl Gateway {
     async fn start(faults: mock_gateway::faults::Faults) -> Self {
-        let base = runtime::db::server_url();
-        let db_url = format!("{base}/eo_gw_{}", Uuid::new_v4().simple());
+        let db = TempDb::new("eo_gw");
         let config = mock_gateway::Config {
-            database_url: db_url.clone(),
+            database_url: db.url().to_owned(),
             http_addr: "127.0.0.1:0".parse().unwrap(),
             admin: true,
             faults,
@@ -29,7 +30,7 @@ impl Gateway {
         Self {
             base,
             http: reqwest::Client::new(),
-            db_url,
+            _db: db,
             token,
         }
     }
@@ -64,7 +65,7 @@ impl Gateway {
     async fn stop(self) {
         self.token.cancel();
         tokio::time::sleep(Duration::from_millis(100)).await;
-        runtime::db::drop_database(&self.db_url).await.unwrap();
+        // The database goes with `_db`.
     }
 }
 

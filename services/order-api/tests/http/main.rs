@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use order_api::AppState;
+use runtime::db::TempDb;
 use sqlx::PgPool;
 
 /// A running API on a fresh database.
@@ -15,14 +16,14 @@ pub struct TestApi {
     pub addr: SocketAddr,
     pub pool: PgPool,
     pub http: reqwest::Client,
-    db_url: String,
+    /// Dropped with this value, also when the test panics.
+    _db: TempDb,
 }
 
 impl TestApi {
     pub async fn start(ttl: Duration) -> Self {
-        let base = runtime::db::server_url();
-        let db_url = format!("{base}/eo_http_{}", uuid::Uuid::new_v4().simple());
-        let pool = order_api::connect(&db_url, 32).await.expect("database");
+        let db = TempDb::new("eo_http");
+        let pool = order_api::connect(db.url(), 32).await.expect("database");
         let state = AppState {
             pool: pool.clone(),
             idempotency_ttl: ttl,
@@ -34,7 +35,7 @@ impl TestApi {
             addr,
             pool,
             http: reqwest::Client::new(),
-            db_url,
+            _db: db,
         }
     }
 
@@ -77,8 +78,8 @@ impl TestApi {
     }
 
     pub async fn stop(self) {
+        // The database goes with `_db`.
         self.pool.close().await;
-        runtime::db::drop_database(&self.db_url).await.unwrap();
     }
 }
 
