@@ -294,20 +294,34 @@ impl<P: Publisher> Relay<P> {
         .fetch_one(&mut *tx)
         .await?;
         round.republished = republished as usize;
-        for (id, error) in &failed {
-            sqlx::query("UPDATE outbox SET attempts = attempts + 1, last_error = $2 WHERE id = $1")
-                .bind(id)
-                .bind(error)
-                .execute(&mut *tx)
-                .await?;
-        }
         for (id, error) in &parked {
             tracing::error!(source = %self.source, id, %error, "outbox row parked");
-            sqlx::query("UPDATE outbox SET attempts = attempts + 1, last_error = $2, parked_at = now() WHERE id = $1")
-                .bind(id)
-                .bind(error)
-                .execute(&mut *tx)
-                .await?;
+        }
+        // One statement for every refused row (a broker outage refuses the
+        // whole batch): the attempt and its error; parked rows also leave
+        // the pending set.
+        let (mut ids, mut errors, mut park) = (Vec::new(), Vec::new(), Vec::new());
+        for ((id, error), parks) in failed
+            .iter()
+            .map(|r| (r, false))
+            .chain(parked.iter().map(|r| (r, true)))
+        {
+            ids.push(*id);
+            errors.push(error.as_str());
+            park.push(parks);
+        }
+        if !ids.is_empty() {
+            sqlx::query(
+                "UPDATE outbox o SET attempts = o.attempts + 1, last_error = r.error,
+                        parked_at = CASE WHEN r.park THEN now() ELSE o.parked_at END
+                 FROM unnest($1::int8[], $2::text[], $3::bool[]) AS r(id, error, park)
+                 WHERE o.id = r.id",
+            )
+            .bind(&ids)
+            .bind(&errors)
+            .bind(&park)
+            .execute(&mut *tx)
+            .await?;
         }
         tx.commit().await?;
         round.published = published.len();
