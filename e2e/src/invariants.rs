@@ -1,4 +1,4 @@
-//! DESIGN.md's invariants, checked against the databases and the gateway
+//! The invariants of docs/design.md, checked against the databases and the gateway
 //! ledger after the system has drained. Each violated invariant becomes one
 //! line in [`Audit::violations`]; an empty list is a pass.
 

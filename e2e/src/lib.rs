@@ -1,15 +1,13 @@
 //! The end-to-end harness, shared by `cargo xtask` and the e2e tests.
 //!
-//! - [`broker`]: finds (or installs) the tansu broker.
 //! - [`stack`]: starts the broker and the five services as real processes on
 //!   free ports with fresh, uniquely named databases; kills and restarts them.
 //! - [`driver`]: places orders over HTTP like real clients do.
 //! - [`chaos`]: the chaos suite — faults on a seed-fixed schedule, then the audit.
 //! - [`proxy`]: a TCP fault proxy (latency, reset, blackhole).
-//! - [`invariants`]: checks DESIGN.md's invariants against the databases and
+//! - [`invariants`]: checks the invariants of docs/design.md against the databases and
 //!   the gateway ledger.
 
-pub mod broker;
 pub mod chaos;
 pub mod demo;
 pub mod driver;

@@ -99,7 +99,7 @@ impl StackOptions {
         Ok(Self {
             run_dir,
             db_prefix: format!("eo_{label}_{short}"),
-            pg_base: runtime::db::server_url(),
+            pg_base: testkit::db::server_url(),
             bin_dir: default_bin_dir()?,
             fixed_ports: false,
             echo: false,
@@ -136,6 +136,8 @@ pub struct Stack {
     finished: bool,
     /// Second instances of services (e.g. two inventory consumers at once).
     extras: Vec<(Service, Child)>,
+    /// How the processes that ended on their own ended, last one per service.
+    exits: BTreeMap<Service, std::process::ExitStatus>,
     proxy: Option<FaultProxy>,
 }
 
@@ -154,7 +156,7 @@ impl Drop for Stack {
             .to_vec();
         // A moment for the killed processes to go.
         std::thread::sleep(Duration::from_millis(200));
-        runtime::db::drop_databases_blocking(urls);
+        testkit::db::drop_databases_blocking(urls);
     }
 }
 
@@ -176,6 +178,7 @@ impl Stack {
             kills: BTreeMap::new(),
             finished: false,
             extras: Vec::new(),
+            exits: BTreeMap::new(),
             proxy: None,
         };
         for s in Service::ALL {
@@ -263,6 +266,22 @@ impl Stack {
         }
     }
 
+    /// Arms the crash point `point` of `s` (it aborts the process the first
+    /// time it is reached) for the service's next start.
+    pub fn arm(&mut self, s: Service, point: &str) {
+        self.set_env(s, "FAILPOINTS", &format!("{point}=1*return"));
+    }
+
+    /// Disarms every crash point of `s` for its next start.
+    pub fn disarm(&mut self, s: Service) {
+        self.set_env(s, "FAILPOINTS", "");
+    }
+
+    /// How the last process of `s` that ended on its own ended, if one did.
+    pub fn last_exit(&self, s: Service) -> Option<std::process::ExitStatus> {
+        self.exits.get(&s).copied()
+    }
+
     /// Waits until a process exits on its own (a failpoint's abort).
     pub async fn wait_exit(&mut self, s: Service, timeout: Duration) -> anyhow::Result<()> {
         let end = Instant::now() + timeout;
@@ -313,8 +332,8 @@ impl Stack {
     /// (and the console when echoing).
     fn launch(&self, s: Service, env: Vec<(String, String)>, log_name: &str) -> anyhow::Result<Child> {
         let mut cmd = match s {
-            Service::Broker => crate::broker::command(
-                &crate::broker::ensure()?,
+            Service::Broker => testkit::broker::command(
+                &testkit::broker::ensure()?,
                 &self.addr(s),
                 &self.opts.run_dir.join("broker"),
             ),
@@ -361,18 +380,17 @@ impl Stack {
                 // Ready, and answered by this process rather than by another
                 // test's service that took the port first.
                 _ => {
-                    let pid = self.procs.get(&s).and_then(Child::id).map(|p| p.to_string());
-                    self.http
+                    let ours = self
+                        .procs
+                        .get(&s)
+                        .and_then(Child::id)
+                        .is_some_and(|pid| testkit::process::listens_on(pid, self.ports[&s]));
+                    ours && self
+                        .http
                         .get(format!("{}/health/ready", self.url(s)))
                         .send()
                         .await
-                        .is_ok_and(|r| {
-                            r.status().is_success()
-                                && r.headers()
-                                    .get(runtime::admin::PROCESS_ID_HEADER)
-                                    .and_then(|v| v.to_str().ok())
-                                    == pid.as_deref()
-                        })
+                        .is_ok_and(|r| r.status().is_success())
                 }
             };
             if ready {
@@ -457,7 +475,10 @@ impl Stack {
     pub fn is_running(&mut self, s: Service) -> bool {
         match self.procs.get_mut(&s).map(|c| c.try_wait()) {
             Some(Ok(None)) => true,
-            Some(_) => {
+            Some(exited) => {
+                if let Ok(Some(status)) = exited {
+                    self.exits.insert(s, status);
+                }
                 self.procs.remove(&s);
                 false
             }
@@ -475,7 +496,7 @@ impl Stack {
             }
         }
         for db in ["orders", "inventory", "payments", "gateway"] {
-            runtime::db::drop_database(&self.db_url(db)).await?;
+            testkit::db::drop_database(&self.db_url(db)).await?;
         }
         self.finished = true;
         if remove_run_dir {

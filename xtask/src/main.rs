@@ -133,7 +133,7 @@ fn build_services() -> anyhow::Result<()> {
 async fn dlq(action: &DlqAction, brokers: &str) -> anyhow::Result<()> {
     match action {
         DlqAction::List { topic } => {
-            let letters = messaging::dlq::list(brokers, topic)?;
+            let letters = kafka::dlq::list(brokers, topic)?;
             for l in &letters {
                 println!(
                     "{}:{} key={} consumer={} error={}\n    {}",
@@ -151,7 +151,7 @@ async fn dlq(action: &DlqAction, brokers: &str) -> anyhow::Result<()> {
             println!("{} dead letters on {topic}.dlq", letters.len());
         }
         DlqAction::Replay { topic } => {
-            let n = messaging::dlq::replay(brokers, topic).await?;
+            let n = kafka::dlq::replay(brokers, topic).await?;
             println!("replayed {n} dead letters onto {topic}");
         }
     }
@@ -208,7 +208,7 @@ async fn main() -> anyhow::Result<()> {
     if let Cmd::Dlq { action, brokers } = &cli.command {
         return dlq(action, brokers).await;
     }
-    e2e::broker::ensure()?;
+    testkit::broker::ensure()?;
     build_services()?;
     match cli.command {
         Cmd::Dlq { .. } => unreachable!("handled above"),

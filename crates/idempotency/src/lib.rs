@@ -1,4 +1,4 @@
-//! `Idempotency-Key` for HTTP APIs: layer 1 of DESIGN.md, after the IETF
+//! `Idempotency-Key` for HTTP APIs: layer 1 of docs/design.md, after the IETF
 //! HTTPAPI draft "The Idempotency-Key HTTP Header Field".
 //!
 //! The caller owns the transaction. In one transaction it calls [`begin`],
@@ -18,6 +18,7 @@
 //! so it can never be left dangling.
 
 pub mod execute;
+pub mod http;
 pub mod key;
 
 use std::time::Duration;
@@ -29,6 +30,7 @@ use sqlx::migrate::Migrator;
 use sqlx::{PgConnection, PgPool, Row};
 
 pub use execute::{execute, Keyed, Outcome, Work};
+pub use http::{client_scope, respond, Idempotent, KeyArgs, Refused};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
 
 /// Header set on replayed responses.

@@ -1,4 +1,4 @@
-//! The inbox: layer 3 of DESIGN.md.
+//! The inbox: layer 3 of docs/design.md.
 //!
 //! A consumer calls [`record`] inside the transaction that applies its effect.
 //! The insert either creates the `(consumer, event_id)` row — the event is new,
@@ -121,6 +121,21 @@ pub async fn purge(conn: &mut PgConnection, retention: Duration, batch: i64) -> 
     .execute(conn)
     .await?
     .rows_affected())
+}
+
+/// How long inbox rows are kept, as a typed setting for a service's config.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RetentionArgs {
+    /// How long inbox rows are kept, in seconds (must exceed the broker's redelivery window).
+    #[arg(long = "inbox-retention-secs", env = "INBOX_RETENTION_SECS", default_value_t = 7 * 86_400)]
+    pub secs: u64,
+}
+
+impl RetentionArgs {
+    /// The retention window.
+    pub fn window(&self) -> Duration {
+        Duration::from_secs(self.secs)
+    }
 }
 
 /// Purges inbox rows older than `retention` every minute, in batches of

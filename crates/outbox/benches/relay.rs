@@ -9,12 +9,11 @@
 
 use std::time::{Duration, Instant};
 
-use e2e::broker::Broker;
-use messaging::{Envelope, Message};
+use contract::{Envelope, Message};
 use outbox::relay::{PendingRow, PublishError, Publisher};
 use outbox::{KafkaPublisher, Relay};
-use runtime::db::TempDb;
 use sqlx::PgPool;
+use testkit::{Broker, TempDb};
 use uuid::Uuid;
 
 /// Rows per round, rounds, and the relay's batch size and batches in flight
@@ -43,10 +42,21 @@ fn envelope(i: usize) -> Envelope {
     )
 }
 
+/// The outbox row of `env`, as a service writes it.
+fn row<'a>(topic: &'a str, env: &'a Envelope) -> outbox::OutboxEvent<'a> {
+    outbox::OutboxEvent::json(topic, env.order_id, env.event_id, &env.event_type, env)
+        .traceparent(env.traceparent.as_deref())
+}
+
+/// Publishes `env` as the relay would (same key, body and headers).
+async fn publish(producer: &rdkafka::producer::FutureProducer, topic: &str, env: &Envelope) -> kafka::Result<()> {
+    let headers = kafka::headers(&env.event_id.to_string(), &env.event_type, env.traceparent.as_deref());
+    kafka::publish(producer, topic, &env.order_id.to_string(), &env.to_bytes(), headers).await
+}
+
 /// A fresh outbox database, dropped with the returned guard.
 async fn fresh_db(tag: &str) -> (PgPool, TempDb) {
-    let db = TempDb::new(&format!("eo_bench_{tag}"));
-    let pool = runtime::db::connect(db.url(), 8, vec![outbox::migrator()])
+    let (db, pool) = TempDb::with_pool(&format!("eo_bench_{tag}"), 8, vec![outbox::migrator()])
         .await
         .unwrap();
     (pool, db)
@@ -56,7 +66,7 @@ async fn fill(pool: &PgPool, topic: &str, n: usize) {
     for chunk in 0..n.div_ceil(1_000) {
         let mut tx = pool.begin().await.unwrap();
         for i in chunk * 1_000..((chunk + 1) * 1_000).min(n) {
-            outbox::enqueue(&mut tx, topic, &envelope(i)).await.unwrap();
+            outbox::enqueue(&mut tx, &row(topic, &envelope(i))).await.unwrap();
         }
         tx.commit().await.unwrap();
     }
@@ -141,21 +151,17 @@ async fn main() {
     //    with the same number in flight (`in_flight` streams, each sending a
     //    window of `batch` and awaiting its acks). For context, the ceiling:
     //    the raw producer handing all n messages to rdkafka at once.
-    let producer = messaging::kafka::producer(&broker.addr).unwrap();
+    let producer = kafka::producer(&broker.addr).unwrap();
     let publisher = KafkaPublisher::new(&broker.addr).unwrap();
     let (mut ceilings, mut raws, mut relays) = (Vec::new(), Vec::new(), Vec::new());
     let (mut raw_cpu, mut relay_cpu) = (Vec::new(), Vec::new());
     let mut keep = Vec::new();
     for round in 0..rounds {
         let topic = format!("bench.relay.{round}");
-        messaging::kafka::ensure_topics(&broker.addr, &[topic.as_str()])
-            .await
-            .unwrap();
+        kafka::ensure_topics(&broker.addr, &[topic.as_str()]).await.unwrap();
         let envelopes: Vec<Envelope> = (0..n).map(envelope).collect();
         let start = Instant::now();
-        let sends = envelopes
-            .iter()
-            .map(|e| messaging::kafka::publish(&producer, &topic, e));
+        let sends = envelopes.iter().map(|e| publish(&producer, &topic, e));
         for r in futures::future::join_all(sends).await {
             r.unwrap();
         }
@@ -166,7 +172,7 @@ async fn main() {
             let (producer, topic) = (&producer, topic.as_str());
             async move {
                 for window in stream.chunks(batch as usize) {
-                    let sends = window.iter().map(|e| messaging::kafka::publish(producer, topic, e));
+                    let sends = window.iter().map(|e| publish(producer, topic, e));
                     for r in futures::future::join_all(sends).await {
                         r.unwrap();
                     }
@@ -238,7 +244,7 @@ async fn main() {
     for i in 0..200 {
         let env = envelope(i);
         let mut tx = pool.begin().await.unwrap();
-        outbox::enqueue(&mut tx, topic, &env).await.unwrap();
+        outbox::enqueue(&mut tx, &row(topic, &env)).await.unwrap();
         tx.commit().await.unwrap();
         let ms: f64 = loop {
             let v: Option<f64> = sqlx::query_scalar(

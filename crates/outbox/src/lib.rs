@@ -1,4 +1,4 @@
-//! The transactional outbox: layer 2 of DESIGN.md.
+//! The transactional outbox: layer 2 of docs/design.md.
 //!
 //! A service never publishes from a request or message handler. It calls
 //! [`enqueue`] with the transaction that carries its state change, so the
@@ -9,7 +9,6 @@
 
 pub mod relay;
 
-use messaging::{Envelope, Message};
 use sqlx::migrate::Migrator;
 use sqlx::PgConnection;
 use uuid::Uuid;
@@ -32,35 +31,68 @@ pub fn migrator() -> Migrator {
     sqlx::migrate!("./migrations")
 }
 
-/// Inserts `envelope` for `topic` in the caller's transaction.
+/// One event as its service wrote it, ready for the outbox table. The
+/// outbox does not care what the event means: the relay publishes `body`
+/// byte for byte to `topic` under `key`, with `event_id`, `event_type` and
+/// `traceparent` as Kafka headers.
+#[derive(Debug, Clone)]
+pub struct OutboxEvent<'a> {
+    /// Destination topic.
+    pub topic: &'a str,
+    /// Kafka message key (per-key order is kept by the relay).
+    pub key: String,
+    /// Stable identity: every publish of this row carries it.
+    pub event_id: Uuid,
+    /// The event's type, for headers and dead-letter readers.
+    pub event_type: &'a str,
+    /// W3C trace context of the span that wrote the event.
+    pub traceparent: Option<&'a str>,
+    /// The message body, JSON.
+    pub body: String,
+}
+
+impl<'a> OutboxEvent<'a> {
+    /// An event with `body` serialised as JSON.
+    pub fn json(
+        topic: &'a str,
+        key: impl ToString,
+        event_id: Uuid,
+        event_type: &'a str,
+        body: &impl serde::Serialize,
+    ) -> Self {
+        Self {
+            topic,
+            key: key.to_string(),
+            event_id,
+            event_type,
+            traceparent: None,
+            body: serde_json::to_string(body).expect("event serialises"),
+        }
+    }
+
+    /// With the trace context of the writing span.
+    pub fn traceparent(mut self, traceparent: Option<&'a str>) -> Self {
+        self.traceparent = traceparent;
+        self
+    }
+}
+
+/// Inserts `event` in the caller's transaction.
 ///
-/// The `event_id` inside the envelope is the one every publish of this row
-/// will carry, however often the relay retries.
-pub async fn enqueue(conn: &mut PgConnection, topic: &str, envelope: &Envelope) -> Result<()> {
+/// The `event_id` is the one every publish of this row will carry, however
+/// often the relay retries: it is fixed here, at insert, never at publish.
+pub async fn enqueue(conn: &mut PgConnection, event: &OutboxEvent<'_>) -> Result<()> {
     sqlx::query(
         "INSERT INTO outbox (event_id, topic, message_key, envelope, event_type, traceparent)
          VALUES ($1, $2, $3, $4::json, $5, $6)",
     )
-    .bind(envelope.event_id)
-    .bind(topic)
-    .bind(envelope.order_id.to_string())
-    .bind(serde_json::to_string(envelope).expect("envelope serialises"))
-    .bind(&envelope.event_type)
-    .bind(envelope.traceparent.as_deref())
+    .bind(event.event_id)
+    .bind(event.topic)
+    .bind(&event.key)
+    .bind(&event.body)
+    .bind(event.event_type)
+    .bind(event.traceparent)
     .execute(conn)
     .await?;
     Ok(())
-}
-
-/// Builds the envelope for `message` (caused by `cause`) and enqueues it on
-/// the message's topic. Returns the new envelope.
-pub async fn emit(
-    conn: &mut PgConnection,
-    order_id: Uuid,
-    message: &Message,
-    cause: Option<&Envelope>,
-) -> Result<Envelope> {
-    let envelope = Envelope::new(order_id, message, cause);
-    enqueue(conn, message.topic(), &envelope).await?;
-    Ok(envelope)
 }

@@ -27,6 +27,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Result;
 
+/// Crash point (failpoints builds): abort after the broker acknowledged a
+/// batch, before the rows are marked published — they are published again,
+/// with the same event ids, and the consumers' inboxes absorb the copies.
+pub const CRASH_AFTER_PUBLISH_BEFORE_MARK: &str = "relay::after_publish_before_mark";
+
 /// A claimed row on its way to the broker.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct PendingRow {
@@ -71,17 +76,23 @@ pub struct KafkaPublisher {
 
 impl KafkaPublisher {
     /// A publisher for `brokers`.
-    pub fn new(brokers: &str) -> messaging::Result<Self> {
+    pub fn new(brokers: &str) -> kafka::Result<Self> {
         Ok(Self {
-            producer: messaging::kafka::producer(brokers)?,
+            producer: kafka::producer(brokers)?,
         })
+    }
+
+    /// A publisher over an existing idempotent producer (e.g. one built from
+    /// a service's `KafkaArgs`).
+    pub fn from_producer(producer: FutureProducer) -> Self {
+        Self { producer }
     }
 
     /// A publisher whose messages fail after `timeout` without a broker ack
     /// (the row then stays pending and is retried).
-    pub fn with_timeout(brokers: &str, timeout: Duration) -> messaging::Result<Self> {
+    pub fn with_timeout(brokers: &str, timeout: Duration) -> kafka::Result<Self> {
         Ok(Self {
-            producer: messaging::kafka::producer_with_timeout(brokers, timeout)?,
+            producer: kafka::producer_with_timeout(brokers, timeout)?,
         })
     }
 }
@@ -89,8 +100,8 @@ impl KafkaPublisher {
 impl Publisher for KafkaPublisher {
     async fn publish(&self, rows: &[PendingRow]) -> Vec<Result<(), PublishError>> {
         let sends = rows.iter().map(|row| {
-            let headers = messaging::kafka::headers_for(&row.event_id, &row.event_type, row.traceparent.as_deref());
-            messaging::kafka::publish_raw(&self.producer, &row.topic, &row.key, row.body.as_bytes(), headers)
+            let headers = kafka::headers(&row.event_id, &row.event_type, row.traceparent.as_deref());
+            kafka::publish(&self.producer, &row.topic, &row.key, row.body.as_bytes(), headers)
         });
         futures::future::join_all(sends)
             .await
@@ -99,7 +110,7 @@ impl Publisher for KafkaPublisher {
                 r.map_err(|e| {
                     let retriable = !matches!(
                         &e,
-                        messaging::Error::Kafka(KafkaError::MessageProduction(
+                        kafka::Error::Kafka(KafkaError::MessageProduction(
                             RDKafkaErrorCode::MessageSizeTooLarge
                                 | RDKafkaErrorCode::InvalidMessageSize
                                 | RDKafkaErrorCode::InvalidMessage
@@ -258,7 +269,7 @@ impl<P: Publisher> Relay<P> {
     /// Publishes a claimed batch and settles it.
     async fn deliver(&self, claim: Claim) -> Result<Round> {
         let results = self.publisher.publish(&claim.pending).await;
-        fail::fail_point!("relay::after_publish_before_mark", |_| std::process::abort());
+        fail::fail_point!(CRASH_AFTER_PUBLISH_BEFORE_MARK, |_| std::process::abort());
         self.settle(claim, results).await
     }
 

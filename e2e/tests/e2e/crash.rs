@@ -1,6 +1,7 @@
 //! Real crashes at named points (failpoints that abort the process), then a
 //! restart and the client's retry with the same Idempotency-Key.
 
+use order_api::http::orders;
 use std::time::Duration;
 
 use e2e::driver::{Client, OrderRequest, GOOD_CARD};
@@ -28,11 +29,7 @@ async fn order_api_killed_around_its_commit_never_loses_or_duplicates_an_order()
 
     // 1. Killed after the commit, before the response: the client sees a
     //    broken connection; the retry gets the committed order back, replayed.
-    stack.set_env(
-        Service::OrderApi,
-        "FAILPOINTS",
-        "order_api::after_commit_before_response=1*return",
-    );
+    stack.arm(Service::OrderApi, orders::CRASH_AFTER_COMMIT_BEFORE_RESPONSE);
     stack.restart(Service::OrderApi).await.unwrap();
     assert!(
         client.post_order("k-after", &req).await.is_err(),
@@ -43,14 +40,14 @@ async fn order_api_killed_around_its_commit_never_loses_or_duplicates_an_order()
         .await
         .unwrap();
     assert_eq!(orders_in_db(&stack).await, 1, "the order committed before the crash");
-    stack.set_env(Service::OrderApi, "FAILPOINTS", "");
+    stack.disarm(Service::OrderApi);
     stack.start_service(Service::OrderApi).await.unwrap();
     let retry = client.post_order("k-after", &req).await.unwrap();
     assert_eq!((retry.status, retry.replayed), (201, true), "{}", retry.body);
     assert_eq!(orders_in_db(&stack).await, 1);
 
     // 2. Killed before the commit: nothing was written, the retry executes.
-    stack.set_env(Service::OrderApi, "FAILPOINTS", "order_api::before_commit=1*return");
+    stack.arm(Service::OrderApi, orders::CRASH_BEFORE_COMMIT);
     stack.restart(Service::OrderApi).await.unwrap();
     assert!(client.post_order("k-before", &req).await.is_err());
     stack
@@ -58,7 +55,7 @@ async fn order_api_killed_around_its_commit_never_loses_or_duplicates_an_order()
         .await
         .unwrap();
     assert_eq!(orders_in_db(&stack).await, 1, "nothing of the killed request survived");
-    stack.set_env(Service::OrderApi, "FAILPOINTS", "");
+    stack.disarm(Service::OrderApi);
     stack.start_service(Service::OrderApi).await.unwrap();
     let retry = client.post_order("k-before", &req).await.unwrap();
     assert_eq!((retry.status, retry.replayed), (201, false), "{}", retry.body);

@@ -4,8 +4,10 @@ mod api;
 mod chaos;
 mod compose;
 mod crash;
+mod layout;
 mod payments;
 mod saga;
+mod supervisor;
 
 use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock};
 

@@ -18,14 +18,14 @@ async fn ledger(stack: &e2e::Stack, order: Uuid) -> Vec<(String, String)> {
         .unwrap()
 }
 
-async fn metric(stack: &e2e::Stack, s: Service, name: &str) -> i64 {
+async fn metric(stack: &e2e::Stack, s: Service, name: &str) -> f64 {
     let text = reqwest::get(format!("{}/metrics", stack.url(s)))
         .await
         .unwrap()
         .text()
         .await
         .unwrap();
-    telemetry::metrics::sum_samples(&text, name, &[])
+    testkit::metrics::sum_samples(&text, name, &[])
 }
 
 fn order() -> OrderRequest {
@@ -42,10 +42,9 @@ async fn payment_service_killed_after_the_charge_before_recording_it_charges_onc
     let mut stack = crate::stack("crash-pay").await;
     let client = Client::new(&stack, Duration::from_secs(5)).unwrap();
     client.seed_stock("WIDGET", 10).await.unwrap();
-    stack.set_env(
+    stack.arm(
         Service::Payment,
-        "FAILPOINTS",
-        "payment::after_gateway_before_record=1*return",
+        payment_service::payments::CRASH_AFTER_GATEWAY_BEFORE_RECORD,
     );
     stack.restart(Service::Payment).await.unwrap();
     let placed = client
@@ -68,7 +67,7 @@ async fn payment_service_killed_after_the_charge_before_recording_it_charges_onc
         .await
         .unwrap();
     assert_eq!(status, "PENDING", "the crash left the payment unrecorded");
-    stack.set_env(Service::Payment, "FAILPOINTS", "");
+    stack.disarm(Service::Payment);
     stack.start_service(Service::Payment).await.unwrap();
     let done = client
         .wait_terminal(&[placed.id], Duration::from_secs(60))
@@ -80,7 +79,7 @@ async fn payment_service_killed_after_the_charge_before_recording_it_charges_onc
         1,
         "the redelivery got the same charge back"
     );
-    assert!(metric(&stack, Service::Gateway, "gateway_replays_total").await >= 1);
+    assert!(metric(&stack, Service::Gateway, "http_idempotent_replays_total").await >= 1.0);
     stack.shutdown(true).await.unwrap();
 }
 
@@ -108,11 +107,11 @@ async fn a_gateway_that_commits_then_times_out_charges_once() {
         vec![("charge".into(), "captured".into())]
     );
     assert!(
-        metric(&stack, Service::Payment, "consumer_transient_errors_total").await >= 1,
+        metric(&stack, Service::Payment, "consumer_transient_errors_total").await >= 1.0,
         "the timeout was seen"
     );
     assert!(
-        metric(&stack, Service::Gateway, "gateway_replays_total").await >= 1,
+        metric(&stack, Service::Gateway, "http_idempotent_replays_total").await >= 1.0,
         "the retry was a replay"
     );
     stack.shutdown(true).await.unwrap();

@@ -3,8 +3,7 @@ use clap::Parser;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let config = inventory_service::Config::parse();
-    telemetry::init("inventory-service");
-    let _failpoints = fail::FailScenario::setup();
-    let shutdown = runtime::shutdown::on_signal();
-    inventory_service::build(config).await?.run(shutdown).await
+    let _process = service_kit::init(inventory_service::NAME, &config.log);
+    let app = inventory_service::build(config).await?;
+    app.run(service_kit::shutdown::on_signal()).await
 }

@@ -3,8 +3,9 @@
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
-use messaging::consumer::{HandleError, Handled};
-use messaging::{Envelope, Message};
+use contract::topics::consumers::INVENTORY;
+use contract::{Envelope, Message};
+use kafka::consumer::{HandleError, Handled};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgPool};
 
@@ -12,7 +13,7 @@ use sqlx::{PgConnection, PgPool};
 #[tracing::instrument(skip_all, fields(order_id = %envelope.order_id, event_type = %envelope.event_type, event_id = %envelope.event_id))]
 pub async fn handle(pool: &PgPool, envelope: Envelope) -> Result<Handled, HandleError> {
     let message = envelope.message().map_err(HandleError::permanent)?;
-    let Some(mut tx) = inbox::begin(pool, crate::CONSUMER, envelope.event_id)
+    let Some(mut tx) = inbox::begin(pool, INVENTORY.name, envelope.event_id)
         .await
         .map_err(HandleError::transient)?
     else {
@@ -29,7 +30,7 @@ pub async fn handle(pool: &PgPool, envelope: Envelope) -> Result<Handled, Handle
     }
     .map_err(HandleError::transient)?;
     if let Some(reply) = reply {
-        outbox::emit(&mut tx, envelope.order_id, &reply, Some(&envelope))
+        service_kit::saga::emit(&mut tx, envelope.order_id, &reply, Some(&envelope))
             .await
             .map_err(HandleError::transient)?;
     }

@@ -2,15 +2,14 @@
 
 use std::time::Duration;
 
-use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, Utc};
-use idempotency::{IdempotencyKey, Keyed, Outcome, StoredResponse};
-use runtime::problem::{Problem, PROBLEM_JSON};
+use idempotency::{Outcome, StoredResponse};
 use serde::{Deserialize, Serialize};
+use service_kit::problem::{Problem, PROBLEM_JSON};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
@@ -26,12 +25,9 @@ pub enum GatewayError {
     /// Valid syntax, refused content (stored under the key).
     #[error("{0}")]
     Unprocessable(String),
-    /// Same key, first request still running.
-    #[error("a request with this Idempotency-Key is in progress")]
-    InFlight,
-    /// Same key, different parameters.
-    #[error("Idempotency-Key reused with different parameters")]
-    KeyReused,
+    /// Refused by the Idempotency-Key layer (bad key, in flight, reused).
+    #[error(transparent)]
+    Refused(#[from] idempotency::Refused),
     /// Injected or real unavailability before commit: retry is safe.
     #[error("gateway temporarily unavailable")]
     Unavailable,
@@ -39,6 +35,9 @@ pub enum GatewayError {
     #[error("internal error")]
     Internal(#[from] anyhow::Error),
 }
+
+/// A request under `Idempotency-Key`, refused the way the gateway refuses.
+pub type Idempotent = idempotency::Idempotent<GatewayError>;
 
 impl From<idempotency::Error> for GatewayError {
     fn from(e: idempotency::Error) -> Self {
@@ -57,8 +56,7 @@ impl GatewayError {
         let (status, kind) = match self {
             Self::BadRequest(_) => (StatusCode::BAD_REQUEST, "/problems/bad-request"),
             Self::Unprocessable(_) => (StatusCode::UNPROCESSABLE_ENTITY, "/problems/unprocessable"),
-            Self::InFlight => (StatusCode::CONFLICT, "/problems/idempotency-key-in-flight"),
-            Self::KeyReused => (StatusCode::UNPROCESSABLE_ENTITY, "/problems/idempotency-key-reused"),
+            Self::Refused(r) => (r.status(), r.problem_type()),
             Self::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "/problems/unavailable"),
             Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "/problems/internal"),
         };
@@ -72,6 +70,41 @@ impl IntoResponse for GatewayError {
             tracing::error!(error = ?e, "gateway request failed");
         }
         self.problem().into_response()
+    }
+}
+
+/// What a ledger entry moved (stored and shown as `charge` / `refund`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
+#[serde(rename_all = "lowercase")]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
+pub enum EntryKind {
+    /// A charge attempt.
+    Charge,
+    /// A refund.
+    Refund,
+}
+
+/// How a movement ended (stored and shown as `captured`, …).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
+#[serde(rename_all = "lowercase")]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
+pub enum EntryStatus {
+    /// Money taken.
+    Captured,
+    /// Charge refused by the issuer; nothing taken.
+    Declined,
+    /// Money given back.
+    Refunded,
+}
+
+impl EntryStatus {
+    /// The stored name (a metric label).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Captured => "captured",
+            Self::Declined => "declined",
+            Self::Refunded => "refunded",
+        }
     }
 }
 
@@ -100,8 +133,8 @@ pub struct RefundRequest {
 pub struct Movement {
     /// Ledger entry id.
     pub id: Uuid,
-    /// `captured`, `declined` or `refunded`.
-    pub status: String,
+    /// How it ended.
+    pub status: EntryStatus,
 }
 
 /// A ledger entry.
@@ -109,14 +142,14 @@ pub struct Movement {
 pub struct LedgerEntry {
     /// Entry id.
     pub id: Uuid,
-    /// `charge` or `refund`.
-    pub kind: String,
+    /// Charge or refund.
+    pub kind: EntryKind,
     /// Order.
     pub order_id: Uuid,
     /// Amount in cents.
     pub amount_cents: i64,
-    /// `captured`, `declined` or `refunded`.
-    pub status: String,
+    /// How it ended.
+    pub status: EntryStatus,
     /// Client that asked.
     pub client_id: String,
     /// Key it came with.
@@ -126,35 +159,39 @@ pub struct LedgerEntry {
 }
 
 /// `POST /v1/charges` — captures, or declines card [`crate::DECLINED_CARD`] (402).
-pub async fn charge(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, GatewayError> {
-    let req: ChargeRequest = parse(&body)?;
+pub async fn charge(State(state): State<AppState>, request: Idempotent) -> Result<Response, GatewayError> {
+    let req: ChargeRequest = parse(&request.body)?;
     if req.amount_cents <= 0 {
         return Err(GatewayError::Unprocessable("amount_cents must be positive".into()));
     }
     keyed(
         &state,
-        &headers,
-        "/v1/charges",
-        &body,
+        &request,
         Box::new(move |conn, client, key| {
             Box::pin(async move {
                 let declined = req.card == crate::DECLINED_CARD;
-                let status = if declined { "declined" } else { "captured" };
-                let id = insert(conn, "charge", req.order_id, req.amount_cents, status, &client, &key).await?;
+                let status = if declined {
+                    EntryStatus::Declined
+                } else {
+                    EntryStatus::Captured
+                };
+                let id = insert(
+                    conn,
+                    EntryKind::Charge,
+                    req.order_id,
+                    req.amount_cents,
+                    status,
+                    &client,
+                    &key,
+                )
+                .await?;
                 let code = if declined {
                     StatusCode::PAYMENT_REQUIRED
                 } else {
                     StatusCode::CREATED
                 };
-                telemetry::metrics::incr("gateway_charges_total", &[("status", status)]);
-                Ok(StoredResponse::json(
-                    code,
-                    &Movement {
-                        id,
-                        status: status.into(),
-                    },
-                    "application/json",
-                ))
+                telemetry::metrics::incr("gateway_charges_total", &[("status", status.as_str())]);
+                Ok(StoredResponse::json(code, &Movement { id, status }, "application/json"))
             })
         }),
     )
@@ -163,13 +200,11 @@ pub async fn charge(State(state): State<AppState>, headers: HeaderMap, body: Byt
 
 /// `POST /v1/refunds` — refunds part or all of an order's captured charges;
 /// refunds beyond what was captured are refused (422).
-pub async fn refund(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, GatewayError> {
-    let req: RefundRequest = parse(&body)?;
+pub async fn refund(State(state): State<AppState>, request: Idempotent) -> Result<Response, GatewayError> {
+    let req: RefundRequest = parse(&request.body)?;
     keyed(
         &state,
-        &headers,
-        "/v1/refunds",
-        &body,
+        &request,
         Box::new(move |conn, client, key| {
             Box::pin(async move {
                 // Lock the order's ledger rows so concurrent refunds cannot overdraw.
@@ -190,10 +225,10 @@ pub async fn refund(State(state): State<AppState>, headers: HeaderMap, body: Byt
                 }
                 let id = insert(
                     conn,
-                    "refund",
+                    EntryKind::Refund,
                     req.order_id,
                     req.amount_cents,
-                    "refunded",
+                    EntryStatus::Refunded,
                     &client,
                     &key,
                 )
@@ -203,7 +238,7 @@ pub async fn refund(State(state): State<AppState>, headers: HeaderMap, body: Byt
                     StatusCode::CREATED,
                     &Movement {
                         id,
-                        status: "refunded".into(),
+                        status: EntryStatus::Refunded,
                     },
                     "application/json",
                 ))
@@ -231,10 +266,10 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, GatewayError>
 
 async fn insert(
     conn: &mut PgConnection,
-    kind: &str,
+    kind: EntryKind,
     order_id: Uuid,
     amount_cents: i64,
-    status: &str,
+    status: EntryStatus,
     client: &str,
     key: &str,
 ) -> Result<Uuid, GatewayError> {
@@ -267,30 +302,12 @@ type Op = Box<
 >;
 
 /// The keyed request flow with the configured faults around it.
-async fn keyed(
-    state: &AppState,
-    headers: &HeaderMap,
-    path: &str,
-    body: &[u8],
-    op: Op,
-) -> Result<Response, GatewayError> {
-    let key = IdempotencyKey::from_headers(headers).map_err(|e| GatewayError::BadRequest(e.to_string()))?;
-    let client = headers
-        .get("x-client-id")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("anonymous")
-        .to_owned();
+async fn keyed(state: &AppState, request: &Idempotent, op: Op) -> Result<Response, GatewayError> {
     let faults = state.faults.current();
     if faults.latency_ms > 0 {
         tokio::time::sleep(Duration::from_millis(faults.latency_ms)).await;
     }
-    let fingerprint = idempotency::fingerprint("POST", path, body);
-    let request = Keyed {
-        scope: &client,
-        key: &key.0,
-        fingerprint: &fingerprint,
-    };
-    let (c, k) = (client.clone(), key.0.clone());
+    let (client, key) = (request.scope.clone(), request.key.clone());
     let fail_rate = faults.fail_rate;
     let work: idempotency::Work<GatewayError> = Box::new(move |conn| {
         Box::pin(async move {
@@ -298,36 +315,20 @@ async fn keyed(
                 telemetry::metrics::incr("gateway_injected_faults_total", &[("fault", "fail_before_commit")]);
                 return Err(GatewayError::Unavailable);
             }
-            op(conn, c, k).await
+            op(conn, client, key).await
         })
     });
-    let outcome = idempotency::execute(
-        &state.pool,
-        request,
-        Duration::from_secs(86_400),
-        work,
-        |e: &GatewayError| {
-            matches!(e, GatewayError::Unprocessable(_)).then(|| {
-                let p = e.problem();
-                StoredResponse::json(p.status_code(), &p, PROBLEM_JSON)
-            })
-        },
-    )
+    let outcome = idempotency::execute(&state.pool, request.keyed(), state.key_ttl, work, |e: &GatewayError| {
+        matches!(e, GatewayError::Unprocessable(_)).then(|| {
+            let p = e.problem();
+            StoredResponse::json(p.status_code(), &p, PROBLEM_JSON)
+        })
+    })
     .await?;
-    match outcome {
-        Outcome::Completed(stored) => {
-            if FaultSwitch::roll(faults.timeout_after_commit_rate) {
-                telemetry::metrics::incr("gateway_injected_faults_total", &[("fault", "timeout_after_commit")]);
-                tracing::warn!("committed; now hanging past the client's timeout");
-                tokio::time::sleep(Duration::from_millis(faults.hang_ms)).await;
-            }
-            Ok(stored.to_response(false))
-        }
-        Outcome::Replayed(stored) => {
-            telemetry::metrics::incr("gateway_replays_total", &[]);
-            Ok(stored.to_response(true))
-        }
-        Outcome::InFlight => Err(GatewayError::InFlight),
-        Outcome::Mismatch => Err(GatewayError::KeyReused),
+    if matches!(outcome, Outcome::Completed(_)) && FaultSwitch::roll(faults.timeout_after_commit_rate) {
+        telemetry::metrics::incr("gateway_injected_faults_total", &[("fault", "timeout_after_commit")]);
+        tracing::warn!("committed; now hanging past the client's timeout");
+        tokio::time::sleep(Duration::from_millis(faults.hang_ms)).await;
     }
+    Ok(idempotency::respond(outcome)?)
 }

@@ -12,12 +12,17 @@ pub mod ledger;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::routing::{get, post};
 use axum::Router;
+use service_kit::{DbArgs, LogArgs, Supervisor};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+
+/// Process name, in logs and metrics.
+pub const NAME: &str = "mock-gateway";
 
 /// The card number that is always declined.
 pub const DECLINED_CARD: &str = "4000000000000002";
@@ -28,23 +33,26 @@ pub const DECLINED_CARD: &str = "4000000000000002";
     name = "mock-gateway",
     about = "Stripe-like payment gateway with a ledger and fault injection"
 )]
+#[command(mut_arg("url", |a| a.default_value("postgres://postgres@127.0.0.1:5432/gateway")))]
 pub struct Config {
-    /// PostgreSQL URL of the `gateway` database (created if missing).
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/gateway"
-    )]
-    pub database_url: String,
+    /// The `gateway` database.
+    #[command(flatten)]
+    pub db: DbArgs,
     /// HTTP address.
     #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8083")]
     pub http_addr: SocketAddr,
     /// Enables `GET/PUT /admin/faults` (never in production).
     #[arg(long, env = "GATEWAY_ADMIN", default_value_t = false)]
     pub admin: bool,
+    /// Idempotency-Key lifetime.
+    #[command(flatten)]
+    pub keys: idempotency::KeyArgs,
     /// Initial faults.
     #[command(flatten)]
     pub faults: faults::Faults,
+    /// Logs.
+    #[command(flatten)]
+    pub log: LogArgs,
 }
 
 /// Handler state.
@@ -54,6 +62,8 @@ pub struct AppState {
     pub pool: PgPool,
     /// Current faults.
     pub faults: Arc<faults::FaultSwitch>,
+    /// How long a completed Idempotency-Key is remembered.
+    pub key_ttl: Duration,
 }
 
 /// A built gateway.
@@ -65,9 +75,9 @@ pub struct App {
 
 /// Connects, migrates and binds.
 pub async fn build(config: Config) -> anyhow::Result<App> {
-    let pool = runtime::db::connect(
-        &config.database_url,
-        16,
+    let pool = service_kit::db::connect(
+        &config.db.url,
+        config.db.pool_size,
         vec![idempotency::migrator(), sqlx::migrate!("../../migrations/gateway")],
     )
     .await?;
@@ -75,6 +85,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     let state = AppState {
         pool,
         faults: Arc::new(faults::FaultSwitch::new(config.faults)),
+        key_ttl: config.keys.ttl(),
     };
     Ok(App {
         state,
@@ -89,9 +100,10 @@ impl App {
         self.listener.local_addr().expect("bound listener")
     }
 
-    /// Serves until `shutdown`.
+    /// Serves until `shutdown`, or until a task dies (then returns its error).
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         tracing::info!(addr = %self.local_addr(), admin = self.admin, "mock-gateway listening");
+        let mut tasks = Supervisor::new(shutdown);
         let mut api = Router::new()
             .route("/v1/charges", post(ledger::charge))
             .route("/v1/refunds", post(ledger::refund))
@@ -99,13 +111,14 @@ impl App {
         if self.admin {
             api = api.route("/admin/faults", get(faults::get).put(faults::put));
         }
-        let reaper = tokio::spawn(idempotency::run_reaper(self.state.pool.clone(), shutdown.clone()));
+        tasks.spawn(
+            "idempotency reaper",
+            idempotency::run_reaper(self.state.pool.clone(), tasks.token()),
+        );
         let app = api
             .with_state(self.state.clone())
-            .merge(runtime::admin::router(self.state.pool.clone()));
-        runtime::admin::serve(self.listener, app, shutdown.clone()).await?;
-        shutdown.cancel();
-        reaper.await?;
-        Ok(())
+            .merge(service_kit::admin::router(self.state.pool.clone(), tasks.health()));
+        tasks.serve(self.listener, app);
+        tasks.wait().await
     }
 }

@@ -16,7 +16,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Json, Router};
-use messaging::Message;
+use contract::Message;
 use order_api::orders::{self, NewOrder};
 use order_api::AppState;
 
@@ -40,7 +40,7 @@ async fn plain_insert(State(state): State<AppState>, Json(body): Json<serde_json
         sku: order.sku.clone(),
         quantity: order.quantity,
     };
-    outbox::emit(&mut tx, order.id, &first, None).await.unwrap();
+    service_kit::saga::emit(&mut tx, order.id, &first, None).await.unwrap();
     tx.commit().await.unwrap();
     StatusCode::CREATED
 }
@@ -113,7 +113,7 @@ async fn measure(http: &reqwest::Client, base: &str, mode: Mode) -> Figures {
 
 #[tokio::main]
 async fn main() {
-    let db = runtime::db::TempDb::new("eo_bench_idem");
+    let db = testkit::TempDb::new("eo_bench_idem");
     let pool = order_api::connect(db.url(), 16).await.expect("database");
     let state = AppState {
         pool: pool.clone(),

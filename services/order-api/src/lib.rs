@@ -1,8 +1,9 @@
 //! order-api: accepts orders over HTTP (with `Idempotency-Key`) and
 //! orchestrates the order saga from the replies of inventory and payment.
 //!
-//! [`build`] connects, migrates and binds; [`App::run`] serves until the
-//! shutdown token is cancelled. Tests start the real service on port 0.
+//! [`build`] connects, migrates and binds; [`App::run`] supervises the HTTP
+//! server, the saga consumer and the reapers until the shutdown token is
+//! cancelled or one of them dies. Tests start the real service on port 0.
 
 pub mod http;
 pub mod orders;
@@ -11,39 +12,38 @@ pub mod saga;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use contract::topics::{self, consumers};
+use service_kit::{DbArgs, LogArgs, SagaConsumer, Supervisor};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-/// Consumer group (and inbox consumer name) of the saga.
-pub const SAGA_CONSUMER: &str = "order-saga";
+/// Process name, in logs and metrics.
+pub const NAME: &str = "order-api";
 
-/// order-api configuration, from environment variables.
+/// order-api configuration, from arguments or environment variables.
 #[derive(Debug, Clone, clap::Parser)]
 #[command(name = "order-api", about = "Orders HTTP API and saga orchestrator")]
+#[command(mut_arg("url", |a| a.default_value("postgres://postgres@127.0.0.1:5432/orders")))]
 pub struct Config {
-    /// PostgreSQL URL of the `orders` database (created if missing).
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/orders"
-    )]
-    pub database_url: String,
-    /// Kafka bootstrap servers.
-    #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
-    pub kafka_brokers: String,
+    /// The `orders` database.
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// The broker.
+    #[command(flatten)]
+    pub kafka: kafka::KafkaArgs,
     /// Address of the HTTP API (also serves /health and /metrics).
     #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8080")]
     pub http_addr: SocketAddr,
-    /// How long a completed Idempotency-Key is remembered.
-    #[arg(long, env = "IDEMPOTENCY_TTL_SECS", default_value_t = 86_400)]
-    pub idempotency_ttl_secs: u64,
-    /// How long inbox rows are kept (must exceed the broker's redelivery window).
-    #[arg(long, env = "INBOX_RETENTION_SECS", default_value_t = 7 * 86_400)]
-    pub inbox_retention_secs: u64,
-    /// Database pool size.
-    #[arg(long, env = "DATABASE_POOL_SIZE", default_value_t = 16)]
-    pub pool_size: u32,
+    /// Idempotency-Key lifetime.
+    #[command(flatten)]
+    pub keys: idempotency::KeyArgs,
+    /// Inbox retention.
+    #[command(flatten)]
+    pub inbox: inbox::RetentionArgs,
+    /// Logs.
+    #[command(flatten)]
+    pub log: LogArgs,
 }
 
 /// Shared handler state.
@@ -65,7 +65,7 @@ pub struct App {
 /// Connects to the `orders` database, creating and migrating it (the
 /// outbox, inbox and idempotency tables, then the orders schema).
 pub async fn connect(database_url: &str, pool_size: u32) -> anyhow::Result<PgPool> {
-    Ok(runtime::db::connect(
+    Ok(service_kit::db::connect(
         database_url,
         pool_size,
         vec![
@@ -81,12 +81,12 @@ pub async fn connect(database_url: &str, pool_size: u32) -> anyhow::Result<PgPoo
 /// Connects to the database (creating and migrating it), creates the topics
 /// and binds the HTTP listener.
 pub async fn build(config: Config) -> anyhow::Result<App> {
-    let pool = connect(&config.database_url, config.pool_size).await?;
-    messaging::kafka::ensure_topics(&config.kafka_brokers, &messaging::message::TOPICS).await?;
+    let pool = connect(&config.db.url, config.db.pool_size).await?;
+    kafka::ensure_topics(&config.kafka.brokers, &topics::ALL).await?;
     let listener = TcpListener::bind(config.http_addr).await?;
     let state = AppState {
         pool,
-        idempotency_ttl: Duration::from_secs(config.idempotency_ttl_secs),
+        idempotency_ttl: config.keys.ttl(),
     };
     Ok(App {
         state,
@@ -101,31 +101,23 @@ impl App {
         self.listener.local_addr().expect("bound listener")
     }
 
-    /// Serves HTTP and runs the saga consumer and the reaper until `shutdown`.
+    /// Serves HTTP and runs the saga consumer and the reapers until
+    /// `shutdown`, or until one of them dies (then returns its error).
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         tracing::info!(addr = %self.local_addr(), "order-api listening");
-        let settings = messaging::consumer::ConsumerSettings {
-            brokers: self.config.kafka_brokers.clone(),
-            group_id: SAGA_CONSUMER.into(),
-            topics: vec![messaging::message::ORDER_EVENTS.into()],
-        };
-        let pool = self.state.pool.clone();
-        let saga = tokio::spawn(messaging::consumer::run(settings, shutdown.clone(), move |env| {
-            let pool = pool.clone();
-            async move { saga::handle(&pool, env).await }
-        }));
-        let inbox_retention = tokio::spawn(inbox::run_retention(
-            self.state.pool.clone(),
-            Duration::from_secs(self.config.inbox_retention_secs),
-            shutdown.clone(),
-        ));
-        let key_reaper = tokio::spawn(idempotency::run_reaper(self.state.pool.clone(), shutdown.clone()));
-        let app = http::router(self.state.clone()).merge(runtime::admin::router(self.state.pool.clone()));
-        runtime::admin::serve(self.listener, app, shutdown.clone()).await?;
-        shutdown.cancel();
-        saga.await??;
-        inbox_retention.await?;
-        key_reaper.await?;
-        Ok(())
+        let mut tasks = Supervisor::new(shutdown);
+        let config = &self.config;
+        let saga = SagaConsumer::new(consumers::ORDER_SAGA, &config.kafka, &self.state.pool, &config.inbox);
+        tasks.spawn_consumer(saga, self.state.pool.clone(), |pool, env| async move {
+            saga::handle(&pool, env).await
+        });
+        tasks.spawn(
+            "idempotency reaper",
+            idempotency::run_reaper(self.state.pool.clone(), tasks.token()),
+        );
+        let app =
+            http::router(self.state.clone()).merge(service_kit::admin::router(self.state.pool.clone(), tasks.health()));
+        tasks.serve(self.listener, app);
+        tasks.wait().await
     }
 }

@@ -3,9 +3,7 @@ use clap::Parser;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let config = order_api::Config::parse();
-    telemetry::init("order-api");
-    let _failpoints = fail::FailScenario::setup();
-    let shutdown = runtime::shutdown::on_signal();
+    let _process = service_kit::init(order_api::NAME, &config.log);
     let app = order_api::build(config).await?;
-    app.run(shutdown).await
+    app.run(service_kit::shutdown::on_signal()).await
 }

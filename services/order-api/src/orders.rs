@@ -6,7 +6,41 @@ use serde::Serialize;
 use sqlx::{FromRow, PgConnection};
 use uuid::Uuid;
 
-use crate::saga::Status;
+/// Saga state of an order.
+///
+/// Stored as text (`PENDING`, `AWAITING_PAYMENT`, …); the transitions
+/// between these states live in `saga::transitions`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, sqlx::Type)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[sqlx(type_name = "text", rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Status {
+    /// Placed; stock being reserved.
+    Pending,
+    /// Stock reserved; payment being charged.
+    AwaitingPayment,
+    /// Paid. Terminal unless cancelled.
+    Confirmed,
+    /// Cancel of a confirmed order: refund in progress.
+    Refunding,
+    /// Stock being released after a decline or refund.
+    Cancelling,
+    /// Terminal: nothing charged (net), nothing reserved.
+    Cancelled,
+}
+
+impl Status {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Pending => "PENDING",
+            Status::AwaitingPayment => "AWAITING_PAYMENT",
+            Status::Confirmed => "CONFIRMED",
+            Status::Refunding => "REFUNDING",
+            Status::Cancelling => "CANCELLING",
+            Status::Cancelled => "CANCELLED",
+        }
+    }
+}
 
 /// An order as stored.
 #[derive(Debug, Clone, Serialize, FromRow)]
@@ -25,7 +59,6 @@ pub struct Order {
     #[serde(skip)]
     pub card: String,
     /// Saga state.
-    #[sqlx(try_from = "String")]
     pub status: Status,
     /// Why it was cancelled, when it was.
     pub cancel_reason: Option<String>,
@@ -39,9 +72,9 @@ pub struct Order {
 #[derive(Debug, Clone, Serialize, FromRow)]
 pub struct HistoryEntry {
     /// Status before.
-    pub from_status: Option<String>,
+    pub from_status: Option<Status>,
     /// Status after (equal to before when ignored).
-    pub to_status: String,
+    pub to_status: Status,
     /// Event type or HTTP action that caused it.
     pub cause: String,
     /// Causing event, if any.
@@ -80,7 +113,7 @@ pub async fn insert(conn: &mut PgConnection, client_id: &str, new: &NewOrder) ->
     .bind(new.quantity)
     .bind(new.amount_cents)
     .bind(&new.card)
-    .bind(Status::Pending.as_str())
+    .bind(Status::Pending)
     .fetch_one(&mut *conn)
     .await?;
     record_history(conn, id, None, Status::Pending, "OrderPlaced", None, true).await?;
@@ -114,7 +147,7 @@ pub async fn set_status(
         "UPDATE orders SET status = $2, cancel_reason = COALESCE($3, cancel_reason), updated_at = now() WHERE id = $1",
     )
     .bind(id)
-    .bind(status.as_str())
+    .bind(status)
     .bind(cancel_reason)
     .execute(conn)
     .await?;
@@ -136,8 +169,8 @@ pub async fn record_history(
          VALUES ($1, $2, $3, $4, $5, $6)",
     )
     .bind(id)
-    .bind(from.map(Status::as_str))
-    .bind(to.as_str())
+    .bind(from)
+    .bind(to)
     .bind(cause)
     .bind(event_id)
     .bind(applied)

@@ -5,12 +5,17 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use contract::topics;
 use outbox::{KafkaPublisher, Relay};
+use service_kit::{LogArgs, Supervisor};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-/// outbox-relay configuration, from environment variables.
+/// Process name, in logs and metrics.
+pub const NAME: &str = "outbox-relay";
+
+/// outbox-relay configuration, from arguments or environment variables.
 #[derive(Debug, Clone, clap::Parser)]
 #[command(name = "outbox-relay", about = "Publishes service outboxes to Kafka")]
 pub struct Config {
@@ -22,9 +27,9 @@ pub struct Config {
         default_value = "postgres://postgres@127.0.0.1:5432/orders,postgres://postgres@127.0.0.1:5432/inventory,postgres://postgres@127.0.0.1:5432/payments"
     )]
     pub database_urls: Vec<String>,
-    /// Kafka bootstrap servers.
-    #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
-    pub kafka_brokers: String,
+    /// The broker.
+    #[command(flatten)]
+    pub kafka: kafka::KafkaArgs,
     /// Address of the admin endpoints.
     #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8084")]
     pub http_addr: SocketAddr,
@@ -41,6 +46,9 @@ pub struct Config {
     /// How long published rows are kept before deletion.
     #[arg(long, env = "OUTBOX_RETENTION_SECS", default_value_t = 3 * 86_400)]
     pub retention_secs: u64,
+    /// Logs.
+    #[command(flatten)]
+    pub log: LogArgs,
 }
 
 /// A built relay.
@@ -55,21 +63,15 @@ pub struct App {
 pub async fn build(config: Config) -> anyhow::Result<App> {
     let mut sources = Vec::new();
     for url in &config.database_urls {
-        let name = url
-            .rsplit('/')
-            .next()
-            .unwrap_or(url)
-            .split('?')
-            .next()
-            .unwrap_or(url)
-            .to_owned();
+        let name = service_kit::db::database_name(url)?;
         // One claiming transaction per batch in flight, the batch bookkeeping
         // beside a claim, LISTEN, and housekeeping.
         let connections = config.in_flight.max(1) as u32 + 3;
-        let pool = runtime::db::connect(url, connections, vec![outbox::migrator()]).await?;
+        let pool = service_kit::db::connect(url, connections, vec![outbox::migrator()]).await?;
         sources.push((name, pool));
     }
-    messaging::kafka::ensure_topics(&config.kafka_brokers, &messaging::message::TOPICS).await?;
+    anyhow::ensure!(!sources.is_empty(), "OUTBOX_DATABASE_URLS names no database");
+    kafka::ensure_topics(&config.kafka.brokers, &topics::ALL).await?;
     let listener = TcpListener::bind(config.http_addr).await?;
     Ok(App {
         sources,
@@ -84,32 +86,25 @@ impl App {
         self.listener.local_addr().expect("bound listener")
     }
 
-    /// Relays every source until `shutdown`.
+    /// Relays every source until `shutdown`, or until one relay dies (then
+    /// returns its error).
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         tracing::info!(addr = %self.local_addr(), sources = self.sources.len(), "outbox-relay running");
-        let publisher = KafkaPublisher::new(&self.config.kafka_brokers)?;
-        let mut tasks = Vec::new();
+        let mut tasks = Supervisor::new(shutdown);
+        let publisher = KafkaPublisher::from_producer(self.config.kafka.producer()?);
         for (name, pool) in &self.sources {
             let relay = Relay::new(pool.clone(), publisher.clone(), name)
                 .batch(self.config.batch)
                 .in_flight(self.config.in_flight)
                 .poll_interval(Duration::from_millis(self.config.poll_ms));
-            let (token, retention) = (shutdown.clone(), Duration::from_secs(self.config.retention_secs));
-            tasks.push(tokio::spawn(async move {
+            let (token, retention) = (tasks.token(), Duration::from_secs(self.config.retention_secs));
+            tasks.spawn(format!("relay {name}"), async move {
                 tokio::join!(relay.run(token.clone()), housekeeping(&relay, retention, token));
-            }));
+            });
         }
-        let admin_pool = self
-            .sources
-            .first()
-            .map(|(_, p)| p.clone())
-            .expect("at least one source");
-        runtime::admin::serve(self.listener, runtime::admin::router(admin_pool), shutdown.clone()).await?;
-        shutdown.cancel();
-        for t in tasks {
-            t.await?;
-        }
-        Ok(())
+        let admin_pool = self.sources[0].1.clone();
+        tasks.serve(self.listener, service_kit::admin::router(admin_pool, tasks.health()));
+        tasks.wait().await
     }
 }
 

@@ -3,8 +3,7 @@ use clap::Parser;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let config = outbox_relay::Config::parse();
-    telemetry::init("outbox-relay");
-    let _failpoints = fail::FailScenario::setup();
-    let shutdown = runtime::shutdown::on_signal();
-    outbox_relay::build(config).await?.run(shutdown).await
+    let _process = service_kit::init(outbox_relay::NAME, &config.log);
+    let app = outbox_relay::build(config).await?;
+    app.run(service_kit::shutdown::on_signal()).await
 }

@@ -87,7 +87,7 @@ impl Client {
             .http
             .post(format!("{}{path}", self.base))
             .header("idempotency-key", key)
-            .header("x-client-id", crate::CONSUMER)
+            .header("x-client-id", crate::NAME)
             .json(body)
             .send()
             .await

@@ -7,27 +7,26 @@ pub mod payments;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use contract::topics::{self, consumers};
+use service_kit::{DbArgs, LogArgs, SagaConsumer, Supervisor};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-/// Consumer group and inbox consumer name.
-pub const CONSUMER: &str = "payment-service";
+/// Process name, in logs and metrics; also the client id it shows the gateway.
+pub const NAME: &str = "payment-service";
 
-/// payment-service configuration, from environment variables.
+/// payment-service configuration, from arguments or environment variables.
 #[derive(Debug, Clone, clap::Parser)]
 #[command(name = "payment-service", about = "Payments for the order saga")]
+#[command(mut_arg("url", |a| a.default_value("postgres://postgres@127.0.0.1:5432/payments")))]
 pub struct Config {
-    /// PostgreSQL URL of the `payments` database (created if missing).
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/payments"
-    )]
-    pub database_url: String,
-    /// Kafka bootstrap servers.
-    #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
-    pub kafka_brokers: String,
+    /// The `payments` database.
+    #[command(flatten)]
+    pub db: DbArgs,
+    /// The broker.
+    #[command(flatten)]
+    pub kafka: kafka::KafkaArgs,
     /// Address of the admin endpoints.
     #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8082")]
     pub http_addr: SocketAddr,
@@ -37,14 +36,17 @@ pub struct Config {
     /// Gateway request timeout in milliseconds.
     #[arg(long, env = "GATEWAY_TIMEOUT_MS", default_value_t = 2_000)]
     pub gateway_timeout_ms: u64,
-    /// How long inbox rows are kept (must exceed the broker's redelivery window).
-    #[arg(long, env = "INBOX_RETENTION_SECS", default_value_t = 7 * 86_400)]
-    pub inbox_retention_secs: u64,
+    /// Inbox retention.
+    #[command(flatten)]
+    pub inbox: inbox::RetentionArgs,
     /// NEGATIVE CONTROL ONLY: turn off deduplication (no inbox, a new gateway
     /// key per delivery). The chaos suite uses it to prove its checker finds
     /// double charges. Never set it anywhere else.
     #[arg(long, env = "PAYMENT_UNSAFE_DISABLE_DEDUP", default_value_t = false)]
     pub unsafe_disable_dedup: bool,
+    /// Logs.
+    #[command(flatten)]
+    pub log: LogArgs,
 }
 
 /// Handler state.
@@ -67,9 +69,9 @@ pub struct App {
 
 /// Connects, migrates, creates topics and binds.
 pub async fn build(config: Config) -> anyhow::Result<App> {
-    let pool = runtime::db::connect(
-        &config.database_url,
-        8,
+    let pool = service_kit::db::connect(
+        &config.db.url,
+        config.db.pool_size,
         vec![
             outbox::migrator(),
             inbox::migrator(),
@@ -77,7 +79,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         ],
     )
     .await?;
-    messaging::kafka::ensure_topics(&config.kafka_brokers, &messaging::message::TOPICS).await?;
+    kafka::ensure_topics(&config.kafka.brokers, &topics::ALL).await?;
     let gateway = gateway::Client::new(&config.gateway_url, Duration::from_millis(config.gateway_timeout_ms))?;
     let listener = TcpListener::bind(config.http_addr).await?;
     if config.unsafe_disable_dedup {
@@ -97,29 +99,20 @@ impl App {
         self.listener.local_addr().expect("bound listener")
     }
 
-    /// Runs the consumer and admin endpoints until `shutdown`.
+    /// Runs the consumer, the inbox retention and the admin endpoints until
+    /// `shutdown`, or until one of them dies (then returns its error).
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         tracing::info!(addr = %self.local_addr(), "payment-service listening");
-        let settings = messaging::consumer::ConsumerSettings {
-            brokers: self.config.kafka_brokers.clone(),
-            group_id: CONSUMER.into(),
-            topics: vec![messaging::message::PAYMENT_COMMANDS.into()],
-        };
-        let deps = self.deps.clone();
-        let consumer = tokio::spawn(messaging::consumer::run(settings, shutdown.clone(), move |env| {
-            let deps = deps.clone();
-            async move { payments::handle(&deps, env).await }
-        }));
-        let retention = tokio::spawn(inbox::run_retention(
-            self.deps.pool.clone(),
-            Duration::from_secs(self.config.inbox_retention_secs),
-            shutdown.clone(),
-        ));
-        let app = runtime::admin::router(self.deps.pool.clone());
-        runtime::admin::serve(self.listener, app, shutdown.clone()).await?;
-        shutdown.cancel();
-        consumer.await??;
-        retention.await?;
-        Ok(())
+        let mut tasks = Supervisor::new(shutdown);
+        let config = &self.config;
+        let consumer = SagaConsumer::new(consumers::PAYMENT, &config.kafka, &self.deps.pool, &config.inbox);
+        tasks.spawn_consumer(consumer, self.deps.clone(), |deps, env| async move {
+            payments::handle(&deps, env).await
+        });
+        tasks.serve(
+            self.listener,
+            service_kit::admin::router(self.deps.pool.clone(), tasks.health()),
+        );
+        tasks.wait().await
     }
 }

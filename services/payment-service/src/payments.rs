@@ -1,4 +1,4 @@
-//! Charge and refund, resumable across crashes (layer 4 of DESIGN.md).
+//! Charge and refund, resumable across crashes (layer 4 of docs/design.md).
 //!
 //! 1. Record the operation as `PENDING` under a key derived from the
 //!    operation (`charge-<order>` / `refund-<order>`) and commit — before any
@@ -12,54 +12,138 @@
 //! gateway again with the same key and gets the same charge back. Recording
 //! "processed" before step 2 would instead lose the charge (scenario 13).
 
-use messaging::consumer::{HandleError, Handled};
-use messaging::{Envelope, Message};
+use contract::topics::consumers::PAYMENT;
+use contract::{Envelope, Message};
+use kafka::consumer::{HandleError, Handled};
+use uuid::Uuid;
 
 use crate::gateway::{CallError, Reply};
 use crate::Deps;
 
+/// Crash point (failpoints builds): abort after the gateway answered,
+/// before the result is recorded — the redelivery must ask the gateway again
+/// with the same key and get the same charge back.
+pub const CRASH_AFTER_GATEWAY_BEFORE_RECORD: &str = "payment::after_gateway_before_record";
+
+/// The kind of a payment operation (stored as `charge` / `refund`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
+pub enum Kind {
+    /// Take the order's amount.
+    Charge,
+    /// Give a captured charge back.
+    Refund,
+}
+
+impl Kind {
+    /// The stored name, also part of the operation's key.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Charge => "charge",
+            Kind::Refund => "refund",
+        }
+    }
+}
+
+/// Where a payment operation stands (stored as `PENDING`, …). A status, not
+/// a "done" flag: `PENDING` says the gateway may or may not have acted, so
+/// it must be asked again with the same key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Status {
+    /// Recorded; the gateway's answer is not.
+    Pending,
+    /// The charge was captured.
+    Captured,
+    /// The charge was declined.
+    Declined,
+    /// The refund was made.
+    Refunded,
+}
+
+impl Status {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Pending => "PENDING",
+            Status::Captured => "CAPTURED",
+            Status::Declined => "DECLINED",
+            Status::Refunded => "REFUNDED",
+        }
+    }
+}
+
+/// What a payment command asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Operation {
+    Charge { amount_cents: i64, card: String },
+    Refund { amount_cents: i64 },
+}
+
+impl Operation {
+    fn from_message(message: Message) -> Result<Self, HandleError> {
+        match message {
+            Message::ChargePayment { amount_cents, card } => Ok(Self::Charge { amount_cents, card }),
+            Message::RefundPayment { amount_cents } => Ok(Self::Refund { amount_cents }),
+            other => Err(HandleError::Permanent(format!(
+                "unexpected message {other:?} on payment.commands"
+            ))),
+        }
+    }
+
+    fn kind(&self) -> Kind {
+        match self {
+            Self::Charge { .. } => Kind::Charge,
+            Self::Refund { .. } => Kind::Refund,
+        }
+    }
+
+    fn amount_cents(&self) -> i64 {
+        match self {
+            Self::Charge { amount_cents, .. } | Self::Refund { amount_cents } => *amount_cents,
+        }
+    }
+
+    /// The gateway key: derived from the operation, never from the message.
+    fn key(&self, order_id: Uuid) -> String {
+        format!("{}-{order_id}", self.kind().as_str())
+    }
+}
+
 /// Handles one payment command.
 #[tracing::instrument(skip_all, fields(order_id = %envelope.order_id, event_type = %envelope.event_type, event_id = %envelope.event_id))]
 pub async fn handle(deps: &Deps, envelope: Envelope) -> Result<Handled, HandleError> {
-    let message = envelope.message().map_err(HandleError::permanent)?;
-    let (kind, amount_cents) = match &message {
-        Message::ChargePayment { amount_cents, .. } => ("charge", *amount_cents),
-        Message::RefundPayment { amount_cents } => ("refund", *amount_cents),
-        other => {
-            return Err(HandleError::Permanent(format!(
-                "unexpected message {other:?} on payment.commands"
-            )))
-        }
-    };
-    let order_id = envelope.order_id;
+    let operation = Operation::from_message(envelope.message().map_err(HandleError::permanent)?)?;
+    let (order_id, kind) = (envelope.order_id, operation.kind());
     if !deps.dedup {
-        return handle_without_dedup(deps, &envelope, &message, kind, amount_cents).await;
+        return handle_without_dedup(deps, &envelope, &operation).await;
     }
     let mut conn = deps.pool.acquire().await.map_err(HandleError::transient)?;
-    if inbox::seen(&mut conn, crate::CONSUMER, envelope.event_id)
+    if inbox::seen(&mut conn, PAYMENT.name, envelope.event_id)
         .await
         .map_err(HandleError::transient)?
     {
-        inbox::note_redelivery(&mut conn, crate::CONSUMER, envelope.event_id)
+        inbox::note_redelivery(&mut conn, PAYMENT.name, envelope.event_id)
             .await
             .map_err(HandleError::transient)?;
         return Ok(Handled::Duplicate);
     }
 
     // Step 1: the operation, recorded before money moves.
-    let key = format!("{kind}-{order_id}");
+    let key = operation.key(order_id);
     sqlx::query(
         "INSERT INTO payments (order_id, kind, idempotency_key, amount_cents, status)
-         VALUES ($1, $2, $3, $4, 'PENDING') ON CONFLICT (order_id, kind) DO NOTHING",
+         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (order_id, kind) DO NOTHING",
     )
     .bind(order_id)
     .bind(kind)
     .bind(&key)
-    .bind(amount_cents)
+    .bind(operation.amount_cents())
+    .bind(Status::Pending)
     .execute(&mut *conn)
     .await
     .map_err(HandleError::transient)?;
-    let status: String = sqlx::query_scalar(
+    let status: Status = sqlx::query_scalar(
         "UPDATE payments SET attempts = attempts + 1, updated_at = now()
          WHERE order_id = $1 AND kind = $2 RETURNING status",
     )
@@ -69,25 +153,25 @@ pub async fn handle(deps: &Deps, envelope: Envelope) -> Result<Handled, HandleEr
     .await
     .map_err(HandleError::transient)?;
     drop(conn);
-    if status != "PENDING" {
+    if status != Status::Pending {
         // Settled by an earlier command for the same operation (a new event
         // id for the same charge): its reply was sent then. Nothing to do.
-        tracing::info!(%status, "payment already settled; command is a no-op");
-        telemetry::metrics::incr("payment_repeat_commands_total", &[("kind", kind)]);
+        tracing::info!(status = status.as_str(), "payment already settled; command is a no-op");
+        telemetry::metrics::incr("payment_repeat_commands_total", &[("kind", kind.as_str())]);
         return settle(deps, &envelope, kind, None).await;
     }
 
     // Step 2: the external effect, made safe to repeat by the key.
-    let reply = match call_gateway(deps, &message, &key, order_id, amount_cents).await {
+    let reply = match call_gateway(deps, &operation, &key, order_id).await {
         Ok(r) => r,
         Err(CallError::Retry(e)) => return Err(HandleError::Transient(e)),
         Err(CallError::Refused(e)) => return Err(HandleError::Permanent(e)),
     };
-    fail::fail_point!("payment::after_gateway_before_record", |_| std::process::abort());
+    fail::fail_point!(CRASH_AFTER_GATEWAY_BEFORE_RECORD, |_| std::process::abort());
 
     // Step 3: record the result and reply, atomically with the inbox row.
-    let (new_status, reply_message) = outcome(kind, reply)?;
-    settle(deps, &envelope, kind, Some((new_status, reply_message))).await
+    let result = outcome(kind, reply)?;
+    settle(deps, &envelope, kind, Some(result)).await
 }
 
 /// Records the inbox row and, when given, moves the payment out of PENDING
@@ -95,10 +179,10 @@ pub async fn handle(deps: &Deps, envelope: Envelope) -> Result<Handled, HandleEr
 async fn settle(
     deps: &Deps,
     envelope: &Envelope,
-    kind: &str,
-    result: Option<(&str, Message)>,
+    kind: Kind,
+    result: Option<(Status, Message)>,
 ) -> Result<Handled, HandleError> {
-    let Some(mut tx) = inbox::begin(&deps.pool, crate::CONSUMER, envelope.event_id)
+    let Some(mut tx) = inbox::begin(&deps.pool, PAYMENT.name, envelope.event_id)
         .await
         .map_err(HandleError::transient)?
     else {
@@ -113,12 +197,13 @@ async fn settle(
         };
         let moved = sqlx::query(
             "UPDATE payments SET status = $3, gateway_ref = $4, updated_at = now()
-             WHERE order_id = $1 AND kind = $2 AND status = 'PENDING'",
+             WHERE order_id = $1 AND kind = $2 AND status = $5",
         )
         .bind(envelope.order_id)
         .bind(kind)
         .bind(status)
         .bind(gateway_ref)
+        .bind(Status::Pending)
         .execute(&mut *tx)
         .await
         .map_err(HandleError::transient)?
@@ -126,10 +211,10 @@ async fn settle(
         // Only the delivery that settles the payment replies; a concurrent
         // one that lost the race (different event id) stays silent.
         if moved == 1 {
-            outbox::emit(&mut tx, envelope.order_id, &reply, Some(envelope))
+            service_kit::saga::emit(&mut tx, envelope.order_id, &reply, Some(envelope))
                 .await
                 .map_err(HandleError::transient)?;
-            telemetry::metrics::incr("payment_settled_total", &[("status", status)]);
+            telemetry::metrics::incr("payment_settled_total", &[("status", status.as_str())]);
         }
     }
     tx.commit().await.map_err(HandleError::transient)?;
@@ -139,51 +224,39 @@ async fn settle(
 /// The negative control: what payment handling looks like without layers 3
 /// and 4 — no inbox, and a gateway key per delivery instead of per operation.
 /// Every redelivered or republished command charges again.
-async fn handle_without_dedup(
-    deps: &Deps,
-    envelope: &Envelope,
-    message: &Message,
-    kind: &str,
-    amount_cents: i64,
-) -> Result<Handled, HandleError> {
-    let key = format!("{kind}-{}-{}", envelope.order_id, uuid::Uuid::new_v4());
-    let reply = call_gateway(deps, message, &key, envelope.order_id, amount_cents)
+async fn handle_without_dedup(deps: &Deps, envelope: &Envelope, operation: &Operation) -> Result<Handled, HandleError> {
+    let key = format!("{}-{}", operation.key(envelope.order_id), Uuid::new_v4());
+    let reply = call_gateway(deps, operation, &key, envelope.order_id)
         .await
         .map_err(HandleError::transient)?;
-    let (_, reply) = outcome(kind, reply)?;
+    let (_, reply) = outcome(operation.kind(), reply)?;
     let mut tx = deps.pool.begin().await.map_err(HandleError::transient)?;
-    outbox::emit(&mut tx, envelope.order_id, &reply, Some(envelope))
+    service_kit::saga::emit(&mut tx, envelope.order_id, &reply, Some(envelope))
         .await
         .map_err(HandleError::transient)?;
     tx.commit().await.map_err(HandleError::transient)?;
     Ok(Handled::Applied)
 }
 
-/// Charges or refunds through the gateway, as `message` asks, under `key`.
-async fn call_gateway(
-    deps: &Deps,
-    message: &Message,
-    key: &str,
-    order_id: uuid::Uuid,
-    amount_cents: i64,
-) -> Result<Reply, CallError> {
-    match message {
-        Message::ChargePayment { card, .. } => deps.gateway.charge(key, order_id, amount_cents, card).await,
-        _ => deps.gateway.refund(key, order_id, amount_cents).await,
+/// Charges or refunds through the gateway, as `operation` asks, under `key`.
+async fn call_gateway(deps: &Deps, operation: &Operation, key: &str, order_id: Uuid) -> Result<Reply, CallError> {
+    match operation {
+        Operation::Charge { amount_cents, card } => deps.gateway.charge(key, order_id, *amount_cents, card).await,
+        Operation::Refund { amount_cents } => deps.gateway.refund(key, order_id, *amount_cents).await,
     }
 }
 
 /// The payment's new status and the reply to send for the gateway's answer.
-fn outcome(kind: &str, reply: Reply) -> Result<(&'static str, Message), HandleError> {
+fn outcome(kind: Kind, reply: Reply) -> Result<(Status, Message), HandleError> {
     Ok(match (kind, reply) {
-        ("charge", Reply::Done(id)) => ("CAPTURED", Message::PaymentCaptured { charge_id: id }),
-        ("charge", Reply::Declined(_)) => (
-            "DECLINED",
+        (Kind::Charge, Reply::Done(id)) => (Status::Captured, Message::PaymentCaptured { charge_id: id }),
+        (Kind::Charge, Reply::Declined(_)) => (
+            Status::Declined,
             Message::PaymentDeclined {
                 reason: "card_declined".into(),
             },
         ),
-        (_, Reply::Done(id)) => ("REFUNDED", Message::PaymentRefunded { refund_id: id }),
-        (_, Reply::Declined(id)) => return Err(HandleError::Permanent(format!("refund {id} declined"))),
+        (Kind::Refund, Reply::Done(id)) => (Status::Refunded, Message::PaymentRefunded { refund_id: id }),
+        (Kind::Refund, Reply::Declined(id)) => return Err(HandleError::Permanent(format!("refund {id} declined"))),
     })
 }

@@ -5,17 +5,12 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use idempotency::{Keyed, Outcome, StoredResponse};
-use runtime::db::TempDb;
 use sqlx::PgPool;
+use testkit::TempDb;
 
 /// A fresh database with an `effects` table; dropped with the guard.
 async fn db() -> (PgPool, TempDb) {
-    let db = TempDb::new("eo_idem");
-    let pool = runtime::db::connect(db.url(), 4, vec![idempotency::migrator()])
-        .await
-        .unwrap();
-    sqlx::query("CREATE TABLE effects (n int)")
-        .execute(&pool)
+    let (db, pool) = TempDb::with_tables("eo_idem", vec![idempotency::migrator()], "CREATE TABLE effects (n int)")
         .await
         .unwrap();
     (pool, db)

@@ -8,8 +8,7 @@ use uuid::Uuid;
 
 #[tokio::test]
 async fn inbox_retention_keeps_rows_inside_the_window() {
-    let db = runtime::db::TempDb::new("eo_inbox");
-    let pool = runtime::db::connect(db.url(), 2, vec![inbox::migrator()])
+    let (_db, pool) = testkit::TempDb::with_pool("eo_inbox", 2, vec![inbox::migrator()])
         .await
         .unwrap();
     let mut conn = pool.acquire().await.unwrap();

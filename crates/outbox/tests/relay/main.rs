@@ -3,18 +3,23 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use e2e::broker::Broker;
-use messaging::{Envelope, Message};
+use contract::{Envelope, Message};
 use outbox::relay::{PendingRow, PublishError, Publisher};
 use outbox::{KafkaPublisher, Relay};
 use rdkafka::{Message as _, Offset};
-use runtime::db::TempDb;
 use sqlx::PgPool;
+use testkit::{Broker, TempDb};
 use tokio::sync::{Mutex, MutexGuard};
 use uuid::Uuid;
 
 /// Failpoints are process-global: tests that run the relay take turns.
 static SERIAL: Mutex<()> = Mutex::const_new(());
+
+/// The outbox row of `env`, as a service writes it.
+fn row<'a>(topic: &'a str, env: &'a Envelope) -> outbox::OutboxEvent<'a> {
+    outbox::OutboxEvent::json(topic, env.order_id, env.event_id, &env.event_type, env)
+        .traceparent(env.traceparent.as_deref())
+}
 
 struct Db {
     pool: PgPool,
@@ -24,8 +29,7 @@ struct Db {
 
 impl Db {
     async fn new() -> Self {
-        let db = TempDb::new("eo_outbox");
-        let pool = runtime::db::connect(db.url(), 8, vec![outbox::migrator()])
+        let (db, pool) = TempDb::with_pool("eo_outbox", 8, vec![outbox::migrator()])
             .await
             .unwrap();
         Self { pool, _db: db }
@@ -41,7 +45,7 @@ impl Db {
             },
             None,
         );
-        outbox::enqueue(&mut tx, topic, &env).await.unwrap();
+        outbox::enqueue(&mut tx, &row(topic, &env)).await.unwrap();
         tx.commit().await.unwrap();
         env
     }
@@ -65,7 +69,7 @@ async fn setup() -> (MutexGuard<'static, ()>, Broker, Db, String) {
     let broker = Broker::start().await.unwrap();
     let db = Db::new().await;
     let topic = topic();
-    messaging::kafka::ensure_topics(&broker.addr, &[&topic]).await.unwrap();
+    kafka::ensure_topics(&broker.addr, &[&topic]).await.unwrap();
     (serial, broker, db, topic)
 }
 
@@ -78,7 +82,7 @@ async fn read_all(brokers: &str, topic: &str) -> Vec<(String, Envelope)> {
     let (brokers, topic) = (brokers.to_owned(), topic.to_owned());
     let group = format!("reader-{}", Uuid::new_v4());
     let (messages, _) = tokio::task::spawn_blocking(move || {
-        messaging::kafka::read_topic(&brokers, &topic, &group, Offset::Beginning, Duration::from_millis(700))
+        kafka::read_topic(&brokers, &topic, &group, Offset::Beginning, Duration::from_millis(700))
     })
     .await
     .unwrap()
@@ -317,7 +321,7 @@ async fn a_row_the_broker_rejects_for_good_is_parked_and_blocks_no_other_order()
         },
         None,
     );
-    outbox::enqueue(&mut tx, &topic, &huge).await.unwrap();
+    outbox::enqueue(&mut tx, &row(&topic, &huge)).await.unwrap();
     tx.commit().await.unwrap();
     let other = db.enqueue(&topic, Uuid::new_v4(), 0).await;
     let relay = Relay::new(db.pool.clone(), KafkaPublisher::new(&broker.addr).unwrap(), "t");

@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
-use messaging::consumer::Handled;
-use messaging::{Envelope, Message};
-use runtime::db::TempDb;
+use contract::{Envelope, Message};
+use kafka::consumer::Handled;
 use sqlx::PgPool;
+use testkit::TempDb;
 use uuid::Uuid;
 
 struct Db {
@@ -18,7 +18,7 @@ struct Db {
 impl Db {
     async fn new(stock: i32) -> Self {
         let db = TempDb::new("eo_inv");
-        let pool = inventory_service::connect(db.url()).await.unwrap();
+        let pool = inventory_service::connect(db.url(), 8).await.unwrap();
         sqlx::query("INSERT INTO stock (sku, available) VALUES ('A', $1)")
             .bind(stock)
             .execute(&pool)
@@ -162,7 +162,7 @@ async fn an_unexpected_message_type_is_permanent_and_writes_nothing() {
     let db = Db::new(1).await;
     let wrong = Envelope::new(Uuid::new_v4(), &Message::StockReserved, None);
     let err = inventory_service::stock::handle(&db.pool, wrong).await.unwrap_err();
-    assert!(matches!(err, messaging::consumer::HandleError::Permanent(_)));
+    assert!(matches!(err, kafka::consumer::HandleError::Permanent(_)));
     assert_eq!(db.count("SELECT count(*) FROM inbox").await, 0, "rolled back");
     db.drop().await;
 }

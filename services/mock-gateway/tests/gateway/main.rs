@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use runtime::db::TempDb;
 use serde_json::{json, Value};
+use testkit::TempDb;
 use uuid::Uuid;
 
 struct Gateway {
@@ -18,10 +18,15 @@ impl Gateway {
     async fn start(faults: mock_gateway::faults::Faults) -> Self {
         let db = TempDb::new("eo_gw");
         let config = mock_gateway::Config {
-            database_url: db.url().to_owned(),
+            db: service_kit::DbArgs {
+                url: db.url().to_owned(),
+                pool_size: 16,
+            },
             http_addr: "127.0.0.1:0".parse().unwrap(),
             admin: true,
+            keys: idempotency::KeyArgs { ttl_secs: 86_400 },
             faults,
+            log: service_kit::LogArgs::default(),
         };
         let app = mock_gateway::build(config).await.unwrap();
         let base = format!("http://{}", app.local_addr());

@@ -4,7 +4,7 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
-pub use runtime::problem::{Problem, PROBLEM_JSON};
+pub use service_kit::problem::{Problem, PROBLEM_JSON};
 
 /// Errors of the HTTP API.
 #[derive(Debug, thiserror::Error)]
@@ -15,12 +15,9 @@ pub enum ApiError {
     /// Well-formed but invalid content.
     #[error("{0}")]
     Unprocessable(String),
-    /// The Idempotency-Key was already used for a different request.
-    #[error("this Idempotency-Key was already used with a different request")]
-    KeyReused,
-    /// A request with this Idempotency-Key is still being processed.
-    #[error("a request with this Idempotency-Key is still in flight; retry later")]
-    KeyInFlight,
+    /// Refused by the Idempotency-Key layer (bad key, in flight, reused).
+    #[error(transparent)]
+    Refused(#[from] idempotency::Refused),
     /// Not in a state that allows the action.
     #[error("{0}")]
     Conflict(String),
@@ -44,15 +41,15 @@ impl From<idempotency::Error> for ApiError {
     }
 }
 
-impl From<messaging::consumer::HandleError> for ApiError {
-    fn from(e: messaging::consumer::HandleError) -> Self {
-        Self::Internal(anyhow::anyhow!(e))
+impl From<crate::saga::Error> for ApiError {
+    fn from(e: crate::saga::Error) -> Self {
+        Self::Internal(e.into())
     }
 }
 
-impl From<idempotency::KeyError> for ApiError {
-    fn from(e: idempotency::KeyError) -> Self {
-        Self::BadRequest(e.to_string())
+impl From<outbox::Error> for ApiError {
+    fn from(e: outbox::Error) -> Self {
+        Self::Internal(e.into())
     }
 }
 
@@ -66,16 +63,7 @@ impl ApiError {
                 "/problems/invalid-order",
                 "Invalid request",
             ),
-            Self::KeyReused => (
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "/problems/idempotency-key-reused",
-                "Idempotency-Key reused",
-            ),
-            Self::KeyInFlight => (
-                StatusCode::CONFLICT,
-                "/problems/idempotency-key-in-flight",
-                "Request in flight",
-            ),
+            Self::Refused(r) => (r.status(), r.problem_type(), r.title()),
             Self::Conflict(_) => (StatusCode::CONFLICT, "/problems/conflict", "Conflict"),
             Self::NotFound => (StatusCode::NOT_FOUND, "/problems/not-found", "Not found"),
             Self::Internal(_) => (
@@ -106,10 +94,17 @@ impl IntoResponse for ApiError {
             tracing::error!(error = ?e, "request failed");
         }
         let mut resp = self.to_stored().to_response(false);
-        if matches!(self, Self::KeyInFlight) {
-            resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        if let Some(secs) = retry_after(&self) {
+            resp.headers_mut().insert(header::RETRY_AFTER, secs);
         }
         resp
+    }
+}
+
+/// `Retry-After` for a refusal that asks the client to come back.
+fn retry_after(e: &ApiError) -> Option<HeaderValue> {
+    match e {
+        ApiError::Refused(r) => r.retry_after().map(HeaderValue::from),
+        _ => None,
     }
 }

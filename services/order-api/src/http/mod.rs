@@ -1,7 +1,6 @@
 //! HTTP surface: `POST /orders`, `GET /orders/{id}`, `POST /orders/{id}/cancel`.
 
 pub mod error;
-pub mod idempotent;
 pub mod orders;
 
 use axum::routing::{get, post};

@@ -1,20 +1,21 @@
 //! Order endpoints.
 
-use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use idempotency::StoredResponse;
-use messaging::Message;
+use contract::Message;
+use idempotency::{Outcome, StoredResponse};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::http::idempotent::{self, client_scope};
 use crate::http::ApiError;
-use crate::orders::{self, HistoryEntry, NewOrder, Order};
+use crate::orders::{self, HistoryEntry, NewOrder, Order, Status};
 use crate::saga::{self, Input};
 use crate::AppState;
+
+/// A request under `Idempotency-Key`, refused the way this API refuses.
+pub type Idempotent = idempotency::Idempotent<ApiError>;
 
 /// Body of `POST /orders`.
 #[derive(Debug, Clone, Deserialize)]
@@ -81,28 +82,55 @@ pub struct OrderView {
 }
 
 /// `POST /orders` — requires `Idempotency-Key`; 201 with the order.
-pub async fn create(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, ApiError> {
-    let request: CreateOrder = parse_json(&body)?;
-    let client = client_scope(&headers)?;
-    let work: idempotent::Work = Box::new(move |conn| {
+pub async fn create(State(state): State<AppState>, request: Idempotent) -> Result<Response, ApiError> {
+    let order: CreateOrder = parse_json(&request.body)?;
+    let client = request.scope.clone();
+    let work: idempotency::Work<ApiError> = Box::new(move |conn| {
         Box::pin(async move {
-            let new = request.validate()?;
+            let new = order.validate()?;
             let order = orders::insert(conn, &client, &new).await?;
             let first = Message::ReserveStock {
                 sku: order.sku.clone(),
                 quantity: order.quantity,
             };
-            outbox::emit(conn, order.id, &first, None)
-                .await
-                .map_err(anyhow::Error::from)?;
-            fail::fail_point!("order_api::before_commit", |_| std::process::abort());
+            service_kit::saga::emit(conn, order.id, &first, None).await?;
+            fail::fail_point!(CRASH_BEFORE_COMMIT, |_| std::process::abort());
             telemetry::metrics::incr("orders_created_total", &[]);
             tracing::info!(order_id = %order.id, "order placed");
             Ok(StoredResponse::json(StatusCode::CREATED, &order, "application/json")
                 .with_header("location", format!("/orders/{}", order.id)))
         })
     });
-    idempotent::execute(&state, &headers, "POST", "/orders", &body, work).await
+    respond(&state, &request, work).await
+}
+
+/// Crash point (failpoints builds): abort inside the order's transaction,
+/// before it commits — the retry with the same key must execute, once.
+pub const CRASH_BEFORE_COMMIT: &str = "order_api::before_commit";
+/// Crash point (failpoints builds): abort after the order committed, before
+/// the response is sent — the retry with the same key must be a replay.
+pub const CRASH_AFTER_COMMIT_BEFORE_RESPONSE: &str = "order_api::after_commit_before_response";
+
+/// Runs `work` under the request's key and answers: the stored response,
+/// or the refusal. Domain outcomes (2xx, 404, 409, 422) are stored with the
+/// key; infrastructure errors roll everything back, so a retry runs again.
+async fn respond(
+    state: &AppState,
+    request: &Idempotent,
+    work: idempotency::Work<ApiError>,
+) -> Result<Response, ApiError> {
+    let outcome = idempotency::execute(
+        &state.pool,
+        request.keyed(),
+        state.idempotency_ttl,
+        work,
+        |e: &ApiError| e.is_final().then(|| e.to_stored()),
+    )
+    .await?;
+    if matches!(outcome, Outcome::Completed(_)) {
+        fail::fail_point!(CRASH_AFTER_COMMIT_BEFORE_RESPONSE, |_| std::process::abort());
+    }
+    Ok(idempotency::respond(outcome)?)
 }
 
 /// `GET /orders/{id}` — the order and its saga history.
@@ -120,22 +148,19 @@ pub async fn show(State(state): State<AppState>, Path(id): Path<String>) -> Resu
 pub async fn cancel(
     State(state): State<AppState>,
     Path(id): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
+    request: Idempotent,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
-    let path = format!("/orders/{id}/cancel");
-    let work: idempotent::Work = Box::new(move |conn| {
+    let work: idempotency::Work<ApiError> = Box::new(move |conn| {
         Box::pin(async move {
             let order = orders::lock(conn, id).await?.ok_or(ApiError::NotFound)?;
-            use crate::saga::Status::*;
             let status = match order.status {
-                Refunding | Cancelling | Cancelled => StatusCode::OK,
-                Confirmed => {
+                Status::Refunding | Status::Cancelling | Status::Cancelled => StatusCode::OK,
+                Status::Confirmed => {
                     saga::apply(conn, &order, Input::CancelRequested, None).await?;
                     StatusCode::ACCEPTED
                 }
-                other => {
+                other @ (Status::Pending | Status::AwaitingPayment) => {
                     return Err(ApiError::Conflict(format!(
                         "order is {}; only CONFIRMED orders can be cancelled",
                         other.as_str()
@@ -146,5 +171,5 @@ pub async fn cancel(
             Ok(StoredResponse::json(status, &order, "application/json"))
         })
     });
-    idempotent::execute(&state, &headers, "POST", &path, &body, work).await
+    respond(&state, &request, work).await
 }

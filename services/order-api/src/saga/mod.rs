@@ -9,18 +9,30 @@
 
 pub mod transitions;
 
-use messaging::consumer::{HandleError, Handled};
-use messaging::Envelope;
+use contract::topics::consumers::ORDER_SAGA;
+use contract::Envelope;
+use kafka::consumer::{HandleError, Handled};
 use sqlx::PgPool;
 
-use crate::orders;
-pub use transitions::{decide, Decision, Input, Status};
+use crate::orders::{self, Order};
+pub use transitions::{decide, Decision, Input};
+
+/// Why applying a saga step failed: the database did (retry later).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// PostgreSQL failed.
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    /// The outbox insert failed.
+    #[error("outbox: {0}")]
+    Outbox(#[from] outbox::Error),
+}
 
 /// Handles one reply event for the saga.
 #[tracing::instrument(skip_all, fields(order_id = %envelope.order_id, event_type = %envelope.event_type, event_id = %envelope.event_id))]
 pub async fn handle(pool: &PgPool, envelope: Envelope) -> Result<Handled, HandleError> {
     let message = envelope.message().map_err(HandleError::permanent)?;
-    let Some(mut tx) = inbox::begin(pool, crate::SAGA_CONSUMER, envelope.event_id)
+    let Some(mut tx) = inbox::begin(pool, ORDER_SAGA.name, envelope.event_id)
         .await
         .map_err(HandleError::transient)?
     else {
@@ -37,7 +49,9 @@ pub async fn handle(pool: &PgPool, envelope: Envelope) -> Result<Handled, Handle
         tx.commit().await.map_err(HandleError::transient)?;
         return Ok(Handled::Applied);
     };
-    apply(&mut tx, &order, Input::Reply(&message), Some(&envelope)).await?;
+    apply(&mut tx, &order, Input::Reply(&message), Some(&envelope))
+        .await
+        .map_err(HandleError::transient)?;
     tx.commit().await.map_err(HandleError::transient)?;
     Ok(Handled::Applied)
 }
@@ -46,10 +60,10 @@ pub async fn handle(pool: &PgPool, envelope: Envelope) -> Result<Handled, Handle
 /// transaction: status, history, outbox rows. Returns whether it was legal.
 pub async fn apply(
     conn: &mut sqlx::PgConnection,
-    order: &orders::Order,
+    order: &Order,
     input: Input<'_>,
     cause: Option<&Envelope>,
-) -> Result<bool, HandleError> {
+) -> Result<bool, Error> {
     let event_type = input.name();
     let event_id = cause.map(|c| c.event_id);
     match decide(order, input) {
@@ -68,8 +82,7 @@ pub async fn apply(
                 event_id,
                 false,
             )
-            .await
-            .map_err(HandleError::transient)?;
+            .await?;
             Ok(false)
         }
         Decision::Apply {
@@ -77,16 +90,10 @@ pub async fn apply(
             emit,
             cancel_reason,
         } => {
-            orders::set_status(conn, order.id, to, cancel_reason)
-                .await
-                .map_err(HandleError::transient)?;
-            orders::record_history(conn, order.id, Some(order.status), to, &event_type, event_id, true)
-                .await
-                .map_err(HandleError::transient)?;
+            orders::set_status(conn, order.id, to, cancel_reason).await?;
+            orders::record_history(conn, order.id, Some(order.status), to, &event_type, event_id, true).await?;
             for next in &emit {
-                outbox::emit(conn, order.id, next, cause)
-                    .await
-                    .map_err(HandleError::transient)?;
+                service_kit::saga::emit(conn, order.id, next, cause).await?;
             }
             telemetry::metrics::incr(
                 "saga_transitions_total",

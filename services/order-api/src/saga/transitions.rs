@@ -12,63 +12,9 @@
 //! ```
 //! Anything else is ignored: never applied twice, never applied backwards.
 
-use messaging::Message;
-use serde::Serialize;
+use contract::Message;
 
-use crate::orders::Order;
-
-/// Saga state of an order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum Status {
-    /// Placed; stock being reserved.
-    Pending,
-    /// Stock reserved; payment being charged.
-    AwaitingPayment,
-    /// Paid. Terminal unless cancelled.
-    Confirmed,
-    /// Cancel of a confirmed order: refund in progress.
-    Refunding,
-    /// Stock being released after a decline or refund.
-    Cancelling,
-    /// Terminal: nothing charged (net), nothing reserved.
-    Cancelled,
-}
-
-impl Status {
-    /// Every status.
-    pub const ALL: [Status; 6] = [
-        Status::Pending,
-        Status::AwaitingPayment,
-        Status::Confirmed,
-        Status::Refunding,
-        Status::Cancelling,
-        Status::Cancelled,
-    ];
-
-    /// The stored name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Pending => "PENDING",
-            Status::AwaitingPayment => "AWAITING_PAYMENT",
-            Status::Confirmed => "CONFIRMED",
-            Status::Refunding => "REFUNDING",
-            Status::Cancelling => "CANCELLING",
-            Status::Cancelled => "CANCELLED",
-        }
-    }
-}
-
-impl TryFrom<String> for Status {
-    type Error = String;
-
-    fn try_from(s: String) -> Result<Self, Self::Error> {
-        Status::ALL
-            .into_iter()
-            .find(|st| st.as_str() == s)
-            .ok_or_else(|| format!("unknown order status {s:?}"))
-    }
-}
+use crate::orders::{Order, Status};
 
 /// What a message does to an order.
 #[derive(Debug, Clone, PartialEq, Eq)]

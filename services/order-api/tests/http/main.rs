@@ -8,8 +8,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use order_api::AppState;
-use runtime::db::TempDb;
 use sqlx::PgPool;
+use testkit::TempDb;
 
 /// A running API on a fresh database.
 pub struct TestApi {

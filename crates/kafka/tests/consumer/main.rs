@@ -6,13 +6,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use e2e::broker::Broker;
-use messaging::consumer::{ConsumerSettings, HandleError, Handled};
-use messaging::{Envelope, Message};
+use contract::{Envelope, Message};
+use kafka::consumer::{ConsumerSettings, HandleError, Handled};
+use kafka::KafkaArgs;
 use rdkafka::producer::FutureRecord;
 use rdkafka::util::Timeout;
-use runtime::db::TempDb;
 use sqlx::PgPool;
+use testkit::{Broker, TempDb};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -27,16 +27,13 @@ struct World {
 impl World {
     async fn new() -> Self {
         let broker = Broker::start().await.unwrap();
-        let db = TempDb::new("eo_consumer");
-        let pool = runtime::db::connect(db.url(), 4, vec![inbox::migrator()])
-            .await
-            .unwrap();
-        sqlx::query("CREATE TABLE effects (event_id uuid NOT NULL, order_id uuid NOT NULL, applied_at timestamptz DEFAULT clock_timestamp())")
-            .execute(&pool)
+        let effects = "CREATE TABLE effects (event_id uuid NOT NULL, order_id uuid NOT NULL, \
+                       applied_at timestamptz DEFAULT clock_timestamp())";
+        let (db, pool) = TempDb::with_tables("eo_consumer", vec![inbox::migrator()], effects)
             .await
             .unwrap();
         let topic = format!("consumer-test-{}", Uuid::new_v4().simple());
-        messaging::kafka::ensure_topics(&broker.addr, &[&topic]).await.unwrap();
+        kafka::ensure_topics(&broker.addr, &[&topic]).await.unwrap();
         Self {
             broker,
             pool,
@@ -47,14 +44,14 @@ impl World {
 
     fn settings(&self, group: &str) -> ConsumerSettings {
         ConsumerSettings {
-            brokers: self.broker.addr.clone(),
+            kafka: KafkaArgs::new(self.broker.addr.clone()),
             group_id: group.into(),
             topics: vec![self.topic.clone()],
         }
     }
 
     async fn send_raw(&self, key: &str, body: &[u8]) {
-        let producer = messaging::kafka::producer(&self.broker.addr).unwrap();
+        let producer = kafka::producer(&self.broker.addr).unwrap();
         producer
             .send(
                 FutureRecord::to(&self.topic).key(key).payload(body),
@@ -65,8 +62,17 @@ impl World {
     }
 
     async fn send(&self, env: &Envelope) {
-        let producer = messaging::kafka::producer(&self.broker.addr).unwrap();
-        messaging::kafka::publish(&producer, &self.topic, env).await.unwrap();
+        let producer = kafka::producer(&self.broker.addr).unwrap();
+        let headers = kafka::headers(&env.event_id.to_string(), &env.event_type, None);
+        kafka::publish(
+            &producer,
+            &self.topic,
+            &env.order_id.to_string(),
+            &env.to_bytes(),
+            headers,
+        )
+        .await
+        .unwrap();
     }
 
     async fn effects(&self) -> i64 {
@@ -120,17 +126,13 @@ fn spawn_consumer(
     let token = CancellationToken::new();
     let pool = world.pool.clone();
     let name = group.to_owned();
-    let handle = tokio::spawn(messaging::consumer::run(
-        world.settings(group),
-        token.clone(),
-        move |env| {
-            let (pool, name, calls) = (pool.clone(), name.clone(), calls.clone());
-            async move {
-                calls.fetch_add(1, Ordering::SeqCst);
-                apply(&pool, &name, env).await
-            }
-        },
-    ));
+    let handle = tokio::spawn(kafka::consumer::run(world.settings(group), token.clone(), move |env| {
+        let (pool, name, calls) = (pool.clone(), name.clone(), calls.clone());
+        async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            apply(&pool, &name, env).await
+        }
+    }));
     (token, tokio::spawn(async move { handle.await.unwrap().unwrap() }))
 }
 
@@ -177,7 +179,7 @@ async fn poison_goes_to_the_dead_letter_topic_and_the_partition_moves_on() {
     w.wait_effects(1).await;
     token.cancel();
     done.await.unwrap();
-    let letters = messaging::dlq::list(&w.broker.addr, &w.topic).unwrap();
+    let letters = kafka::dlq::list(&w.broker.addr, &w.topic).unwrap();
     assert_eq!(letters.len(), 2, "{letters:?}");
     assert!(
         letters
@@ -235,20 +237,16 @@ async fn transient_errors_retry_the_same_message_without_skipping_it() {
     let token = CancellationToken::new();
     let pool = w.pool.clone();
     let f = failures.clone();
-    let run = tokio::spawn(messaging::consumer::run(
-        w.settings("flaky"),
-        token.clone(),
-        move |env| {
-            let (pool, f) = (pool.clone(), f.clone());
-            async move {
-                if f.load(Ordering::SeqCst) > 0 {
-                    f.fetch_sub(1, Ordering::SeqCst);
-                    return Err(HandleError::Transient("database restarting".into()));
-                }
-                apply(&pool, "flaky", env).await
+    let run = tokio::spawn(kafka::consumer::run(w.settings("flaky"), token.clone(), move |env| {
+        let (pool, f) = (pool.clone(), f.clone());
+        async move {
+            if f.load(Ordering::SeqCst) > 0 {
+                f.fetch_sub(1, Ordering::SeqCst);
+                return Err(HandleError::Transient("database restarting".into()));
             }
-        },
-    ));
+            apply(&pool, "flaky", env).await
+        }
+    }));
     w.wait_effects(2).await;
     token.cancel();
     run.await.unwrap().unwrap();
@@ -262,7 +260,7 @@ async fn transient_errors_retry_the_same_message_without_skipping_it() {
         "retried in place, in order"
     );
     assert!(
-        messaging::dlq::list(&w.broker.addr, &w.topic).unwrap().is_empty(),
+        kafka::dlq::list(&w.broker.addr, &w.topic).unwrap().is_empty(),
         "nothing dead-lettered"
     );
     w.drop().await;
@@ -275,21 +273,21 @@ async fn dead_letters_can_be_replayed_once_the_cause_is_fixed() {
     w.send(&event).await;
     // First deployment: refuses the message for good.
     let token = CancellationToken::new();
-    let run = tokio::spawn(messaging::consumer::run(
+    let run = tokio::spawn(kafka::consumer::run(
         w.settings("fixable"),
         token.clone(),
-        |_env| async { Err::<Handled, _>(HandleError::Permanent("schema v2 not supported".into())) },
+        |_env: Envelope| async { Err::<Handled, _>(HandleError::Permanent("schema v2 not supported".into())) },
     ));
     let end = Instant::now() + Duration::from_secs(20);
-    while messaging::dlq::list(&w.broker.addr, &w.topic).unwrap().is_empty() {
+    while kafka::dlq::list(&w.broker.addr, &w.topic).unwrap().is_empty() {
         assert!(Instant::now() < end, "never dead-lettered");
     }
     token.cancel();
     run.await.unwrap().unwrap();
     // Fixed deployment; replay the letter.
-    assert_eq!(messaging::dlq::replay(&w.broker.addr, &w.topic).await.unwrap(), 1);
+    assert_eq!(kafka::dlq::replay(&w.broker.addr, &w.topic).await.unwrap(), 1);
     assert_eq!(
-        messaging::dlq::replay(&w.broker.addr, &w.topic).await.unwrap(),
+        kafka::dlq::replay(&w.broker.addr, &w.topic).await.unwrap(),
         0,
         "replayed once"
     );

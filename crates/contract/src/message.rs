@@ -3,21 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::topics::{INVENTORY_COMMANDS, ORDER_EVENTS, PAYMENT_COMMANDS};
 use crate::{Error, Result};
-
-/// Commands for inventory-service.
-pub const INVENTORY_COMMANDS: &str = "inventory.commands";
-/// Commands for payment-service.
-pub const PAYMENT_COMMANDS: &str = "payment.commands";
-/// Replies consumed by the order saga in order-api.
-pub const ORDER_EVENTS: &str = "order.events";
-/// Every topic the saga uses.
-pub const TOPICS: [&str; 3] = [INVENTORY_COMMANDS, PAYMENT_COMMANDS, ORDER_EVENTS];
-
-/// The dead-letter topic of `topic`.
-pub fn dead_letter_topic(topic: &str) -> String {
-    format!("{topic}.dlq")
-}
 
 /// A saga message, tagged by `event_type` with its fields in `payload`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -76,7 +63,12 @@ impl Message {
         match self {
             Self::ReserveStock { .. } | Self::ReleaseStock => INVENTORY_COMMANDS,
             Self::ChargePayment { .. } | Self::RefundPayment { .. } => PAYMENT_COMMANDS,
-            _ => ORDER_EVENTS,
+            Self::StockReserved
+            | Self::StockRejected { .. }
+            | Self::StockReleased
+            | Self::PaymentCaptured { .. }
+            | Self::PaymentDeclined { .. }
+            | Self::PaymentRefunded { .. } => ORDER_EVENTS,
         }
     }
 

@@ -3,7 +3,7 @@
 //! Order of operations per message, which is what makes delivery
 //! at-least-once and processing effectively-once:
 //!
-//! 1. decode the envelope; a body that can never decode goes to the
+//! 1. decode the message; a body that can never decode goes to the
 //!    dead-letter topic (with the error and the original headers);
 //! 2. run the handler, which records `(consumer, event_id)` in the inbox in the
 //!    **same transaction** as its effect and commits;
@@ -23,7 +23,19 @@ use rdkafka::util::Timeout;
 use rdkafka::{Message as _, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
-use crate::{kafka, Envelope, Result};
+use serde::de::DeserializeOwned;
+
+use crate::{KafkaArgs, Result};
+
+/// Crash point (failpoints builds): abort after the handler's transaction
+/// committed, before the offset is stored — the redelivery that follows
+/// must be absorbed by the inbox.
+pub const CRASH_BEFORE_OFFSET_COMMIT: &str = "consumer::before_offset_commit";
+
+/// Failpoint (failpoints builds): the consume loop fails as if its broker
+/// session broke for good — the supervisor must turn the service not-ready
+/// and exit non-zero.
+pub const FAIL_LOOP: &str = "consumer::loop_fails";
 
 /// What the handler did with an event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,37 +69,11 @@ impl HandleError {
     }
 }
 
-/// How partitions are given to a consumer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Assignment {
-    /// Take every partition of the topics (`assign`), reading and committing
-    /// the group's offsets without joining the group. A restarted or second
-    /// instance starts consuming at once, with no rebalance to wait for; two
-    /// instances both consume everything and the inbox decides. The default,
-    /// because tansu's group coordinator does not reliably recover when a
-    /// member is SIGKILLed mid-join.
-    #[default]
-    Static,
-    /// Join the consumer group (`subscribe`) and let the broker balance the
-    /// partitions — the choice for Apache Kafka with several instances.
-    Group,
-}
-
-impl Assignment {
-    /// From `KAFKA_ASSIGNMENT` (`static` or `group`; default `static`).
-    pub fn from_env() -> Self {
-        match std::env::var("KAFKA_ASSIGNMENT").as_deref() {
-            Ok("group") => Self::Group,
-            _ => Self::Static,
-        }
-    }
-}
-
 /// Settings of one consumer.
 #[derive(Debug, Clone)]
 pub struct ConsumerSettings {
-    /// Broker list.
-    pub brokers: String,
+    /// Brokers and assignment.
+    pub kafka: KafkaArgs,
     /// Consumer group; also the consumer name recorded in the inbox.
     pub group_id: String,
     /// Topics to consume.
@@ -96,7 +82,9 @@ pub struct ConsumerSettings {
 
 /// Builds a consumer with manual offset commits.
 pub fn build(settings: &ConsumerSettings) -> Result<StreamConsumer> {
-    let consumer: StreamConsumer = kafka::client_config(&settings.brokers)
+    let consumer: StreamConsumer = settings
+        .kafka
+        .client_config()
         .set("group.id", &settings.group_id)
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
@@ -105,9 +93,9 @@ pub fn build(settings: &ConsumerSettings) -> Result<StreamConsumer> {
         .set("heartbeat.interval.ms", "1000")
         .create()?;
     let topics: Vec<&str> = settings.topics.iter().map(String::as_str).collect();
-    match Assignment::from_env() {
-        Assignment::Group => consumer.subscribe(&topics)?,
-        Assignment::Static => {
+    match settings.kafka.assignment {
+        crate::Assignment::Group => consumer.subscribe(&topics)?,
+        crate::Assignment::Static => {
             let mut tpl = TopicPartitionList::new();
             for topic in topics {
                 let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
@@ -124,18 +112,23 @@ pub fn build(settings: &ConsumerSettings) -> Result<StreamConsumer> {
     Ok(consumer)
 }
 
-/// Runs the loop until `shutdown` is cancelled. A message being handled when
+/// Runs the loop until `shutdown` is cancelled, handing each message body,
+/// decoded from JSON as `T`, to `handler`. A message being handled when
 /// shutdown comes is finished or left uncommitted for redelivery, never half-done.
-pub async fn run<H, F>(settings: ConsumerSettings, shutdown: CancellationToken, handler: H) -> Result<()>
+pub async fn run<T, H, F>(settings: ConsumerSettings, shutdown: CancellationToken, handler: H) -> Result<()>
 where
-    H: Fn(Envelope) -> F,
+    T: DeserializeOwned + Clone,
+    H: Fn(T) -> F,
     F: Future<Output = Result<Handled, HandleError>>,
 {
     let consumer = build(&settings)?;
-    let dlq = kafka::producer(&settings.brokers)?;
+    let dlq = settings.kafka.producer()?;
     let name = settings.group_id.as_str();
     tracing::info!(consumer = name, topics = ?settings.topics, "consumer started");
     loop {
+        fail::fail_point!(FAIL_LOOP, |_| Err(crate::Error::Kafka(
+            rdkafka::error::KafkaError::Canceled
+        )));
         let msg = tokio::select! {
             _ = shutdown.cancelled() => break,
             m = consumer.recv() => m,
@@ -149,9 +142,9 @@ where
             }
         };
         telemetry::metrics::incr("consumer_messages_received_total", &[("consumer", name)]);
-        let outcome = match Envelope::from_bytes(msg.payload().unwrap_or_default()) {
-            Err(e) => Err(HandleError::Permanent(e.to_string())),
-            Ok(envelope) => handle_with_retry(name, &handler, envelope, &shutdown).await,
+        let outcome = match serde_json::from_slice::<T>(msg.payload().unwrap_or_default()) {
+            Err(e) => Err(HandleError::Permanent(format!("decode: {e}"))),
+            Ok(message) => handle_with_retry(name, &handler, message, &shutdown).await,
         };
         match outcome {
             Ok(Some(Handled::Applied)) => {
@@ -173,7 +166,7 @@ where
                 }
             }
         }
-        fail::fail_point!("consumer::before_offset_commit", |_| std::process::abort());
+        fail::fail_point!(CRASH_BEFORE_OFFSET_COMMIT, |_| std::process::abort());
         if let Err(e) = consumer
             .store_offset_from_message(&msg)
             .and_then(|_| consumer.commit_consumer_state(CommitMode::Sync))
@@ -188,24 +181,25 @@ where
 
 /// Runs the handler, retrying transient errors with capped backoff.
 /// Returns `Ok(None)` when shutdown interrupts the retries.
-async fn handle_with_retry<H, F>(
+async fn handle_with_retry<T, H, F>(
     name: &str,
     handler: &H,
-    envelope: Envelope,
+    message: T,
     shutdown: &CancellationToken,
 ) -> Result<Option<Handled>, HandleError>
 where
-    H: Fn(Envelope) -> F,
+    T: Clone,
+    H: Fn(T) -> F,
     F: Future<Output = Result<Handled, HandleError>>,
 {
     let mut delay = Duration::from_millis(50);
     loop {
-        match handler(envelope.clone()).await {
+        match handler(message.clone()).await {
             Ok(h) => return Ok(Some(h)),
             Err(HandleError::Permanent(e)) => return Err(HandleError::Permanent(e)),
             Err(HandleError::Transient(e)) => {
                 telemetry::metrics::incr("consumer_transient_errors_total", &[("consumer", name)]);
-                tracing::warn!(consumer = name, event_id = %envelope.event_id, error = %e, ?delay, "transient error, retrying");
+                tracing::warn!(consumer = name, error = %e, ?delay, "transient error, retrying");
                 tokio::select! {
                     _ = shutdown.cancelled() => return Ok(None),
                     _ = tokio::time::sleep(delay) => {}
@@ -225,7 +219,7 @@ async fn dead_letter(
     reason: &str,
     shutdown: &CancellationToken,
 ) -> bool {
-    let topic = crate::message::dead_letter_topic(msg.topic());
+    let topic = crate::dead_letter_topic(msg.topic());
     let partition = msg.partition().to_string();
     let offset = msg.offset().to_string();
     tracing::error!(consumer, %topic, %reason, offset = msg.offset(), "dead-lettering message");

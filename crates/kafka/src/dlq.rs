@@ -11,7 +11,7 @@ use rdkafka::producer::FutureRecord;
 use rdkafka::util::Timeout;
 use rdkafka::{Message as _, Offset, TopicPartitionList};
 
-use crate::{kafka, Result};
+use crate::Result;
 
 /// One dead letter.
 #[derive(Debug, Clone)]
@@ -66,9 +66,9 @@ impl DeadLetter {
 
 /// Every dead letter of `topic` (i.e. on `<topic>.dlq`).
 pub fn list(brokers: &str, topic: &str) -> Result<Vec<DeadLetter>> {
-    let dlq = crate::message::dead_letter_topic(topic);
+    let dlq = crate::dead_letter_topic(topic);
     let group = format!("dlq-list-{}", uuid::Uuid::new_v4());
-    let (messages, _) = kafka::read_topic(brokers, &dlq, &group, Offset::Beginning, Duration::from_secs(2))?;
+    let (messages, _) = crate::read_topic(brokers, &dlq, &group, Offset::Beginning, Duration::from_secs(2))?;
     Ok(messages.iter().map(DeadLetter::from_message).collect())
 }
 
@@ -76,15 +76,15 @@ pub fn list(brokers: &str, topic: &str) -> Result<Vec<DeadLetter>> {
 /// original topic; returns how many. Progress is kept as the committed
 /// offsets of the group `dlq-replay.<topic>`, so each letter is replayed once.
 pub async fn replay(brokers: &str, topic: &str) -> Result<usize> {
-    let dlq = crate::message::dead_letter_topic(topic);
-    let (messages, consumer) = kafka::read_topic(
+    let dlq = crate::dead_letter_topic(topic);
+    let (messages, consumer) = crate::read_topic(
         brokers,
         &dlq,
         &format!("dlq-replay.{topic}"),
         Offset::Stored,
         Duration::from_secs(2),
     )?;
-    let producer = kafka::producer(brokers)?;
+    let producer = crate::producer(brokers)?;
     for m in &messages {
         let letter = DeadLetter::from_message(m);
         let target = letter.original_topic.clone().unwrap_or_else(|| topic.to_owned());

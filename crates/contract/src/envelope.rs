@@ -1,4 +1,4 @@
-//! The event envelope (contract of DESIGN.md).
+//! The event envelope (docs/design.md, "Event envelope").
 //!
 //! Identity rule: two messages with the same `event_id` are one event; two
 //! with different ids are two events even if their payloads are equal. The id
@@ -45,7 +45,9 @@ impl Envelope {
             order_id,
             correlation_id: cause.map_or(order_id, |c| c.correlation_id),
             causation_id: cause.map(|c| c.event_id),
-            traceparent: Some(telemetry::trace::child_of(cause.and_then(|c| c.traceparent.as_deref()))),
+            traceparent: Some(crate::traceparent::child_of(
+                cause.and_then(|c| c.traceparent.as_deref()),
+            )),
             payload,
         }
     }

@@ -1,0 +1,40 @@
+//! Kafka plumbing, generic over what the messages carry.
+//!
+//! - [`config`]: the typed settings ([`KafkaArgs`], flattened into each
+//!   service's `--help`);
+//! - [`client`]: client configuration, the idempotent producer, topic
+//!   creation, identity headers, publishing;
+//! - [`consumer`]: the consume loop — decode, hand to an inbox-backed
+//!   handler, store the offset only after the handler's transaction,
+//!   dead-letter what can never succeed;
+//! - [`dlq`]: list and replay dead letters;
+//! - [`read`]: read a topic back to its end (audits, tools, tests).
+//!
+//! What the messages mean is the `contract` crate's business, not this one's.
+
+pub mod client;
+pub mod config;
+pub mod consumer;
+pub mod dlq;
+pub mod read;
+
+pub use client::{
+    client_config, dead_letter_topic, ensure_topics, headers, idempotent_producer, producer, producer_with_timeout,
+    publish,
+};
+pub use config::{Assignment, KafkaArgs};
+pub use read::{read_topic, read_topic_at_most};
+
+/// Number of partitions of every topic created here.
+pub use client::PARTITIONS;
+
+/// Errors of the Kafka layer.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The broker or librdkafka reported an error.
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+}
+
+/// Result type of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,44 @@
+//! Admin endpoints every service exposes: liveness, readiness and metrics
+//! in the Prometheus text format.
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use sqlx::PgPool;
+
+use crate::Health;
+
+#[derive(Clone)]
+struct Ready {
+    pool: PgPool,
+    health: Health,
+}
+
+/// Router with `/health/live`, `/health/ready` and `/metrics`.
+pub fn router(pool: PgPool, health: Health) -> Router {
+    Router::new()
+        .route("/health/live", get(|| async { "ok" }))
+        .route("/health/ready", get(ready))
+        .route("/metrics", get(metrics))
+        .with_state(Ready { pool, health })
+}
+
+/// Ready when every supervised task is alive and the database answers.
+async fn ready(State(r): State<Ready>) -> impl IntoResponse {
+    if let Some(why) = r.health.failure() {
+        return (StatusCode::SERVICE_UNAVAILABLE, why);
+    }
+    match sqlx::query("SELECT 1").execute(&r.pool).await {
+        Ok(_) => (StatusCode::OK, "ready".to_owned()),
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "database unavailable".to_owned()),
+    }
+}
+
+async fn metrics() -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        telemetry::metrics::render(),
+    )
+}

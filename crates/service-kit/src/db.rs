@@ -1,0 +1,87 @@
+//! Database-per-service bootstrap: the service's database is created when
+//! missing, then the migrators it names run in order.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
+
+use crate::{Error, Result};
+
+/// Creates the database named in `url` if it does not exist yet.
+///
+/// Connects to the server's `postgres` database to do so; a concurrent
+/// creation by another process is tolerated.
+pub async fn ensure_database(url: &str) -> Result<()> {
+    let opts = parse(url)?;
+    let name = opts.get_database().unwrap_or("postgres").to_owned();
+    let mut admin = PgConnection::connect_with(&opts.clone().database("postgres")).await?;
+    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+        .bind(&name)
+        .fetch_one(&mut admin)
+        .await?;
+    if !exists {
+        let sql = format!("CREATE DATABASE \"{}\"", name.replace('"', "\"\""));
+        match sqlx::query(&sql).execute(&mut admin).await {
+            Ok(_) => tracing::info!(database = %name, "created database"),
+            // 42P04 duplicate_database, 23505 when two creators race on pg_database.
+            Err(sqlx::Error::Database(e)) if matches!(e.code().as_deref(), Some("42P04" | "23505")) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    admin.close().await?;
+    Ok(())
+}
+
+/// Parses a database URL (as `PgConnectOptions` understands it).
+pub fn parse(url: &str) -> Result<PgConnectOptions> {
+    PgConnectOptions::from_str(url)
+        .map(|o| o.disable_statement_logging())
+        .map_err(|source| Error::DatabaseUrl {
+            url: url.to_owned(),
+            source,
+        })
+}
+
+/// Creates the database if needed, opens a pool and runs `migrators` in order.
+///
+/// Each library crate (outbox, inbox, idempotency) owns its tables and ships
+/// its own migrator with a version range of its own, so every migrator runs
+/// with `ignore_missing`: the others' rows in `_sqlx_migrations` are expected.
+pub async fn connect(url: &str, max_connections: u32, migrators: Vec<Migrator>) -> Result<PgPool> {
+    ensure_database(url).await?;
+    tracing::debug!(database = %database_name(url)?, max_connections, "connecting");
+    let pool = PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(parse(url)?)
+        .await?;
+    for mut migrator in migrators {
+        migrator.set_ignore_missing(true);
+        migrator.run(&pool).await?;
+    }
+    Ok(pool)
+}
+
+/// The database name in `url` (`postgres` when it names none).
+pub fn database_name(url: &str) -> Result<String> {
+    Ok(parse(url)?.get_database().unwrap_or("postgres").to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn database_name_comes_from_the_url_parser() {
+        assert_eq!(
+            database_name("postgres://u@h:5432/orders?sslmode=disable").unwrap(),
+            "orders"
+        );
+        assert_eq!(database_name("postgres://u@h/inv%65ntory").unwrap(), "inventory");
+        assert_eq!(database_name("postgres://u@h").unwrap(), "postgres");
+        assert!(database_name("not a url").is_err());
+    }
+}

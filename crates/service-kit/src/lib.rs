@@ -1,0 +1,77 @@
+//! The process plumbing every service shares, so each service's `lib.rs`
+//! reads config → build → run and each `main.rs` stays a few lines:
+//!
+//! - [`config`]: the common settings as `clap` argument groups
+//!   ([`DbArgs`], [`LogArgs`]) that services flatten into their `Config`;
+//! - [`db`]: create the service's own database if missing, open the pool,
+//!   run the migrators of every crate that owns a table in it;
+//! - [`supervisor`]: the service's long-running tasks (HTTP server,
+//!   consumers, reapers) under one cancellation token — the first task that
+//!   dies turns the service not-ready, stops the others and makes the
+//!   process exit non-zero;
+//! - [`consumer`]: a saga consumer and its inbox retention as supervised tasks;
+//! - [`admin`]: `/health/live`, `/health/ready` (database answers and every
+//!   task alive) and `/metrics`;
+//! - [`problem`]: RFC 9457 `application/problem+json`, the error body of
+//!   every HTTP API here;
+//! - [`saga`]: emit a saga message through the outbox;
+//! - [`shutdown`]: SIGTERM / ctrl-c as a cancellation token;
+//! - [`init`]: logging and the failpoint scenario, once per process.
+
+pub mod admin;
+pub mod config;
+pub mod consumer;
+pub mod db;
+pub mod problem;
+pub mod saga;
+pub mod shutdown;
+pub mod supervisor;
+
+pub use config::{DbArgs, LogArgs, LogFormat};
+pub use consumer::SagaConsumer;
+pub use supervisor::{Health, Supervisor};
+
+/// Errors raised while bootstrapping a service.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The database URL could not be parsed.
+    #[error("invalid database url {url:?}: {source}")]
+    DatabaseUrl {
+        /// The URL that was given.
+        url: String,
+        /// Why it was rejected.
+        source: sqlx::Error,
+    },
+    /// Talking to PostgreSQL failed.
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    /// A migration failed.
+    #[error("migration: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+/// Result type of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Held by `main` for the life of the process: the failpoint scenario
+/// (inert unless built with failpoints and `FAILPOINTS` is set).
+pub struct ProcessGuard {
+    _failpoints: fail::FailScenario<'static>,
+}
+
+/// Sets up a service process: logs (as `log` says, tagged with `service`)
+/// and the failpoint scenario. Call once, first thing in `main`.
+pub fn init(service: &'static str, log: &LogArgs) -> ProcessGuard {
+    let filter = tracing_subscriber::EnvFilter::try_new(&log.filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
+    // A second init (tests that start several services in one process) keeps the first.
+    let _ = match log.format {
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        LogFormat::Text => builder.with_ansi(false).try_init(),
+    };
+    telemetry::metrics::set_service(service);
+    ProcessGuard {
+        _failpoints: fail::FailScenario::setup(),
+    }
+}

@@ -1,0 +1,30 @@
+//! Emitting a saga message from a service: the glue between the protocol
+//! (`contract`) and the transactional outbox (`outbox`), which know nothing
+//! of each other.
+
+use contract::{Envelope, Message};
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+/// Builds the envelope for `message` about `order_id` — a new `event_id`,
+/// caused by `cause` when given (continuing its correlation and trace) —
+/// and enqueues it on the message's topic in the caller's transaction.
+/// Returns the envelope.
+pub async fn emit(
+    conn: &mut PgConnection,
+    order_id: Uuid,
+    message: &Message,
+    cause: Option<&Envelope>,
+) -> outbox::Result<Envelope> {
+    let envelope = Envelope::new(order_id, message, cause);
+    let event = outbox::OutboxEvent::json(
+        message.topic(),
+        envelope.order_id,
+        envelope.event_id,
+        &envelope.event_type,
+        &envelope,
+    )
+    .traceparent(envelope.traceparent.as_deref());
+    outbox::enqueue(conn, &event).await?;
+    Ok(envelope)
+}

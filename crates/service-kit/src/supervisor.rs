@@ -1,0 +1,231 @@
+//! A service's long-running tasks under one supervisor.
+//!
+//! The rule (decide, tell, wait): every task — the HTTP server, each
+//! consumer, each reaper — runs until the shared token is cancelled. A task
+//! that ends before that, with an error or without one, has died: the
+//! service turns not-ready at once ([`Health`]), the token is cancelled so
+//! the other tasks stop (in-flight work finishes or is left for
+//! redelivery), the rest get a grace period, and [`Supervisor::wait`]
+//! returns the first failure so the process exits non-zero. An orchestrator
+//! then restarts it; nothing limps on with a dead consumer behind a green
+//! health check.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+/// How long the other tasks get to stop after the token is cancelled.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(15);
+
+/// Liveness of the supervised tasks, shared with the readiness endpoint.
+#[derive(Debug, Clone, Default)]
+pub struct Health {
+    failure: Arc<Mutex<Option<String>>>,
+}
+
+impl Health {
+    /// `None` while every task runs; why the first one stopped otherwise.
+    pub fn failure(&self) -> Option<String> {
+        self.failure.lock().expect("health lock").clone()
+    }
+
+    fn fail(&self, why: String) {
+        self.failure.lock().expect("health lock").get_or_insert(why);
+    }
+}
+
+/// What a supervised task may return: `()` or `Result<(), E>`.
+pub trait TaskExit {
+    /// As a result.
+    fn into_result(self) -> anyhow::Result<()>;
+}
+
+impl TaskExit for () {
+    fn into_result(self) -> anyhow::Result<()> {
+        Ok(())
+    }
+}
+
+impl<E: Into<anyhow::Error>> TaskExit for Result<(), E> {
+    fn into_result(self) -> anyhow::Result<()> {
+        self.map_err(Into::into)
+    }
+}
+
+/// The tasks of one service process.
+pub struct Supervisor {
+    shutdown: CancellationToken,
+    tasks: JoinSet<(String, anyhow::Result<()>)>,
+    health: Health,
+    grace: Duration,
+}
+
+impl Supervisor {
+    /// A supervisor whose tasks stop when `shutdown` is cancelled (by a
+    /// signal, or by the supervisor itself when a task dies).
+    pub fn new(shutdown: CancellationToken) -> Self {
+        Self {
+            shutdown,
+            tasks: JoinSet::new(),
+            health: Health::default(),
+            grace: DEFAULT_GRACE,
+        }
+    }
+
+    /// Sets the grace period the tasks get after cancellation.
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    /// The token every task must stop on.
+    pub fn token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// The health handle for the readiness endpoint.
+    pub fn health(&self) -> Health {
+        self.health.clone()
+    }
+
+    /// Runs `task` under supervision; `name` says which task died, in the
+    /// logs, the readiness answer and the error.
+    pub fn spawn<F>(&mut self, name: impl Into<String>, task: F)
+    where
+        F: Future + Send + 'static,
+        F::Output: TaskExit,
+    {
+        let name = name.into();
+        self.tasks.spawn(async move { (name, task.await.into_result()) });
+    }
+
+    /// Serves `app` on `listener` as the task `http` until shutdown.
+    pub fn serve(&mut self, listener: TcpListener, app: Router) {
+        let token = self.token();
+        self.spawn("http", async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move { token.cancelled().await })
+                .await
+        });
+    }
+
+    /// Waits until shutdown, or until a task dies: then turns not-ready,
+    /// cancels the rest and waits for them up to the grace period. Returns
+    /// the first task's failure (a task ending early without an error is a
+    /// failure too), or `Ok` after a clean shutdown.
+    pub async fn wait(mut self) -> anyhow::Result<()> {
+        let mut first: Option<anyhow::Error> = None;
+        tokio::select! {
+            _ = self.shutdown.cancelled() => {}
+            Some(joined) = self.tasks.join_next() => {
+                let error = died(joined);
+                tracing::error!(error = format!("{error:#}"), "task died: stopping the service");
+                self.health.fail(format!("{error:#}"));
+                first = Some(error);
+                self.shutdown.cancel();
+            }
+        }
+        let deadline = tokio::time::sleep(self.grace);
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                joined = self.tasks.join_next() => match joined {
+                    None => break,
+                    Some(Ok((_, Ok(())))) => {}
+                    Some(other) => {
+                        let error = stopped_with_error(other);
+                        tracing::error!(error = format!("{error:#}"), "task failed while stopping");
+                        first.get_or_insert(error);
+                    }
+                },
+                _ = &mut deadline => {
+                    tracing::error!(tasks = self.tasks.len(), grace = ?self.grace, "tasks still running after the grace period: aborted");
+                    self.tasks.abort_all();
+                    first.get_or_insert_with(|| anyhow::anyhow!("tasks did not stop within {:?}", self.grace));
+                    break;
+                }
+            }
+        }
+        match first {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+type Joined = Result<(String, anyhow::Result<()>), tokio::task::JoinError>;
+
+/// A task that ended before shutdown: why.
+fn died(joined: Joined) -> anyhow::Error {
+    match joined {
+        Ok((name, Ok(()))) => anyhow::anyhow!("task {name} ended before shutdown"),
+        Ok((name, Err(e))) => e.context(format!("task {name} failed")),
+        Err(e) => anyhow::anyhow!("a task panicked: {e}"),
+    }
+}
+
+/// A task that failed while the service was stopping: why.
+fn stopped_with_error(joined: Joined) -> anyhow::Error {
+    match joined {
+        Ok((name, Err(e))) => e.context(format!("task {name} failed")),
+        Ok((name, Ok(()))) => anyhow::anyhow!("task {name} stopped"),
+        Err(e) => anyhow::anyhow!("a task panicked: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_clean_shutdown_waits_for_every_task() {
+        let token = CancellationToken::new();
+        let mut sup = Supervisor::new(token.clone());
+        let stopped = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        for name in ["a", "b"] {
+            let (t, s) = (token.clone(), stopped.clone());
+            sup.spawn(name, async move {
+                t.cancelled().await;
+                s.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            });
+        }
+        let health = sup.health();
+        token.cancel();
+        sup.wait().await.unwrap();
+        assert_eq!(stopped.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert_eq!(health.failure(), None);
+    }
+
+    #[tokio::test]
+    async fn a_task_that_ends_early_stops_the_rest_and_fails() {
+        let mut sup = Supervisor::new(CancellationToken::new());
+        let token = sup.token();
+        let other_stopped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = other_stopped.clone();
+        sup.spawn("worker", async move {
+            token.cancelled().await;
+            s.store(true, std::sync::atomic::Ordering::SeqCst);
+        });
+        sup.spawn("reaper", async {});
+        let health = sup.health();
+        let err = sup.wait().await.unwrap_err();
+        assert!(err.to_string().contains("reaper ended before shutdown"), "{err}");
+        assert!(other_stopped.load(std::sync::atomic::Ordering::SeqCst));
+        assert!(health.failure().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_task_that_ignores_the_token_is_aborted_after_the_grace() {
+        let token = CancellationToken::new();
+        let mut sup = Supervisor::new(token.clone()).grace(Duration::from_millis(100));
+        sup.spawn("stubborn", std::future::pending::<()>());
+        token.cancel();
+        let err = sup.wait().await.unwrap_err();
+        assert!(err.to_string().contains("did not stop"), "{err}");
+    }
+}

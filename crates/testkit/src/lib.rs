@@ -1,0 +1,18 @@
+//! Test support for the workspace's tests, benches and the e2e harness.
+//! Listed only under `[dev-dependencies]` of the library and service crates
+//! (and as a dependency of `e2e`, which is itself a test harness).
+//!
+//! - [`db`]: throw-away databases that are dropped with their guard;
+//! - [`broker`]: the tansu broker — found or installed, started on a free
+//!   port with a temp data directory, killed and restarted;
+//! - [`process`]: which process listens on a port (a harness's check that
+//!   the service answering is the one it started);
+//! - [`metrics`]: reading counters out of a Prometheus text page.
+
+pub mod broker;
+pub mod db;
+pub mod metrics;
+pub mod process;
+
+pub use broker::Broker;
+pub use db::TempDb;

@@ -1,0 +1,324 @@
+//! The faults of the suite and their schedule: crash points that abort a
+//! process at a named place, SIGKILLs, a broker restart, dropped database
+//! connections, a misbehaving gateway and network, second consumer
+//! instances, and duplicates injected onto the topics.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use contract::Envelope;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::Rng;
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::clients::Clients;
+use super::report::Duplicates;
+use super::ChaosConfig;
+use crate::driver::Client;
+use crate::proxy::Mode;
+use crate::stack::{Service, Stack};
+
+/// The fault kinds of the suite, numbered as in the issue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub enum Fault {
+    /// 1. SIGKILL (abort) order-api after its commit, before the response.
+    OrderApiAfterCommit,
+    /// 2. Abort the relay after the broker ack, before marking published.
+    RelayAfterPublish,
+    /// 3. Abort a consumer after its DB commit, before its offset commit.
+    ConsumerBeforeOffsetCommit,
+    /// 4. Abort payment-service after the gateway charged, before recording.
+    PaymentAfterCharge,
+    /// 5. SIGKILL + restart of a random service.
+    RandomKill,
+    /// 6. SIGKILL + restart of the broker.
+    BrokerRestart,
+    /// 7. `pg_terminate_backend` on every connection of the stack.
+    DatabaseConnectionsDropped,
+    /// 8. The gateway commits, then times out.
+    GatewayTimeoutAfterCommit,
+    /// 9. Gateway 5xx bursts and latency.
+    Gateway5xxAndLatency,
+    /// 10. Latency, reset or blackhole between payment-service and gateway.
+    NetworkFault,
+    /// 11. Second instances of inventory- and payment-service at once.
+    TwoConsumerInstances,
+    /// 12. Duplicates injected onto the topics with a raw producer.
+    DuplicateInjection,
+}
+
+impl Fault {
+    /// The first round: faults that need traffic (crash points, gateway
+    /// faults) go first, while the clients are still placing orders.
+    pub const FIRST_ROUND: [Fault; 12] = [
+        Fault::OrderApiAfterCommit,
+        Fault::PaymentAfterCharge,
+        Fault::GatewayTimeoutAfterCommit,
+        Fault::RelayAfterPublish,
+        Fault::Gateway5xxAndLatency,
+        Fault::ConsumerBeforeOffsetCommit,
+        Fault::NetworkFault,
+        Fault::DuplicateInjection,
+        Fault::TwoConsumerInstances,
+        Fault::RandomKill,
+        Fault::BrokerRestart,
+        Fault::DatabaseConnectionsDropped,
+    ];
+}
+
+/// One fault as it happened.
+#[derive(Debug, Clone, Serialize)]
+pub struct FaultEvent {
+    /// Milliseconds since the load started.
+    pub at_ms: u64,
+    /// Which fault.
+    pub fault: Fault,
+    /// What exactly (service, crash point, mode) and whether it fired.
+    pub detail: String,
+    /// Whether the fault really happened (a crash point that saw no traffic did not).
+    pub fired: bool,
+}
+
+/// What the fault schedule did.
+pub(super) struct Schedule {
+    /// Every fault, in order.
+    pub timeline: Vec<FaultEvent>,
+    /// Crash points that fired, per `service: point`.
+    pub crash_points: BTreeMap<String, u32>,
+    /// Duplicates injected (the rest is counted after the run).
+    pub duplicates: Duplicates,
+}
+
+/// Injects faults while the clients work, until every kind fired once and
+/// the clients are done. Without traffic the crash points cannot fire: once
+/// the clients are done, at most one more round runs, and what never fired
+/// is reported as such.
+pub(super) async fn run_schedule(
+    stack: &mut Stack,
+    client: &Client,
+    rng: &mut StdRng,
+    cfg: &ChaosConfig,
+    started: Instant,
+    clients: &Clients,
+) -> anyhow::Result<Schedule> {
+    let mut timeline = Vec::new();
+    let mut crash_points: BTreeMap<String, u32> = BTreeMap::new();
+    let mut duplicates = Duplicates::default();
+    let mut round: Vec<Fault> = Fault::FIRST_ROUND.to_vec();
+    let mut fired_kinds = BTreeSet::new();
+    let mut left_after_clients: Option<usize> = None;
+    loop {
+        let clients_done = clients.placed_all();
+        if clients_done && fired_kinds.len() == Fault::FIRST_ROUND.len() {
+            break;
+        }
+        if clients_done {
+            let left = left_after_clients.get_or_insert(Fault::FIRST_ROUND.len());
+            if *left == 0 {
+                break;
+            }
+            *left -= 1;
+        }
+        let jitter = rng.gen_range(0..=cfg.fault_interval.as_millis() as u64 / 2);
+        tokio::time::sleep(cfg.fault_interval + Duration::from_millis(jitter)).await;
+        end_windows(stack, client).await;
+        if round.is_empty() {
+            round = Fault::FIRST_ROUND.to_vec();
+            round.shuffle(rng);
+        }
+        let fault = round.remove(0);
+        let at_ms = started.elapsed().as_millis() as u64;
+        let (detail, fired) = inject(stack, client, rng, fault, &mut crash_points, &mut duplicates).await?;
+        if cfg.progress {
+            eprintln!("chaos: t={:>5.1}s fault {fault:?}: {detail}", at_ms as f64 / 1000.0);
+        }
+        if fired {
+            fired_kinds.insert(fault);
+        }
+        timeline.push(FaultEvent {
+            at_ms,
+            fault,
+            detail,
+            fired,
+        });
+    }
+    Ok(Schedule {
+        timeline,
+        crash_points,
+        duplicates,
+    })
+}
+
+/// Ends the windowed faults (gateway faults, network mode, extra instances).
+pub(super) async fn end_windows(stack: &mut Stack, client: &Client) {
+    if let Some(p) = stack.gateway_proxy() {
+        p.set(Mode::Pass);
+    }
+    stack.kill_extras().await;
+    if stack.is_running(Service::Gateway) {
+        client.set_gateway_faults(serde_json::json!({})).await.ok();
+    }
+}
+
+async fn inject(
+    stack: &mut Stack,
+    client: &Client,
+    rng: &mut StdRng,
+    fault: Fault,
+    crash_points: &mut BTreeMap<String, u32>,
+    duplicates: &mut Duplicates,
+) -> anyhow::Result<(String, bool)> {
+    if let Some((service, point)) = crash_point_of(fault, rng) {
+        return crash_point(stack, service, point, crash_points).await;
+    }
+    Ok(match fault {
+        Fault::OrderApiAfterCommit
+        | Fault::RelayAfterPublish
+        | Fault::PaymentAfterCharge
+        | Fault::ConsumerBeforeOffsetCommit => unreachable!("crash points are handled above"),
+        Fault::RandomKill => {
+            let s = *[
+                Service::OrderApi,
+                Service::Relay,
+                Service::Inventory,
+                Service::Payment,
+                Service::Gateway,
+            ]
+            .choose(rng)
+            .expect("non-empty");
+            stack.restart(s).await?;
+            (format!("SIGKILL + restart {}", s.name()), true)
+        }
+        Fault::BrokerRestart => {
+            stack.restart(Service::Broker).await?;
+            ("SIGKILL + restart tansu".into(), true)
+        }
+        Fault::DatabaseConnectionsDropped => {
+            let n = stack.terminate_db_connections().await?;
+            (format!("pg_terminate_backend on {n} connections"), n > 0)
+        }
+        Fault::GatewayTimeoutAfterCommit => {
+            client
+                .set_gateway_faults(serde_json::json!({"timeout_after_commit_rate": 0.3, "hang_ms": 1500}))
+                .await?;
+            ("gateway: 30 % commit-then-hang 1.5 s (client timeout 1 s)".into(), true)
+        }
+        Fault::Gateway5xxAndLatency => {
+            client
+                .set_gateway_faults(serde_json::json!({"fail_rate": 0.3, "latency_ms": 50}))
+                .await?;
+            ("gateway: 30 % 503 before commit, +50 ms".into(), true)
+        }
+        Fault::NetworkFault => {
+            let mode = *[Mode::Latency(Duration::from_millis(150)), Mode::Reset, Mode::Blackhole]
+                .choose(rng)
+                .expect("non-empty");
+            let proxy = stack
+                .gateway_proxy()
+                .ok_or_else(|| anyhow::anyhow!("no gateway proxy"))?;
+            proxy.set(mode);
+            (format!("payment → gateway: {mode:?}"), true)
+        }
+        Fault::TwoConsumerInstances => {
+            let a = stack.start_extra(Service::Inventory).await?;
+            let b = stack.start_extra(Service::Payment).await?;
+            (
+                format!("second inventory-service (pid {a}) and payment-service (pid {b})"),
+                true,
+            )
+        }
+        Fault::DuplicateInjection => {
+            let n = inject_duplicates(stack, rng, duplicates).await?;
+            (format!("{n} messages re-produced with their event ids"), n > 0)
+        }
+    })
+}
+
+/// The process and crash point of a crash-point fault (`None` for the
+/// other kinds). The consumer's crash point hits a random consumer.
+fn crash_point_of(fault: Fault, rng: &mut StdRng) -> Option<(Service, &'static str)> {
+    Some(match fault {
+        Fault::OrderApiAfterCommit => (
+            Service::OrderApi,
+            order_api::http::orders::CRASH_AFTER_COMMIT_BEFORE_RESPONSE,
+        ),
+        Fault::RelayAfterPublish => (Service::Relay, outbox::relay::CRASH_AFTER_PUBLISH_BEFORE_MARK),
+        Fault::PaymentAfterCharge => (
+            Service::Payment,
+            payment_service::payments::CRASH_AFTER_GATEWAY_BEFORE_RECORD,
+        ),
+        Fault::ConsumerBeforeOffsetCommit => {
+            let consumers = [Service::Inventory, Service::Payment, Service::OrderApi];
+            (
+                *consumers.choose(rng).expect("non-empty"),
+                kafka::consumer::CRASH_BEFORE_OFFSET_COMMIT,
+            )
+        }
+        _ => return None,
+    })
+}
+
+/// Restarts `s` armed with a crash point that aborts the process the next
+/// time it is reached, waits for the abort, and restarts it unarmed.
+async fn crash_point(
+    stack: &mut Stack,
+    s: Service,
+    point: &str,
+    crash_points: &mut BTreeMap<String, u32>,
+) -> anyhow::Result<(String, bool)> {
+    stack.arm(s, point);
+    stack.restart_unready(s).await?;
+    let fired = stack.wait_exit(s, Duration::from_secs(20)).await.is_ok();
+    stack.disarm(s);
+    if fired {
+        *crash_points.entry(format!("{}: {point}", s.name())).or_default() += 1;
+        stack.start_service(s).await?;
+    } else {
+        stack.restart(s).await?;
+    }
+    Ok((
+        format!(
+            "{} at {point}{}",
+            s.name(),
+            if fired { "" } else { " (no traffic reached it)" }
+        ),
+        fired,
+    ))
+}
+
+async fn inject_duplicates(stack: &Stack, rng: &mut StdRng, duplicates: &mut Duplicates) -> anyhow::Result<usize> {
+    let brokers = stack.brokers();
+    let producer = kafka::producer(&brokers)?;
+    let mut total = 0;
+    for topic in contract::topics::ALL {
+        let group = format!("chaos-injector-{}", Uuid::new_v4());
+        let (messages, _) = {
+            let (b, t) = (brokers.clone(), topic.to_owned());
+            tokio::task::spawn_blocking(move || {
+                kafka::read_topic_at_most(
+                    &b,
+                    &t,
+                    &group,
+                    rdkafka::Offset::Beginning,
+                    Duration::from_millis(1500),
+                    60,
+                )
+            })
+            .await??
+        };
+        let picks: Vec<_> = messages.choose_multiple(rng, 25.min(messages.len())).cloned().collect();
+        for m in &picks {
+            use rdkafka::Message as _;
+            let Ok(env) = Envelope::from_bytes(m.payload().unwrap_or_default()) else {
+                continue;
+            };
+            let headers = kafka::headers(&env.event_id.to_string(), &env.event_type, env.traceparent.as_deref());
+            kafka::publish(&producer, topic, &env.order_id.to_string(), &env.to_bytes(), headers).await?;
+            total += 1;
+            *duplicates.injected.entry(topic.to_owned()).or_default() += 1;
+        }
+    }
+    Ok(total)
+}

@@ -1,0 +1,107 @@
+//! The chaos suite: real clients placing orders while real processes are
+//! killed, the broker restarts, database connections drop, the gateway
+//! misbehaves and duplicates are injected — then the faults stop, the system
+//! drains, and every invariant of docs/design.md is checked.
+//!
+//! Everything random comes from one seed, so a failing run can be replayed:
+//! the order mix ([`plan`]), the idempotency keys and the fault schedule
+//! ([`faults`]). The [`clients`] retry like careful clients; [`drive`] runs
+//! the phases; [`report`] says what happened.
+
+mod clients;
+mod drive;
+pub mod faults;
+mod plan;
+pub mod report;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use clients::ClientStats;
+pub use faults::{Fault, FaultEvent};
+pub use report::{markdown, Duplicates, Report, Sample};
+
+use crate::stack::{Service, Stack, StackOptions};
+
+/// How to run.
+#[derive(Debug, Clone)]
+pub struct ChaosConfig {
+    /// Seed of everything random.
+    pub seed: u64,
+    /// Orders to place.
+    pub orders: usize,
+    /// Concurrent clients.
+    pub clients: usize,
+    /// Orders started per second (spreads the load over the fault schedule).
+    pub rate_per_sec: f64,
+    /// Pause between faults.
+    pub fault_interval: Duration,
+    /// Upper bound for draining after the faults stop.
+    pub quiesce_timeout: Duration,
+    /// Negative control: payment-service without deduplication.
+    pub negative_control: bool,
+    /// Print progress lines.
+    pub progress: bool,
+    /// Where to copy report.json and report.md (besides the run directory).
+    pub report_dir: Option<PathBuf>,
+}
+
+impl ChaosConfig {
+    /// The CI-sized run: 300 orders, every fault kind, a few minutes.
+    pub fn ci(seed: u64) -> Self {
+        Self {
+            seed,
+            orders: 300,
+            clients: 8,
+            rate_per_sec: 10.0,
+            fault_interval: Duration::from_millis(800),
+            quiesce_timeout: Duration::from_secs(180),
+            negative_control: false,
+            progress: true,
+            report_dir: None,
+        }
+    }
+}
+
+/// Runs the suite on a fresh stack and returns its report.
+pub async fn run(cfg: &ChaosConfig) -> anyhow::Result<Report> {
+    let label = if cfg.negative_control { "chaos-neg" } else { "chaos" };
+    let mut opts = StackOptions::ephemeral(label)?;
+    opts.gateway_proxy = true;
+    opts.extra_env
+        .push((Service::Payment, "GATEWAY_TIMEOUT_MS".into(), "1000".into()));
+    if cfg.negative_control {
+        opts.extra_env
+            .push((Service::Payment, "PAYMENT_UNSAFE_DISABLE_DEDUP".into(), "true".into()));
+    }
+    let run_dir = opts.run_dir.clone();
+    if cfg.progress {
+        eprintln!(
+            "chaos: seed {} · {} orders · logs in {}",
+            cfg.seed,
+            cfg.orders,
+            run_dir.display()
+        );
+    }
+    let mut stack = Stack::start(opts).await?;
+    let result = drive::drive(&mut stack, cfg).await;
+    if let Ok(report) = &result {
+        let json = serde_json::to_vec_pretty(report)?;
+        let md = markdown(report);
+        for dir in std::iter::once(run_dir.clone()).chain(cfg.report_dir.clone()) {
+            std::fs::create_dir_all(&dir)?;
+            std::fs::write(dir.join("report.json"), &json)?;
+            std::fs::write(dir.join("report.md"), &md)?;
+        }
+    }
+    // Keep the logs (and the report) of a run that went wrong.
+    let keep = match &result {
+        Err(_) => true,
+        Ok(r) => !cfg.negative_control && !r.passed(),
+    };
+    if keep && cfg.progress {
+        eprintln!("chaos: logs and report kept in {}", run_dir.display());
+    }
+    stack.shutdown(!keep).await?;
+    result
+}

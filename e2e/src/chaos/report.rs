@@ -1,0 +1,238 @@
+//! What a run reports: the client view, the faults, the duplicates
+//! delivered and absorbed, the audit — as JSON and as markdown.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use contract::topics::consumers;
+use serde::Serialize;
+use sqlx::Connection;
+use uuid::Uuid;
+
+use super::clients::ClientStats;
+use super::faults::FaultEvent;
+use super::plan::Kind;
+use crate::invariants::Audit;
+use crate::stack::Stack;
+
+/// A per-second sample of the run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Sample {
+    /// Seconds since the load started.
+    pub second: u64,
+    /// Orders acknowledged so far.
+    pub acknowledged: usize,
+    /// Orders in the database not yet terminal.
+    pub in_flight: i64,
+}
+
+/// Duplicate accounting.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct Duplicates {
+    /// Messages re-produced onto each topic by the injector.
+    pub injected: BTreeMap<String, usize>,
+    /// Copies beyond the first of an event id, per topic, in the broker's log.
+    pub in_log: BTreeMap<String, usize>,
+    /// Redeliveries absorbed by each consumer's inbox (durable count).
+    pub absorbed: BTreeMap<String, i64>,
+}
+
+impl Duplicates {
+    /// Duplicates delivered to consumers (at least what sits in the log).
+    pub fn delivered(&self) -> usize {
+        self.in_log.values().sum()
+    }
+
+    /// Duplicates the inboxes absorbed.
+    pub fn total_absorbed(&self) -> i64 {
+        self.absorbed.values().sum()
+    }
+}
+
+/// The report of one run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// Seed.
+    pub seed: u64,
+    /// Orders planned.
+    pub orders: usize,
+    /// Negative control run.
+    pub negative_control: bool,
+    /// Orders per intended kind and final status.
+    pub outcomes: BTreeMap<String, BTreeMap<String, i64>>,
+    /// Client view.
+    pub clients: ClientStats,
+    /// Kills per service (SIGKILLs by the harness plus crash-point aborts).
+    pub kills: BTreeMap<String, u32>,
+    /// Crash points that fired.
+    pub crash_points: BTreeMap<String, u32>,
+    /// Faults by kind (fired).
+    pub faults_fired: BTreeMap<String, u32>,
+    /// The timeline.
+    pub timeline: Vec<FaultEvent>,
+    /// Per-second samples.
+    pub samples: Vec<Sample>,
+    /// Duplicates delivered and absorbed.
+    pub duplicates: Duplicates,
+    /// Time from the last fault to a drained system.
+    pub quiesce_ms: u64,
+    /// Load duration.
+    pub load_ms: u64,
+    /// The invariant audit.
+    pub audit: Audit,
+    /// Reasons the run does not count or failed (empty: passed).
+    pub problems: Vec<String>,
+}
+
+impl Report {
+    /// Whether every invariant held and the faults really happened.
+    pub fn passed(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// Counts the duplicate copies in the broker's log (per topic) and the
+/// redeliveries each consumer's inbox absorbed (its durable count).
+pub(super) async fn count_duplicates(stack: &Stack, d: &mut Duplicates) -> anyhow::Result<()> {
+    let brokers = stack.brokers();
+    for topic in contract::topics::ALL {
+        let (b, t) = (brokers.clone(), topic.to_owned());
+        let group = format!("chaos-audit-{}", Uuid::new_v4());
+        let (messages, _) = tokio::task::spawn_blocking(move || {
+            kafka::read_topic(&b, &t, &group, rdkafka::Offset::Beginning, Duration::from_secs(2))
+        })
+        .await??;
+        let mut seen: BTreeMap<Uuid, usize> = BTreeMap::new();
+        for m in &messages {
+            use rdkafka::Message as _;
+            if let Ok(env) = contract::Envelope::from_bytes(m.payload().unwrap_or_default()) {
+                *seen.entry(env.event_id).or_default() += 1;
+            }
+        }
+        d.in_log.insert(topic.to_owned(), seen.values().map(|n| n - 1).sum());
+    }
+    for (db, consumer) in [
+        ("orders", consumers::ORDER_SAGA.name),
+        ("inventory", consumers::INVENTORY.name),
+        ("payments", consumers::PAYMENT.name),
+    ] {
+        let mut c = sqlx::PgConnection::connect(&stack.db_url(db)).await?;
+        let n: i64 = sqlx::query_scalar("SELECT COALESCE(sum(redeliveries), 0)::int8 FROM inbox_redeliveries")
+            .fetch_one(&mut c)
+            .await?;
+        d.absorbed.insert(consumer.to_owned(), n);
+    }
+    Ok(())
+}
+
+/// Acknowledged orders per intended kind and final status.
+pub(super) async fn outcomes(
+    stack: &Stack,
+    acked: &BTreeMap<String, (Uuid, Kind)>,
+) -> anyhow::Result<BTreeMap<String, BTreeMap<String, i64>>> {
+    let mut c = sqlx::PgConnection::connect(&stack.db_url("orders")).await?;
+    let rows: Vec<(Uuid, String)> = sqlx::query_as("SELECT id, status FROM orders")
+        .fetch_all(&mut c)
+        .await?;
+    let status: BTreeMap<Uuid, String> = rows.into_iter().collect();
+    let mut out: BTreeMap<String, BTreeMap<String, i64>> = BTreeMap::new();
+    for (id, kind) in acked.values() {
+        let s = status.get(id).cloned().unwrap_or_else(|| "MISSING".into());
+        *out.entry(format!("{kind:?}")).or_default().entry(s).or_default() += 1;
+    }
+    Ok(out)
+}
+
+/// The human report.
+pub fn markdown(r: &Report) -> String {
+    let mut s = String::new();
+    let verdict = match (r.negative_control, r.audit.double_charged.is_empty(), r.passed()) {
+        (true, false, _) => "NEGATIVE CONTROL: double charges found, as they must be",
+        (true, true, _) => "NEGATIVE CONTROL FAILED: no double charge found",
+        (false, _, true) => "PASSED",
+        (false, _, false) => "FAILED",
+    };
+    let _ = writeln!(s, "# Chaos run — seed {} — {verdict}\n", r.seed);
+    let _ = writeln!(
+        s,
+        "Replay with `cargo xtask chaos --orders {} --seed {}`{}.\n",
+        r.orders,
+        r.seed,
+        if r.negative_control { " --negative-control" } else { "" }
+    );
+    let _ = writeln!(s, "## Outcome\n");
+    let _ = writeln!(s, "| | |\n|---|---|");
+    let _ = writeln!(
+        s,
+        "| orders planned / acknowledged / indeterminate | {} / {} / {} |",
+        r.orders, r.clients.acknowledged, r.clients.indeterminate
+    );
+    let _ = writeln!(s, "| orders by status | {:?} |", r.audit.orders_by_status);
+    let _ = writeln!(s, "| **double charges** | **{}** |", r.audit.double_charged.len());
+    let _ = writeln!(s, "| **lost orders** | **{}** |", r.audit.lost.len());
+    let _ = writeln!(s, "| **stuck orders** | **{}** |", r.audit.stuck.len());
+    let _ = writeln!(
+        s,
+        "| ledger | {} captures, {} declines, {} refunds |",
+        r.audit.captures, r.audit.declines, r.audit.refunds
+    );
+    let _ = writeln!(
+        s,
+        "| load / time to quiesce | {:.1} s / {:.1} s |",
+        r.load_ms as f64 / 1000.0,
+        r.quiesce_ms as f64 / 1000.0
+    );
+    let _ = writeln!(s, "\nBy intended kind → final status: {:?}\n", r.outcomes);
+    let _ = writeln!(s, "## HTTP layer\n");
+    let c = &r.clients;
+    let _ = writeln!(s, "retries with the same key {}, of which answered by a replay {}, 409 in flight {}, deliberate re-sends {}, cancels {}\n", c.retries, c.replays, c.in_flight_409, c.resends, c.cancels);
+    let _ = writeln!(s, "## Faults\n");
+    let _ = writeln!(s, "kills per service: {:?}\n", r.kills);
+    let _ = writeln!(s, "crash points fired: {:?}\n", r.crash_points);
+    let _ = writeln!(s, "| t (s) | fault | detail |\n|---:|---|---|");
+    for e in &r.timeline {
+        let _ = writeln!(
+            s,
+            "| {:.1} | {:?}{} | {} |",
+            e.at_ms as f64 / 1000.0,
+            e.fault,
+            if e.fired { "" } else { " (not fired)" },
+            e.detail
+        );
+    }
+    let _ = writeln!(s, "\n## Duplicates\n");
+    let d = &r.duplicates;
+    let _ = writeln!(s, "injected per topic: {:?}\n", d.injected);
+    let _ = writeln!(
+        s,
+        "duplicate copies in the broker's log (each delivered at least once): {:?} — total {}\n",
+        d.in_log,
+        d.delivered()
+    );
+    let _ = writeln!(s, "duplicate deliveries absorbed by the inboxes (durable count; includes redeliveries after crashes and by second instances): {:?} — total {}\n", d.absorbed, d.total_absorbed());
+    let _ = writeln!(
+        s,
+        "duplicate effects: {} double charges in the gateway ledger\n",
+        r.audit.double_charged.len()
+    );
+    let _ = writeln!(
+        s,
+        "## Timeline (per second)\n\n| s | acknowledged | not terminal |\n|---:|---:|---:|"
+    );
+    for sample in &r.samples {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} |",
+            sample.second, sample.acknowledged, sample.in_flight
+        );
+    }
+    let _ = writeln!(s, "\n## Problems\n");
+    if r.problems.is_empty() {
+        let _ = writeln!(s, "none");
+    }
+    for p in &r.problems {
+        let _ = writeln!(s, "- {p}");
+    }
+    s
+}
