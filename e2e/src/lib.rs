@@ -8,6 +8,7 @@
 //! - [`invariants`]: checks the invariants of docs/design.md against the databases and
 //!   the gateway ledger.
 
+pub mod bench;
 pub mod chaos;
 pub mod demo;
 pub mod driver;

@@ -50,6 +50,20 @@ enum Cmd {
         #[arg(long)]
         negative_control: bool,
     },
+    /// The saga's throughput and latency on one fresh stack (release build),
+    /// beside the broker's and the database's ceilings. A few minutes;
+    /// figures go to target/bench-results/e2e.json and e2e.md.
+    Bench {
+        /// Seconds per sustained-rate trial.
+        #[arg(long, default_value_t = 60)]
+        window_secs: u64,
+        /// First arrival rate tried, orders per second.
+        #[arg(long, default_value_t = 100.0)]
+        start_rate: f64,
+        /// Sustained-rate trials at most.
+        #[arg(long, default_value_t = 4)]
+        trials: usize,
+    },
     /// List or replay the dead letters of a topic (e.g. inventory.commands).
     Dlq {
         #[command(subcommand)]
@@ -246,6 +260,42 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Test { args } => std::process::exit(run_tests(&args)?),
+        Cmd::Bench {
+            window_secs,
+            start_rate,
+            trials,
+        } => {
+            if cfg!(debug_assertions) {
+                // Measure release builds only, the driver included: re-run this command optimised.
+                let status = cargo()
+                    .args(["run", "--quiet", "--release", "--package", "xtask", "--", "bench"])
+                    .args(["--window-secs", &window_secs.to_string()])
+                    .args(["--start-rate", &start_rate.to_string()])
+                    .args(["--trials", &trials.to_string()])
+                    .status()?;
+                std::process::exit(status.code().unwrap_or(1));
+            }
+            let cfg = e2e::bench::BenchConfig {
+                window: std::time::Duration::from_secs(window_secs),
+                start_rate,
+                trials,
+                ..Default::default()
+            };
+            let opts = StackOptions::ephemeral("bench")?;
+            eprintln!("booting a fresh stack (logs in {})…", opts.run_dir.display());
+            let stack = Stack::start(opts).await?;
+            let figures = e2e::bench::run(&stack, &cfg).await;
+            stack.shutdown(figures.is_ok()).await?;
+            let figures = figures?;
+            let dir = workspace_root().join("target").join("bench-results");
+            std::fs::create_dir_all(&dir)?;
+            let md = e2e::bench::markdown(&figures);
+            std::fs::write(dir.join("e2e.json"), serde_json::to_vec_pretty(&figures)?)?;
+            std::fs::write(dir.join("e2e.md"), &md)?;
+            println!("{md}");
+            println!("figures: {}/e2e.json and e2e.md", dir.display());
+            Ok(())
+        }
         Cmd::Up => {
             let mut opts = StackOptions::ephemeral("up")?;
             std::fs::remove_dir_all(&opts.run_dir).ok();

@@ -55,6 +55,30 @@ fn listening_inodes(port: u16) -> HashSet<u64> {
     out
 }
 
+/// CPU seconds (user + system) used so far by every process on the machine,
+/// summed per command name (`/proc/<pid>/stat`'s `comm`, at most 15
+/// characters: `inventory-servi`). Processes that ended are not counted, so
+/// take differences over a window in which the processes of interest live.
+pub fn cpu_seconds_by_command() -> std::collections::BTreeMap<String, f64> {
+    let mut out = std::collections::BTreeMap::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for entry in procs.flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid … utime stime: fields 14 and 15.
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let fields: Vec<&str> = stat[close + 2..].split(' ').collect();
+        let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+        *out.entry(stat[open + 1..close].to_owned()).or_insert(0.0) += (ticks(11) + ticks(12)) / 100.0;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,205 @@
+//! The ceilings the saga's figures are held against, measured on the same
+//! machine and the same stack: what the broker and the database can do
+//! alone, in tight loops, with the project's own client settings.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use contract::{Envelope, Message};
+use rdkafka::consumer::Consumer;
+use rdkafka::Message as _;
+use serde::Serialize;
+use uuid::Uuid;
+
+/// Kafka messages one CONFIRMED order needs: ReserveStock, StockReserved,
+/// ChargePayment, PaymentCaptured.
+pub const MESSAGES_PER_ORDER: f64 = 4.0;
+/// Database transactions of one CONFIRMED order besides its creation:
+/// inventory's reserve, the saga's two steps, payment's PENDING record and
+/// its settlement (relay claims and marks come in batches and are left out).
+pub const CONSUMER_TRANSACTIONS_PER_ORDER: f64 = 5.0;
+
+/// The broker alone.
+#[derive(Debug, Clone, Serialize)]
+pub struct BrokerCeiling {
+    /// Messages produced and consumed.
+    pub messages: usize,
+    /// Bytes per message (a real ReserveStock envelope).
+    pub message_bytes: usize,
+    /// Messages per second through the broker (produced and consumed, concurrently).
+    pub messages_per_sec: f64,
+    /// The same as orders per second ([`MESSAGES_PER_ORDER`] messages each).
+    pub orders_per_sec: f64,
+}
+
+/// PostgreSQL alone.
+#[derive(Debug, Clone, Serialize)]
+pub struct DatabaseCeiling {
+    /// Concurrent clients of each loop.
+    pub clients: usize,
+    /// order-api's create transaction (idempotency key + order + history + outbox row) per second.
+    pub create_tx_per_sec: f64,
+    /// inventory's consumer transaction (inbox + reservation + stock + outbox row) per second.
+    pub consumer_tx_per_sec: f64,
+    /// Orders per second if the database were the only limit: one create
+    /// and [`CONSUMER_TRANSACTIONS_PER_ORDER`] consumer-sized transactions each.
+    pub orders_per_sec: f64,
+}
+
+fn sample_envelope() -> Envelope {
+    let message = Message::ReserveStock {
+        sku: "WIDGET".into(),
+        quantity: 2,
+    };
+    Envelope::new(Uuid::now_v7(), &message, None)
+}
+
+/// Produces `n` envelope-sized messages to a fresh topic while a consumer
+/// with the services' settings reads them, so the consumer stays near the
+/// log's end as the services' do. Timed until the consumer has all `n`.
+pub async fn broker(brokers: &str, n: usize) -> anyhow::Result<BrokerCeiling> {
+    let topic = format!("bench.ceiling.{}", Uuid::new_v4().simple());
+    kafka::ensure_topics(brokers, &[&topic]).await?;
+    let body = sample_envelope().to_bytes();
+    let settings = kafka::consumer::ConsumerSettings {
+        kafka: kafka::KafkaArgs::new(brokers),
+        group_id: format!("bench-{topic}"),
+        topics: vec![topic.clone()],
+    };
+    let consumer = kafka::consumer::build(&settings)?;
+    let producer = kafka::producer(brokers)?;
+    let started = Instant::now();
+    let produce = async {
+        for window in (0..n).collect::<Vec<_>>().chunks(500) {
+            let sends = window.iter().map(|i| {
+                let key = format!("order-{i}");
+                let body = body.clone();
+                let producer = &producer;
+                let topic = &topic;
+                async move {
+                    let headers = kafka::headers(&i.to_string(), "ReserveStock", None);
+                    kafka::publish(producer, topic, &key, &body, headers).await
+                }
+            });
+            for r in futures::future::join_all(sends).await {
+                r?;
+            }
+        }
+        anyhow::Ok(())
+    };
+    let consume = async {
+        let mut got = 0;
+        while got < n {
+            let msg = tokio::time::timeout(Duration::from_secs(60), consumer.recv())
+                .await
+                .map_err(|_| anyhow::anyhow!("consumer stalled after {got} of {n} messages"))??;
+            consumer.store_offset(msg.topic(), msg.partition(), msg.offset())?;
+            got += 1;
+        }
+        anyhow::Ok(())
+    };
+    let (p, c) = tokio::join!(produce, consume);
+    p?;
+    c?;
+    let per_sec = n as f64 / started.elapsed().as_secs_f64();
+    Ok(BrokerCeiling {
+        messages: n,
+        message_bytes: body.len(),
+        messages_per_sec: per_sec,
+        orders_per_sec: per_sec / MESSAGES_PER_ORDER,
+    })
+}
+
+/// Runs `clients` copies of `op` for `duration`; operations per second.
+async fn tight_loop<F, Fut>(clients: usize, duration: Duration, op: F) -> anyhow::Result<f64>
+where
+    F: Fn(u64) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
+{
+    let op = Arc::new(op);
+    let done = Arc::new(AtomicU64::new(0));
+    let end = Instant::now() + duration;
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for c in 0..clients as u64 {
+        let (op, done) = (op.clone(), done.clone());
+        tasks.spawn(async move {
+            let mut i = c << 32;
+            while Instant::now() < end {
+                op(i).await?;
+                done.fetch_add(1, Ordering::Relaxed);
+                i += 1;
+            }
+            anyhow::Ok(())
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    Ok(done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
+}
+
+/// The order-create transaction and a consumer's inbox + effect transaction,
+/// each in a tight loop of `clients` on a throw-away database.
+pub async fn database(clients: usize, duration: Duration) -> anyhow::Result<DatabaseCeiling> {
+    let orders_db = testkit::TempDb::new("eo_bench_orders");
+    let orders = order_api::connect(orders_db.url(), clients as u32 + 2).await?;
+    let create_tx_per_sec = tight_loop(clients, duration, move |i| {
+        let pool = orders.clone();
+        async move {
+            let key = format!("bench-{i}");
+            let request = idempotency::Keyed {
+                scope: "bench",
+                key: &key,
+                fingerprint: "f",
+            };
+            let work: idempotency::Work<anyhow::Error> = Box::new(|conn| {
+                Box::pin(async move {
+                    let new = order_api::orders::NewOrder {
+                        sku: "WIDGET".into(),
+                        quantity: 1,
+                        amount_cents: 1_000,
+                        card: "4242424242424242".into(),
+                    };
+                    let order = order_api::orders::insert(conn, "bench", &new).await?;
+                    let first = Message::ReserveStock {
+                        sku: order.sku.clone(),
+                        quantity: order.quantity,
+                    };
+                    service_kit::saga::emit(conn, order.id, &first, None).await?;
+                    Ok(idempotency::StoredResponse::json(
+                        axum::http::StatusCode::CREATED,
+                        &order,
+                        "application/json",
+                    ))
+                })
+            });
+            idempotency::execute(&pool, request, Duration::from_secs(3600), work, |_| None).await?;
+            Ok(())
+        }
+    })
+    .await?;
+
+    let inventory_db = testkit::TempDb::new("eo_bench_inventory");
+    let inventory = inventory_service::connect(inventory_db.url(), clients as u32 + 2).await?;
+    sqlx::query("INSERT INTO stock (sku, available) VALUES ('WIDGET', 2000000000)")
+        .execute(&inventory)
+        .await?;
+    let consumer_tx_per_sec = tight_loop(clients, duration, move |_| {
+        let pool = inventory.clone();
+        async move {
+            inventory_service::stock::handle(&pool, sample_envelope())
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            Ok(())
+        }
+    })
+    .await?;
+    Ok(DatabaseCeiling {
+        clients,
+        create_tx_per_sec,
+        consumer_tx_per_sec,
+        orders_per_sec: 1.0 / (1.0 / create_tx_per_sec + CONSUMER_TRANSACTIONS_PER_ORDER / consumer_tx_per_sec),
+    })
+}

@@ -1,0 +1,190 @@
+//! Load on a running stack: an open-loop driver (orders sent at a fixed
+//! arrival rate, each timed from when it was *meant* to be sent, so a stall
+//! anywhere shows as latency instead of silently lowering the rate) and a
+//! closed-loop one for the HTTP API's own ceiling.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::Serialize;
+use sqlx::{Connection, PgConnection};
+use uuid::Uuid;
+
+use crate::driver::{Client, OrderRequest, GOOD_CARD};
+
+/// Requests in flight at most; beyond that an arrival waits (and its wait
+/// counts in its latency).
+const MAX_IN_FLIGHT: usize = 512;
+
+fn payable() -> OrderRequest {
+    OrderRequest {
+        sku: "WIDGET".into(),
+        quantity: 1,
+        amount_cents: 1_000,
+        card: GOOD_CARD.into(),
+    }
+}
+
+/// What an open-loop run sent.
+#[derive(Debug, Default)]
+pub struct Sent {
+    /// Order id → when it was meant to be sent.
+    pub intended: BTreeMap<Uuid, SystemTime>,
+    /// Requests that did not get a 201.
+    pub failed: usize,
+    /// Backlog (orders not yet terminal) per second of the run.
+    pub backlog: Vec<i64>,
+}
+
+/// Sends payable orders at `rate` per second for `duration`, open loop,
+/// sampling the backlog every second.
+pub async fn open_loop(client: &Client, orders_db: &str, rate: f64, duration: Duration) -> anyhow::Result<Sent> {
+    let n = (rate * duration.as_secs_f64()).round() as usize;
+    let sent = Arc::new(Mutex::new(Sent::default()));
+    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
+    let start = Instant::now();
+    let wall = SystemTime::now();
+    let sampler = {
+        let (sent, url) = (sent.clone(), orders_db.to_owned());
+        tokio::spawn(async move {
+            let mut db = PgConnection::connect(&url).await?;
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let b = backlog(&mut db).await?;
+                sent.lock().expect("sent").backlog.push(b);
+            }
+            #[allow(unreachable_code)]
+            anyhow::Ok(())
+        })
+    };
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let offset = Duration::from_secs_f64(i as f64 / rate);
+        tokio::time::sleep_until((start + offset).into()).await;
+        let permit = permits.clone().acquire_owned().await?;
+        let (client, sent) = (client.clone(), sent.clone());
+        tasks.spawn(async move {
+            let result = client.post_order(&Uuid::new_v4().to_string(), &payable()).await;
+            drop(permit);
+            let id = match result {
+                Ok(r) if r.status == 201 => serde_json::from_str::<crate::driver::OrderView>(&r.body)
+                    .ok()
+                    .map(|o| o.id),
+                _ => None,
+            };
+            let mut s = sent.lock().expect("sent");
+            match id {
+                Some(id) => {
+                    s.intended.insert(id, wall + offset);
+                }
+                None => s.failed += 1,
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    sampler.abort();
+    let mut sent = sent.lock().expect("sent");
+    Ok(std::mem::take(&mut *sent))
+}
+
+/// Orders not yet CONFIRMED or CANCELLED.
+pub async fn backlog(db: &mut PgConnection) -> anyhow::Result<i64> {
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM orders WHERE status NOT IN ('CONFIRMED', 'CANCELLED')")
+            .fetch_one(db)
+            .await?,
+    )
+}
+
+/// Waits until the backlog is empty; how long it took, or `None` after `timeout`.
+pub async fn wait_drained(orders_db: &str, timeout: Duration) -> anyhow::Result<Option<Duration>> {
+    let mut db = PgConnection::connect(orders_db).await?;
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if backlog(&mut db).await? == 0 {
+            return Ok(Some(start.elapsed()));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(None)
+}
+
+/// Placed → terminal latencies (milliseconds, sorted) of `sent`'s orders
+/// that are terminal, measured from their intended send time to the
+/// order's last transition; and the time the last one finished.
+pub async fn latencies(orders_db: &str, sent: &Sent) -> anyhow::Result<(Vec<f64>, Option<SystemTime>)> {
+    let mut db = PgConnection::connect(orders_db).await?;
+    let ids: Vec<Uuid> = sent.intended.keys().copied().collect();
+    let rows: Vec<(Uuid, chrono::DateTime<chrono::Utc>)> =
+        sqlx::query_as("SELECT id, updated_at FROM orders WHERE id = ANY($1) AND status IN ('CONFIRMED', 'CANCELLED')")
+            .bind(&ids)
+            .fetch_all(&mut db)
+            .await?;
+    let mut out = Vec::with_capacity(rows.len());
+    let mut last: Option<SystemTime> = None;
+    for (id, at) in rows {
+        let done: SystemTime = at.into();
+        last = Some(last.map_or(done, |l| l.max(done)));
+        let ms = done
+            .duration_since(sent.intended[&id])
+            .map_or(0.0, |d| d.as_secs_f64() * 1000.0);
+        out.push(ms);
+    }
+    out.sort_by(f64::total_cmp);
+    Ok((out, last))
+}
+
+/// The HTTP API alone: `clients` closed-loop clients posting orders with
+/// fresh keys for `duration`.
+#[derive(Debug, Clone, Serialize)]
+pub struct HttpFigures {
+    /// Concurrent clients.
+    pub clients: usize,
+    /// 201s per second.
+    pub requests_per_sec: f64,
+    /// Latency percentiles, milliseconds.
+    pub p50_ms: f64,
+    /// 99th percentile, milliseconds.
+    pub p99_ms: f64,
+    /// Requests that did not get a 201.
+    pub failed: usize,
+}
+
+/// Closed-loop `POST /orders` at full speed.
+pub async fn post_max(client: &Client, clients: usize, duration: Duration) -> anyhow::Result<HttpFigures> {
+    let end = Instant::now() + duration;
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..clients {
+        let client = client.clone();
+        tasks.spawn(async move {
+            let (mut ok, mut failed) = (Vec::new(), 0usize);
+            while Instant::now() < end {
+                let t = Instant::now();
+                match client.post_order(&Uuid::new_v4().to_string(), &payable()).await {
+                    Ok(r) if r.status == 201 => ok.push(t.elapsed().as_secs_f64() * 1000.0),
+                    _ => failed += 1,
+                }
+            }
+            (ok, failed)
+        });
+    }
+    let (mut lat, mut failed) = (Vec::new(), 0);
+    while let Some(r) = tasks.join_next().await {
+        let (ok, f) = r?;
+        lat.extend(ok);
+        failed += f;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    lat.sort_by(f64::total_cmp);
+    Ok(HttpFigures {
+        clients,
+        requests_per_sec: lat.len() as f64 / secs,
+        p50_ms: super::pct(&lat, 0.50),
+        p99_ms: super::pct(&lat, 0.99),
+        failed,
+    })
+}

@@ -1,0 +1,411 @@
+//! `cargo xtask bench`: the saga's throughput and latency on one fresh
+//! stack, each figure beside the ceiling it is bounded by.
+//!
+//! 1. [`ceilings`]: the broker alone (produce + consume with the services'
+//!    client settings, as orders per second) and the database alone (the
+//!    create transaction and a consumer's inbox + effect transaction);
+//! 2. the highest arrival rate the whole saga sustains for a window without a
+//!    growing backlog (open loop, [`load::open_loop`]), with CPU per order;
+//! 3. placed → terminal latency at half that rate, timed from each order's
+//!    intended send time;
+//! 4. the drain rate of a burst at three times that rate;
+//! 5. `POST /orders` alone, closed loop.
+
+pub mod ceilings;
+pub mod load;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::Serialize;
+
+use crate::driver::Client;
+use crate::stack::Stack;
+
+/// How to run.
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    /// Length of a sustained-rate trial.
+    pub window: Duration,
+    /// First arrival rate tried, orders per second.
+    pub start_rate: f64,
+    /// Sustained-rate trials at most.
+    pub trials: usize,
+    /// Messages for the broker ceiling.
+    pub broker_messages: usize,
+    /// Length of each database loop and of the HTTP run.
+    pub tight_loop: Duration,
+    /// Length of the latency run at half the sustained rate.
+    pub latency_window: Duration,
+    /// Length of the burst.
+    pub burst: Duration,
+}
+
+impl Default for BenchConfig {
+    fn default() -> Self {
+        Self {
+            window: Duration::from_secs(60),
+            start_rate: 100.0,
+            trials: 4,
+            broker_messages: 20_000,
+            tight_loop: Duration::from_secs(5),
+            latency_window: Duration::from_secs(30),
+            burst: Duration::from_secs(10),
+        }
+    }
+}
+
+/// One sustained-rate trial.
+#[derive(Debug, Clone, Serialize)]
+pub struct Trial {
+    /// Arrival rate, orders per second.
+    pub rate: f64,
+    /// Orders acknowledged.
+    pub placed: usize,
+    /// Requests refused or failed.
+    pub failed: usize,
+    /// Backlog (orders not terminal) at mid-window and at the end.
+    pub backlog_mid: i64,
+    /// Backlog at the end of the window.
+    pub backlog_end: i64,
+    /// Sustained: nothing failed, and the backlog neither grew by more than a
+    /// second of arrivals over the second half nor ended above two seconds of them.
+    pub sustained: bool,
+    /// CPU milliseconds per order, per process (over the window).
+    pub cpu_ms_per_order: BTreeMap<String, f64>,
+    /// Seconds to drain after the window (`None`: did not drain within the limit).
+    pub drain_secs: Option<f64>,
+}
+
+/// Latency at a fixed rate.
+#[derive(Debug, Clone, Serialize)]
+pub struct Latency {
+    /// Arrival rate.
+    pub rate: f64,
+    /// Orders measured.
+    pub orders: usize,
+    /// Placed → terminal, from the intended send time: median, ms.
+    pub p50_ms: f64,
+    /// 99th percentile, ms.
+    pub p99_ms: f64,
+}
+
+/// A burst and its drain.
+#[derive(Debug, Clone, Serialize)]
+pub struct Burst {
+    /// Arrival rate during the burst.
+    pub rate: f64,
+    /// Orders placed.
+    pub placed: usize,
+    /// Largest backlog seen.
+    pub peak_backlog: i64,
+    /// Orders per second from the burst's start to the last order's end.
+    pub drain_per_sec: f64,
+    /// Seconds from the burst's start until every order was terminal.
+    pub total_secs: f64,
+}
+
+/// Every figure of one run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Figures {
+    /// When, RFC 3339.
+    pub date: String,
+    /// The machine, in words.
+    pub machine: String,
+    /// The broker alone.
+    pub broker: ceilings::BrokerCeiling,
+    /// The database alone.
+    pub database: ceilings::DatabaseCeiling,
+    /// Every sustained-rate trial, in order.
+    pub trials: Vec<Trial>,
+    /// The highest sustained rate found (0 when none was).
+    pub sustained_rate: f64,
+    /// That rate over the broker-derived ceiling.
+    pub sustained_vs_broker: f64,
+    /// That rate over the database-derived ceiling.
+    pub sustained_vs_database: f64,
+    /// Latency at half the sustained rate.
+    pub latency: Option<Latency>,
+    /// Burst at three times the sustained rate.
+    pub burst: Option<Burst>,
+    /// `POST /orders` alone.
+    pub http: load::HttpFigures,
+}
+
+/// The value at quantile `q` of `sorted` (0 when empty).
+pub fn pct(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * q).round() as usize]
+}
+
+fn machine() -> String {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, m)| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    format!("{cpus} cores ({model}); broker, PostgreSQL, five services and the driver on it")
+}
+
+/// The processes whose CPU is reported, by command name.
+const PROCESSES: [(&str, &str); 8] = [
+    ("order-api", "order-api"),
+    ("outbox-relay", "outbox-relay"),
+    ("inventory-servi", "inventory-service"),
+    ("payment-service", "payment-service"),
+    ("mock-gateway", "mock-gateway"),
+    ("tansu", "tansu"),
+    ("postgres", "postgres"),
+    ("xtask", "driver (xtask)"),
+];
+
+fn cpu_per_order(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+    orders: usize,
+) -> BTreeMap<String, f64> {
+    PROCESSES
+        .iter()
+        .map(|(comm, label)| {
+            let used = after.get(*comm).unwrap_or(&0.0) - before.get(*comm).unwrap_or(&0.0);
+            ((*label).to_owned(), used * 1000.0 / orders.max(1) as f64)
+        })
+        .collect()
+}
+
+async fn trial(client: &Client, orders_db: &str, rate: f64, window: Duration) -> anyhow::Result<Trial> {
+    let before = testkit::process::cpu_seconds_by_command();
+    let sent = load::open_loop(client, orders_db, rate, window).await?;
+    let after = testkit::process::cpu_seconds_by_command();
+    let backlog_end = *sent.backlog.last().unwrap_or(&0);
+    let backlog_mid = sent.backlog.get(sent.backlog.len() / 2).copied().unwrap_or(0);
+    let sustained = sent.failed == 0 && backlog_end - backlog_mid <= rate as i64 && backlog_end <= (2.0 * rate) as i64;
+    let drain = load::wait_drained(orders_db, Duration::from_secs(180)).await?;
+    Ok(Trial {
+        rate,
+        placed: sent.intended.len(),
+        failed: sent.failed,
+        backlog_mid,
+        backlog_end,
+        sustained,
+        cpu_ms_per_order: cpu_per_order(&before, &after, sent.intended.len()),
+        drain_secs: drain.map(|d| d.as_secs_f64()),
+    })
+}
+
+/// Searches the highest sustained rate: up by half while trials pass, then
+/// halfway between the best pass and the lowest failure.
+async fn search(client: &Client, orders_db: &str, cfg: &BenchConfig) -> anyhow::Result<(Vec<Trial>, f64)> {
+    let (mut trials, mut best, mut failed_at) = (Vec::new(), 0.0f64, f64::INFINITY);
+    let mut rate = cfg.start_rate;
+    for _ in 0..cfg.trials {
+        eprintln!("bench: sustained trial at {rate:.0} orders/s for {:?}", cfg.window);
+        let t = trial(client, orders_db, rate, cfg.window).await?;
+        eprintln!(
+            "bench:   placed {} failed {} backlog mid {} end {} → {}",
+            t.placed,
+            t.failed,
+            t.backlog_mid,
+            t.backlog_end,
+            if t.sustained { "sustained" } else { "not sustained" }
+        );
+        let drained = t.drain_secs.is_some();
+        if t.sustained {
+            best = best.max(rate);
+        } else {
+            failed_at = failed_at.min(rate);
+        }
+        trials.push(t);
+        if !drained {
+            eprintln!("bench: the backlog did not drain; stopping the search");
+            break;
+        }
+        rate = if failed_at.is_finite() {
+            if best == 0.0 {
+                rate * 0.5
+            } else {
+                (best + failed_at) / 2.0
+            }
+        } else {
+            rate * 1.5
+        };
+        if best > 0.0 && failed_at.is_finite() && (failed_at - best) / best < 0.1 {
+            break;
+        }
+    }
+    Ok((trials, best))
+}
+
+async fn latency(client: &Client, orders_db: &str, rate: f64, window: Duration) -> anyhow::Result<Latency> {
+    eprintln!("bench: latency at {rate:.0} orders/s for {window:?}");
+    let sent = load::open_loop(client, orders_db, rate, window).await?;
+    load::wait_drained(orders_db, Duration::from_secs(120)).await?;
+    let (lat, _) = load::latencies(orders_db, &sent).await?;
+    Ok(Latency {
+        rate,
+        orders: lat.len(),
+        p50_ms: pct(&lat, 0.50),
+        p99_ms: pct(&lat, 0.99),
+    })
+}
+
+async fn burst(client: &Client, orders_db: &str, rate: f64, window: Duration) -> anyhow::Result<Burst> {
+    eprintln!("bench: burst at {rate:.0} orders/s for {window:?}");
+    let start = SystemTime::now();
+    let clock = Instant::now();
+    let sent = load::open_loop(client, orders_db, rate, window).await?;
+    load::wait_drained(orders_db, Duration::from_secs(300)).await?;
+    let (lat, last) = load::latencies(orders_db, &sent).await?;
+    let total = last
+        .and_then(|l| l.duration_since(start).ok())
+        .unwrap_or_else(|| clock.elapsed())
+        .as_secs_f64();
+    Ok(Burst {
+        rate,
+        placed: sent.intended.len(),
+        peak_backlog: sent.backlog.iter().copied().max().unwrap_or(0),
+        drain_per_sec: lat.len() as f64 / total,
+        total_secs: total,
+    })
+}
+
+/// Runs every measurement on `stack` (fresh, nothing else running on it).
+pub async fn run(stack: &Stack, cfg: &BenchConfig) -> anyhow::Result<Figures> {
+    let client = Client::new(stack, Duration::from_secs(10))?;
+    client.seed_stock("WIDGET", 2_000_000_000).await?;
+    let orders_db = stack.db_url("orders");
+    eprintln!("bench: broker ceiling ({} messages)", cfg.broker_messages);
+    let broker = ceilings::broker(&stack.brokers(), cfg.broker_messages).await?;
+    eprintln!("bench: database ceiling ({:?} per loop)", cfg.tight_loop);
+    let database = ceilings::database(8, cfg.tight_loop).await?;
+    let (trials, sustained) = search(&client, &orders_db, cfg).await?;
+    let (latency, burst) = if sustained > 0.0 {
+        (
+            Some(latency(&client, &orders_db, sustained / 2.0, cfg.latency_window).await?),
+            Some(burst(&client, &orders_db, sustained * 3.0, cfg.burst).await?),
+        )
+    } else {
+        (None, None)
+    };
+    eprintln!("bench: POST /orders, closed loop");
+    let http = load::post_max(&client, 32, cfg.tight_loop * 2).await?;
+    Ok(Figures {
+        date: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        machine: machine(),
+        sustained_vs_broker: sustained / broker.orders_per_sec,
+        sustained_vs_database: sustained / database.orders_per_sec,
+        broker,
+        database,
+        trials,
+        sustained_rate: sustained,
+        latency,
+        burst,
+        http,
+    })
+}
+
+/// The figures as a markdown report.
+pub fn markdown(f: &Figures) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# Saga throughput and latency — {}\n\n{}\n", f.date, f.machine);
+    let _ = writeln!(s, "| figure | value | ceiling | ratio |\n|---|---:|---:|---:|");
+    let _ = writeln!(
+        s,
+        "| broker alone: messages/s (produce + consume, {} B) | {:.0} | | |",
+        f.broker.message_bytes, f.broker.messages_per_sec
+    );
+    let _ = writeln!(
+        s,
+        "| broker alone as orders/s (4 messages each) | {:.0} | | |",
+        f.broker.orders_per_sec
+    );
+    let _ = writeln!(
+        s,
+        "| database alone: create tx/s, consumer tx/s ({} clients) | {:.0}, {:.0} | | |",
+        f.database.clients, f.database.create_tx_per_sec, f.database.consumer_tx_per_sec
+    );
+    let _ = writeln!(
+        s,
+        "| database alone as orders/s | {:.0} | | |",
+        f.database.orders_per_sec
+    );
+    let _ = writeln!(
+        s,
+        "| **sustained end to end, orders/s** | **{:.0}** | {:.0} (broker) / {:.0} (database) | {:.0} % / {:.0} % |",
+        f.sustained_rate,
+        f.broker.orders_per_sec,
+        f.database.orders_per_sec,
+        f.sustained_vs_broker * 100.0,
+        f.sustained_vs_database * 100.0
+    );
+    if let Some(l) = &f.latency {
+        let _ = writeln!(
+            s,
+            "| placed → terminal at {:.0}/s: p50 / p99 ms | {:.0} / {:.0} | | |",
+            l.rate, l.p50_ms, l.p99_ms
+        );
+    }
+    if let Some(b) = &f.burst {
+        let _ = writeln!(
+            s,
+            "| burst {:.0}/s × {} orders: drain orders/s (peak backlog) | {:.0} ({}) | {:.0} (broker) | {:.0} % |",
+            b.rate,
+            b.placed,
+            b.drain_per_sec,
+            b.peak_backlog,
+            f.broker.orders_per_sec,
+            b.drain_per_sec / f.broker.orders_per_sec * 100.0
+        );
+    }
+    let _ = writeln!(
+        s,
+        "| POST /orders alone ({} clients): req/s, p50 / p99 ms | {:.0}, {:.1} / {:.1} | {:.0} (create tx/s) | {:.0} % |",
+        f.http.clients,
+        f.http.requests_per_sec,
+        f.http.p50_ms,
+        f.http.p99_ms,
+        f.database.create_tx_per_sec,
+        f.http.requests_per_sec / f.database.create_tx_per_sec * 100.0
+    );
+    let _ = writeln!(s, "\n## Sustained-rate trials\n");
+    let _ = writeln!(
+        s,
+        "| rate | placed | failed | backlog mid → end | sustained | drain s |\n|---:|---:|---:|---|---|---:|"
+    );
+    for t in &f.trials {
+        let _ = writeln!(
+            s,
+            "| {:.0} | {} | {} | {} → {} | {} | {} |",
+            t.rate,
+            t.placed,
+            t.failed,
+            t.backlog_mid,
+            t.backlog_end,
+            if t.sustained { "yes" } else { "no" },
+            t.drain_secs.map_or("—".into(), |d| format!("{d:.1}"))
+        );
+    }
+    if let Some(best) = f
+        .trials
+        .iter()
+        .filter(|t| t.sustained)
+        .max_by(|a, b| a.rate.total_cmp(&b.rate))
+    {
+        let _ = writeln!(s, "\n## CPU per order at {:.0} orders/s (ms)\n", best.rate);
+        let _ = writeln!(s, "| process | ms / order |\n|---|---:|");
+        for (p, ms) in &best.cpu_ms_per_order {
+            let _ = writeln!(s, "| {p} | {ms:.2} |");
+        }
+        let total: f64 = best.cpu_ms_per_order.values().sum();
+        let _ = writeln!(s, "| **total** | **{total:.2}** |");
+    }
+    s
+}
