@@ -30,6 +30,23 @@ pub struct KafkaArgs {
     /// How consumers get their partitions: `static` (assign all) or `group`.
     #[arg(long = "kafka-assignment", env = "KAFKA_ASSIGNMENT", value_enum, default_value_t)]
     pub assignment: Assignment,
+    /// How often consumers commit the offsets of handled messages, in
+    /// milliseconds. A crash redelivers what was handled since the last
+    /// commit; the inbox absorbs it. Shorter costs broker writes, longer
+    /// costs redeliveries after a crash.
+    #[arg(long = "kafka-commit-interval-ms", env = "KAFKA_COMMIT_INTERVAL_MS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(10..))]
+    pub commit_interval_ms: u64,
+    /// Longest a fetch waits at the broker for data, in milliseconds
+    /// (`fetch.wait.max.ms`). tansu 0.6 sleeps after every fetch — half of
+    /// what is left of this wait, or all of it under 250 ms — even when the
+    /// fetch found data, so every hop of the saga costs about this long; an
+    /// idle consumer sends one fetch per wait. 25 ms trades ~40 idle fetches
+    /// a second per consumer for a short hop. Apache Kafka answers as soon as
+    /// data arrives: there, the librdkafka default (500) costs no latency.
+    #[arg(long = "kafka-fetch-wait-ms", env = "KAFKA_FETCH_WAIT_MS", default_value_t = 25,
+          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub fetch_wait_ms: u64,
     /// librdkafka debug contexts (e.g. `cgrp,fetch`), for diagnosing a broker.
     #[arg(long = "kafka-debug", env = "KAFKA_DEBUG")]
     pub debug: Option<String>,
@@ -41,6 +58,8 @@ impl KafkaArgs {
         Self {
             brokers: brokers.into(),
             assignment: Assignment::default(),
+            commit_interval_ms: 1000,
+            fetch_wait_ms: 25,
             debug: None,
         }
     }

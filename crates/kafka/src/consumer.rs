@@ -7,23 +7,35 @@
 //!    dead-letter topic (with the error and the original headers);
 //! 2. run the handler, which records `(consumer, event_id)` in the inbox in the
 //!    **same transaction** as its effect and commits;
-//! 3. only then commit the offset. A crash between 2 and 3 redelivers the
-//!    message; the inbox turns it into a no-op.
+//! 3. only then **store** the offset; librdkafka commits stored offsets in the
+//!    background every `commit_interval` (and on shutdown and rebalance). A
+//!    crash between 2 and the next commit redelivers up to an interval's worth
+//!    of handled messages; the inbox turns each into a no-op. That is what
+//!    lets the commit be lazy: an offset commit per message would cost a
+//!    broker write and a round trip each, in series.
+//!
+//! **Concurrency.** Each partition has its own lane (a task fed by a bounded
+//! queue): partitions are handled concurrently, each strictly in order, and
+//! an offset is stored only after every earlier message of its partition.
 //!
 //! Transient handler errors retry the same message with capped exponential
 //! backoff; the partition does not move past a message that may still succeed.
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
-use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, Headers, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 use rdkafka::{Message as _, Offset, TopicPartitionList};
-use tokio_util::sync::CancellationToken;
-
 use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 
 use crate::{KafkaArgs, Result};
 
@@ -86,8 +98,12 @@ pub fn build(settings: &ConsumerSettings) -> Result<StreamConsumer> {
         .kafka
         .client_config()
         .set("group.id", &settings.group_id)
-        .set("enable.auto.commit", "false")
+        // Stored offsets (only those of handled messages) are committed in
+        // the background; see the module docs.
+        .set("enable.auto.commit", "true")
+        .set("auto.commit.interval.ms", settings.kafka.commit_interval_ms.to_string())
         .set("enable.auto.offset.store", "false")
+        .set("fetch.wait.max.ms", settings.kafka.fetch_wait_ms.to_string())
         .set("auto.offset.reset", "earliest")
         .set("session.timeout.ms", "10000")
         .set("heartbeat.interval.ms", "1000")
@@ -113,18 +129,29 @@ pub fn build(settings: &ConsumerSettings) -> Result<StreamConsumer> {
 }
 
 /// Runs the loop until `shutdown` is cancelled, handing each message body,
-/// decoded from JSON as `T`, to `handler`. A message being handled when
-/// shutdown comes is finished or left uncommitted for redelivery, never half-done.
+/// decoded from JSON as `T`, to `handler` — one lane per partition, so
+/// partitions proceed concurrently and each in order. A message being handled
+/// when shutdown comes is finished or left unstored for redelivery, never
+/// half-done; stored offsets are committed before returning.
 pub async fn run<T, H, F>(settings: ConsumerSettings, shutdown: CancellationToken, handler: H) -> Result<()>
 where
-    T: DeserializeOwned + Clone,
-    H: Fn(T) -> F,
-    F: Future<Output = Result<Handled, HandleError>>,
+    T: DeserializeOwned + Clone + Send + 'static,
+    H: Fn(T) -> F + Send + Sync + 'static,
+    F: Future<Output = Result<Handled, HandleError>> + Send + 'static,
 {
-    let consumer = build(&settings)?;
-    let dlq = settings.kafka.producer()?;
+    let consumer = Arc::new(build(&settings)?);
+    let lane = Lane {
+        consumer: consumer.clone(),
+        dlq: settings.kafka.producer()?,
+        name: Arc::from(settings.group_id.as_str()),
+        handler: Arc::new(handler),
+        shutdown: shutdown.clone(),
+        decoded: std::marker::PhantomData,
+    };
     let name = settings.group_id.as_str();
     tracing::info!(consumer = name, topics = ?settings.topics, "consumer started");
+    let mut lanes: HashMap<(String, i32), mpsc::Sender<OwnedMessage>> = HashMap::new();
+    let mut running = JoinSet::new();
     loop {
         fail::fail_point!(FAIL_LOOP, |_| Err(crate::Error::Kafka(
             rdkafka::error::KafkaError::Canceled
@@ -134,49 +161,114 @@ where
             m = consumer.recv() => m,
         };
         let msg = match msg {
-            Ok(m) => m,
+            Ok(m) => m.detach(),
             Err(e) => {
                 tracing::warn!(consumer = name, error = %e, "receive failed");
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             }
         };
-        telemetry::metrics::incr("consumer_messages_received_total", &[("consumer", name)]);
-        let outcome = match serde_json::from_slice::<T>(msg.payload().unwrap_or_default()) {
-            Err(e) => Err(HandleError::Permanent(format!("decode: {e}"))),
-            Ok(message) => handle_with_retry(name, &handler, message, &shutdown).await,
-        };
-        match outcome {
-            Ok(Some(Handled::Applied)) => {
-                telemetry::metrics::incr("consumer_events_applied_total", &[("consumer", name)]);
-            }
-            Ok(Some(Handled::Duplicate)) => {
-                telemetry::metrics::incr("consumer_duplicates_absorbed_total", &[("consumer", name)]);
-                tracing::info!(
-                    consumer = name,
-                    offset = msg.offset(),
-                    "duplicate event absorbed by inbox"
-                );
-            }
-            // Shutdown while retrying: leave the offset for redelivery.
-            Ok(None) => break,
-            Err(e) => {
-                if !dead_letter(&dlq, &msg, name, &e.to_string(), &shutdown).await {
-                    break;
-                }
-            }
+        let key = (msg.topic().to_owned(), msg.partition());
+        let queue = lanes.entry(key).or_insert_with(|| {
+            let (tx, rx) = mpsc::channel(LANE_QUEUE);
+            running.spawn(lane.clone().run(rx));
+            tx
+        });
+        // A full queue holds the dispatcher: that partition's lane is behind.
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            sent = queue.send(msg) => if sent.is_err() { break },
         }
-        fail::fail_point!(CRASH_BEFORE_OFFSET_COMMIT, |_| std::process::abort());
-        if let Err(e) = consumer
-            .store_offset_from_message(&msg)
-            .and_then(|_| consumer.commit_consumer_state(CommitMode::Sync))
-        {
-            // Not fatal: the message is redelivered later and absorbed by the inbox.
-            tracing::warn!(consumer = name, error = %e, "offset commit failed");
+    }
+    drop(lanes);
+    while running.join_next().await.is_some() {}
+    // Whatever was stored and not yet committed in the background.
+    match consumer.commit_consumer_state(CommitMode::Sync) {
+        Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
+        Err(e) => {
+            tracing::warn!(consumer = name, error = %e, "final offset commit failed; the inbox absorbs the redelivery")
         }
     }
     tracing::info!(consumer = name, "consumer stopped");
     Ok(())
+}
+
+/// Messages queued per partition lane before the dispatcher waits.
+const LANE_QUEUE: usize = 1024;
+
+/// What one partition's lane needs.
+struct Lane<T, H> {
+    consumer: Arc<StreamConsumer>,
+    dlq: FutureProducer,
+    name: Arc<str>,
+    handler: Arc<H>,
+    shutdown: CancellationToken,
+    decoded: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<T, H> Clone for Lane<T, H> {
+    fn clone(&self) -> Self {
+        Self {
+            consumer: self.consumer.clone(),
+            dlq: self.dlq.clone(),
+            name: self.name.clone(),
+            handler: self.handler.clone(),
+            shutdown: self.shutdown.clone(),
+            decoded: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<T, H, F> Lane<T, H>
+where
+    T: DeserializeOwned + Clone + Send + 'static,
+    H: Fn(T) -> F + Send + Sync + 'static,
+    F: Future<Output = Result<Handled, HandleError>> + Send + 'static,
+{
+    /// Handles one partition's messages in order until its queue closes or
+    /// shutdown; stores each offset after the message's handling committed.
+    async fn run(self, mut queue: mpsc::Receiver<OwnedMessage>) {
+        let name = &*self.name;
+        loop {
+            let msg = tokio::select! {
+                biased;
+                _ = self.shutdown.cancelled() => return,
+                m = queue.recv() => match m { Some(m) => m, None => return },
+            };
+            telemetry::metrics::incr("consumer_messages_received_total", &[("consumer", name)]);
+            let outcome = match serde_json::from_slice::<T>(msg.payload().unwrap_or_default()) {
+                Err(e) => Err(HandleError::Permanent(format!("decode: {e}"))),
+                Ok(message) => handle_with_retry(name, &*self.handler, message, &self.shutdown).await,
+            };
+            match outcome {
+                Ok(Some(Handled::Applied)) => {
+                    telemetry::metrics::incr("consumer_events_applied_total", &[("consumer", name)]);
+                }
+                Ok(Some(Handled::Duplicate)) => {
+                    telemetry::metrics::incr("consumer_duplicates_absorbed_total", &[("consumer", name)]);
+                    tracing::info!(
+                        consumer = name,
+                        partition = msg.partition(),
+                        offset = msg.offset(),
+                        "duplicate event absorbed by inbox"
+                    );
+                }
+                // Shutdown while retrying: leave the offset for redelivery.
+                Ok(None) => return,
+                Err(e) => {
+                    if !dead_letter(&self.dlq, &msg, name, &e.to_string(), &self.shutdown).await {
+                        return;
+                    }
+                }
+            }
+            fail::fail_point!(CRASH_BEFORE_OFFSET_COMMIT, |_| std::process::abort());
+            // Committed later, in the background. Not fatal when it fails (a
+            // revoked partition): the message is redelivered and absorbed.
+            if let Err(e) = self.consumer.store_offset(msg.topic(), msg.partition(), msg.offset()) {
+                tracing::warn!(consumer = name, error = %e, "offset store failed");
+            }
+        }
+    }
 }
 
 /// Runs the handler, retrying transient errors with capped backoff.
@@ -214,7 +306,7 @@ where
 /// Retries until the broker accepts it; returns false only on shutdown.
 async fn dead_letter(
     producer: &FutureProducer,
-    msg: &BorrowedMessage<'_>,
+    msg: &OwnedMessage,
     consumer: &str,
     reason: &str,
     shutdown: &CancellationToken,

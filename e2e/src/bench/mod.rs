@@ -69,9 +69,15 @@ pub struct Trial {
     pub backlog_mid: i64,
     /// Backlog at the end of the window.
     pub backlog_end: i64,
-    /// Sustained: nothing failed, and the backlog neither grew by more than a
-    /// second of arrivals over the second half nor ended above two seconds of them.
+    /// Backlog growth: mean of the last quarter of the window minus mean of
+    /// the second quarter.
+    pub backlog_growth: f64,
+    /// Sustained: nothing failed, the backlog did not grow by more than half
+    /// a second of arrivals (or 20 orders) between the second and the last
+    /// quarter of the window, and it drained afterwards.
     pub sustained: bool,
+    /// The backlog, second by second.
+    pub backlog: Vec<i64>,
     /// CPU milliseconds per order, per process (over the window).
     pub cpu_ms_per_order: BTreeMap<String, f64>,
     /// Seconds to drain after the window (`None`: did not drain within the limit).
@@ -185,17 +191,25 @@ async fn trial(client: &Client, orders_db: &str, rate: f64, window: Duration) ->
     let before = testkit::process::cpu_seconds_by_command();
     let sent = load::open_loop(client, orders_db, rate, window).await?;
     let after = testkit::process::cpu_seconds_by_command();
-    let backlog_end = *sent.backlog.last().unwrap_or(&0);
-    let backlog_mid = sent.backlog.get(sent.backlog.len() / 2).copied().unwrap_or(0);
-    let sustained = sent.failed == 0 && backlog_end - backlog_mid <= rate as i64 && backlog_end <= (2.0 * rate) as i64;
+    let b = &sent.backlog;
+    let backlog_end = *b.last().unwrap_or(&0);
+    let backlog_mid = b.get(b.len() / 2).copied().unwrap_or(0);
+    let quarter = |q: usize| {
+        let part = &b[(b.len() * q / 4).min(b.len())..(b.len() * (q + 1) / 4).min(b.len())];
+        part.iter().sum::<i64>() as f64 / part.len().max(1) as f64
+    };
+    let backlog_growth = quarter(3) - quarter(1);
     let drain = load::wait_drained(orders_db, Duration::from_secs(180)).await?;
+    let sustained = sent.failed == 0 && backlog_growth <= (0.5 * rate).max(20.0) && drain.is_some();
     Ok(Trial {
         rate,
         placed: sent.intended.len(),
         failed: sent.failed,
         backlog_mid,
         backlog_end,
+        backlog_growth,
         sustained,
+        backlog: sent.backlog.clone(),
         cpu_ms_per_order: cpu_per_order(&before, &after, sent.intended.len()),
         drain_secs: drain.map(|d| d.as_secs_f64()),
     })
@@ -210,11 +224,12 @@ async fn search(client: &Client, orders_db: &str, cfg: &BenchConfig) -> anyhow::
         eprintln!("bench: sustained trial at {rate:.0} orders/s for {:?}", cfg.window);
         let t = trial(client, orders_db, rate, cfg.window).await?;
         eprintln!(
-            "bench:   placed {} failed {} backlog mid {} end {} → {}",
+            "bench:   placed {} failed {} backlog mid {} end {} growth {:.0} → {}",
             t.placed,
             t.failed,
             t.backlog_mid,
             t.backlog_end,
+            t.backlog_growth,
             if t.sustained { "sustained" } else { "not sustained" }
         );
         let drained = t.drain_secs.is_some();
@@ -378,17 +393,18 @@ pub fn markdown(f: &Figures) -> String {
     let _ = writeln!(s, "\n## Sustained-rate trials\n");
     let _ = writeln!(
         s,
-        "| rate | placed | failed | backlog mid → end | sustained | drain s |\n|---:|---:|---:|---|---|---:|"
+        "| rate | placed | failed | backlog mid → end (growth) | sustained | drain s |\n|---:|---:|---:|---|---|---:|"
     );
     for t in &f.trials {
         let _ = writeln!(
             s,
-            "| {:.0} | {} | {} | {} → {} | {} | {} |",
+            "| {:.0} | {} | {} | {} → {} ({:+.0}) | {} | {} |",
             t.rate,
             t.placed,
             t.failed,
             t.backlog_mid,
             t.backlog_end,
+            t.backlog_growth,
             if t.sustained { "yes" } else { "no" },
             t.drain_secs.map_or("—".into(), |d| format!("{d:.1}"))
         );

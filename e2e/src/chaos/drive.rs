@@ -136,6 +136,7 @@ async fn verdict(stack: &Stack, cfg: &ChaosConfig, expected: &Expected, run: Run
         timeline,
         crash_points,
         mut duplicates,
+        placing_ms,
     } = run.schedule;
     let (acked, stats) = (run.acked, run.stats);
     let audit = audit(stack, expected).await?;
@@ -184,6 +185,7 @@ async fn verdict(stack: &Stack, cfg: &ChaosConfig, expected: &Expected, run: Run
             duplicates.total_absorbed()
         ));
     }
+    let placed_per_sec = stats.acknowledged as f64 * 1000.0 / placing_ms.max(1) as f64;
     Ok(Report {
         seed: cfg.seed,
         orders: cfg.orders,
@@ -198,6 +200,9 @@ async fn verdict(stack: &Stack, cfg: &ChaosConfig, expected: &Expected, run: Run
         duplicates,
         quiesce_ms: run.quiesce_ms,
         load_ms: run.load_ms,
+        rate_per_sec: cfg.rate_per_sec,
+        clients_n: cfg.clients,
+        placed_per_sec,
         audit,
         problems,
     })

@@ -89,6 +89,8 @@ pub(super) struct Schedule {
     pub crash_points: BTreeMap<String, u32>,
     /// Duplicates injected (the rest is counted after the run).
     pub duplicates: Duplicates,
+    /// When the clients had placed every order, since the load started.
+    pub placing_ms: u64,
 }
 
 /// Injects faults while the clients work, until every kind fired once and
@@ -109,8 +111,12 @@ pub(super) async fn run_schedule(
     let mut round: Vec<Fault> = Fault::FIRST_ROUND.to_vec();
     let mut fired_kinds = BTreeSet::new();
     let mut left_after_clients: Option<usize> = None;
+    let mut placing_ms = None;
     loop {
         let clients_done = clients.placed_all();
+        if clients_done && placing_ms.is_none() {
+            placing_ms = Some(started.elapsed().as_millis() as u64);
+        }
         if clients_done && fired_kinds.len() == Fault::FIRST_ROUND.len() {
             break;
         }
@@ -148,6 +154,7 @@ pub(super) async fn run_schedule(
         timeline,
         crash_points,
         duplicates,
+        placing_ms: placing_ms.unwrap_or_else(|| started.elapsed().as_millis() as u64),
     })
 }
 

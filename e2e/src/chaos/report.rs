@@ -79,6 +79,12 @@ pub struct Report {
     pub quiesce_ms: u64,
     /// Load duration.
     pub load_ms: u64,
+    /// Arrival rate asked for, orders per second.
+    pub rate_per_sec: f64,
+    /// Concurrent clients.
+    pub clients_n: usize,
+    /// Orders acknowledged per second while the clients were placing them.
+    pub placed_per_sec: f64,
     /// The invariant audit.
     pub audit: Audit,
     /// Reasons the run does not count or failed (empty: passed).
@@ -156,9 +162,11 @@ pub fn markdown(r: &Report) -> String {
     let _ = writeln!(s, "# Chaos run — seed {} — {verdict}\n", r.seed);
     let _ = writeln!(
         s,
-        "Replay with `cargo xtask chaos --orders {} --seed {}`{}.\n",
+        "Replay with `cargo xtask chaos --orders {} --seed {} --rate {} --clients {}`{}.\n",
         r.orders,
         r.seed,
+        r.rate_per_sec,
+        r.clients_n,
         if r.negative_control { " --negative-control" } else { "" }
     );
     let _ = writeln!(s, "## Outcome\n");
@@ -179,7 +187,9 @@ pub fn markdown(r: &Report) -> String {
     );
     let _ = writeln!(
         s,
-        "| load / time to quiesce | {:.1} s / {:.1} s |",
+        "| placed per second (asked {}) / load / time to quiesce | {:.1} / {:.1} s / {:.1} s |",
+        r.rate_per_sec,
+        r.placed_per_sec,
         r.load_ms as f64 / 1000.0,
         r.quiesce_ms as f64 / 1000.0
     );

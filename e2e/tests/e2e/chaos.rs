@@ -34,3 +34,25 @@ async fn negative_control_without_dedup_finds_double_charges() {
         "with deduplication off the same fault schedule must find double charges"
     );
 }
+
+/// The same faults with orders arriving at 100 a second: the lazy offset
+/// commits and concurrent partitions keep every invariant under load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_at_100_orders_per_second_keeps_every_invariant() {
+    let _slot = crate::exclusive().await;
+    let mut cfg = ChaosConfig::ci(20261201);
+    cfg.orders = 1_500;
+    cfg.rate_per_sec = 100.0;
+    cfg.clients = 32;
+    cfg.fault_interval = std::time::Duration::from_millis(500);
+    let report = chaos::run(&cfg).await.expect("chaos run completes");
+    println!("{}", chaos::markdown(&report));
+    assert!(report.passed(), "{:?}", report.problems);
+    assert_eq!(report.faults_fired.len(), 12, "{:?}", report.faults_fired);
+    assert!(report.duplicates.total_absorbed() > 0, "duplicates absorbed");
+    assert!(
+        report.placed_per_sec >= 80.0,
+        "orders were placed at {:.0}/s, not near the 100/s asked",
+        report.placed_per_sec
+    );
+}
