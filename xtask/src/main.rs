@@ -63,6 +63,9 @@ enum Cmd {
         /// Sustained-rate trials at most.
         #[arg(long, default_value_t = 4)]
         trials: usize,
+        /// Only the ceilings and the sustained-rate search (to try settings).
+        #[arg(long)]
+        quick: bool,
     },
     /// List or replay the dead letters of a topic (e.g. inventory.commands).
     Dlq {
@@ -264,6 +267,7 @@ async fn main() -> anyhow::Result<()> {
             window_secs,
             start_rate,
             trials,
+            quick,
         } => {
             if cfg!(debug_assertions) {
                 // Measure release builds only, the driver included: re-run this command optimised.
@@ -272,6 +276,7 @@ async fn main() -> anyhow::Result<()> {
                     .args(["--window-secs", &window_secs.to_string()])
                     .args(["--start-rate", &start_rate.to_string()])
                     .args(["--trials", &trials.to_string()])
+                    .args(quick.then_some("--quick"))
                     .status()?;
                 std::process::exit(status.code().unwrap_or(1));
             }
@@ -279,6 +284,7 @@ async fn main() -> anyhow::Result<()> {
                 window: std::time::Duration::from_secs(window_secs),
                 start_rate,
                 trials,
+                quick,
                 ..Default::default()
             };
             let opts = StackOptions::ephemeral("bench")?;

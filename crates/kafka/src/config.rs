@@ -47,6 +47,12 @@ pub struct KafkaArgs {
     #[arg(long = "kafka-fetch-wait-ms", env = "KAFKA_FETCH_WAIT_MS", default_value_t = 25,
           value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub fetch_wait_ms: u64,
+    /// How long the producer waits to fill a batch, in milliseconds
+    /// (`linger.ms`). Each produce request costs tansu a storage transaction:
+    /// fewer, fuller requests cost it less; 0 sends every message at once.
+    #[arg(long = "kafka-linger-ms", env = "KAFKA_LINGER_MS", default_value_t = 0,
+          value_parser = clap::value_parser!(u64).range(0..=1_000))]
+    pub linger_ms: u64,
     /// librdkafka debug contexts (e.g. `cgrp,fetch`), for diagnosing a broker.
     #[arg(long = "kafka-debug", env = "KAFKA_DEBUG")]
     pub debug: Option<String>,
@@ -60,6 +66,7 @@ impl KafkaArgs {
             assignment: Assignment::default(),
             commit_interval_ms: 1000,
             fetch_wait_ms: 25,
+            linger_ms: 0,
             debug: None,
         }
     }
@@ -75,6 +82,8 @@ impl KafkaArgs {
 
     /// The idempotent producer for these settings (delivery timeout 15 s).
     pub fn producer(&self) -> crate::Result<rdkafka::producer::FutureProducer> {
-        crate::client::idempotent_producer(self.client_config(), std::time::Duration::from_secs(15))
+        let mut config = self.client_config();
+        config.set("linger.ms", self.linger_ms.to_string());
+        crate::client::idempotent_producer(config, std::time::Duration::from_secs(15))
     }
 }

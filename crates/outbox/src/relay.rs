@@ -149,6 +149,7 @@ pub struct Relay<P> {
     batch: i64,
     in_flight: usize,
     poll_interval: Duration,
+    linger: Duration,
 }
 
 /// A claimed batch: `tx` holds its rows locked until it is settled.
@@ -198,6 +199,7 @@ impl<P: Publisher> Relay<P> {
             batch: 1024,
             in_flight: 2,
             poll_interval: Duration::from_millis(500),
+            linger: Duration::ZERO,
         }
     }
 
@@ -207,7 +209,14 @@ impl<P: Publisher> Relay<P> {
         self
     }
 
-    /// Sets the fallback polling interval (used when a notification is missed).
+    /// Sets how long to wait after a notification before claiming, so rows
+    /// committed in a burst are claimed together (default: not at all).
+    pub fn linger(mut self, linger: Duration) -> Self {
+        self.linger = linger;
+        self
+    }
+
+    /// Sets the fallback poll interval (when no notification arrives).
     pub fn poll_interval(mut self, interval: Duration) -> Self {
         self.poll_interval = interval;
         self
@@ -410,7 +419,14 @@ impl<P: Publisher> Relay<P> {
                 },
                 _ = shutdown.cancelled(), if !stopping => {}
                 _ = sleep_until(paused_until), if paused => paused_until = None,
-                _ = self.wait_for_rows(&mut listener), if !claimable && !paused && !stopping => claimable = true,
+                _ = self.wait_for_rows(&mut listener), if !claimable && !paused && !stopping => {
+                    // Let a burst of commits land before claiming: one claim
+                    // of many rows instead of one claim per commit.
+                    if !self.linger.is_zero() {
+                        tokio::time::sleep(self.linger).await;
+                    }
+                    claimable = true;
+                }
             }
         }
     }

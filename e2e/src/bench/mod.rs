@@ -40,6 +40,8 @@ pub struct BenchConfig {
     pub latency_window: Duration,
     /// Length of the burst.
     pub burst: Duration,
+    /// Only the ceilings and the sustained-rate search (for trying settings).
+    pub quick: bool,
 }
 
 impl Default for BenchConfig {
@@ -52,6 +54,7 @@ impl Default for BenchConfig {
             tight_loop: Duration::from_secs(5),
             latency_window: Duration::from_secs(30),
             burst: Duration::from_secs(10),
+            quick: false,
         }
     }
 }
@@ -302,7 +305,7 @@ pub async fn run(stack: &Stack, cfg: &BenchConfig) -> anyhow::Result<Figures> {
     eprintln!("bench: database ceiling ({:?} per loop)", cfg.tight_loop);
     let database = ceilings::database(8, cfg.tight_loop).await?;
     let (trials, sustained) = search(&client, &orders_db, cfg).await?;
-    let (latency, burst) = if sustained > 0.0 {
+    let (latency, burst) = if sustained > 0.0 && !cfg.quick {
         (
             Some(latency(&client, &orders_db, sustained / 2.0, cfg.latency_window).await?),
             Some(burst(&client, &orders_db, sustained * 3.0, cfg.burst).await?),
@@ -311,7 +314,16 @@ pub async fn run(stack: &Stack, cfg: &BenchConfig) -> anyhow::Result<Figures> {
         (None, None)
     };
     eprintln!("bench: POST /orders, closed loop");
-    let http = load::post_max(&client, 32, cfg.tight_loop * 2).await?;
+    let http = load::post_max(
+        &client,
+        32,
+        if cfg.quick {
+            cfg.tight_loop / 5
+        } else {
+            cfg.tight_loop * 2
+        },
+    )
+    .await?;
     Ok(Figures {
         date: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         machine: machine(),
