@@ -43,7 +43,7 @@ pub struct Config {
     /// After a notification, wait this long for more rows before claiming, in
     /// milliseconds: fewer, fuller claims under load, at this much latency.
     #[arg(long, env = "RELAY_LINGER_MS", default_value_t = 0)]
-    pub linger_ms: u64,
+    pub claim_linger_ms: u64,
     /// Fallback poll interval when no notification arrives, in milliseconds.
     #[arg(long, env = "RELAY_POLL_MS", default_value_t = 500)]
     pub poll_ms: u64,
@@ -100,7 +100,7 @@ impl App {
             let relay = Relay::new(pool.clone(), publisher.clone(), name)
                 .batch(self.config.batch)
                 .in_flight(self.config.in_flight)
-                .linger(Duration::from_millis(self.config.linger_ms))
+                .linger(Duration::from_millis(self.config.claim_linger_ms))
                 .poll_interval(Duration::from_millis(self.config.poll_ms));
             let (token, retention) = (tasks.token(), Duration::from_secs(self.config.retention_secs));
             tasks.spawn(format!("relay {name}"), async move {
