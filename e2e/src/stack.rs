@@ -376,7 +376,13 @@ impl Stack {
                 );
             }
             let ready = match s {
-                Service::Broker => tokio::net::TcpStream::connect(self.addr(s)).await.is_ok(),
+                Service::Broker => {
+                    tokio::net::TcpStream::connect(self.addr(s)).await.is_ok() && {
+                        let dir = self.opts.run_dir.join("broker");
+                        tokio::task::spawn_blocking(move || testkit::broker::tune(&dir)).await??;
+                        true
+                    }
+                }
                 // Ready, and answered by this process rather than by another
                 // test's service that took the port first.
                 _ => {
