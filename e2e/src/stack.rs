@@ -245,7 +245,6 @@ impl Stack {
                     "OUTBOX_DATABASE_URLS".into(),
                     ["orders", "inventory", "payments"].map(|d| self.db_url(d)).join(","),
                 ),
-                ("RELAY_POLL_MS".into(), "200".into()),
                 brokers,
             ]),
         }

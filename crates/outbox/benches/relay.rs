@@ -234,7 +234,7 @@ async fn main() {
     // 4. Idle-to-published latency with the real broker.
     let token = tokio_util::sync::CancellationToken::new();
     let idle = Relay::new(pool.clone(), KafkaPublisher::new(&broker.addr).unwrap(), "bench-idle")
-        .poll_interval(Duration::from_secs(5));
+        .poll_interval(Duration::from_millis(10));
     let runner = tokio::spawn({
         let token = token.clone();
         async move { idle.run(token).await }

@@ -13,6 +13,14 @@
 //! **Pipelining.** [`Relay::run`] keeps up to `in_flight` claimed batches at
 //! the broker and claims the next meanwhile; the head rule applies to a
 //! relay's own in-flight rows as to another relay's, so order still holds.
+//! **Waking.** A busy relay claims again as soon as a batch settles; an idle
+//! one probes for pending rows every `poll_interval` (10 ms in outbox-relay)
+//! with one index-only query. An earlier version woke on `LISTEN/NOTIFY`
+//! from an insert trigger, but every notifying commit takes PostgreSQL's
+//! notification-queue lock and signals the listeners: under load that cost
+//! more database CPU per order than the saga's own transactions (8.4 → 4.8 ms
+//! per order without it, `cargo xtask bench`), for a wake-up a 10 ms probe
+//! gives as well.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -21,7 +29,6 @@ use futures::future::{BoxFuture, FutureExt};
 use futures::stream::{FuturesUnordered, StreamExt};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::FutureProducer;
-use sqlx::postgres::PgListener;
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio_util::sync::CancellationToken;
 
@@ -161,7 +168,7 @@ struct Claim {
 
 /// What finished in the relay's pipeline.
 enum Step {
-    Claimed(Result<Option<Claim>>),
+    Claimed(Result<Option<Box<Claim>>>),
     Delivered(Result<Round>),
 }
 
@@ -189,7 +196,7 @@ impl<P: Publisher> Relay<P> {
     /// Each claimed batch holds a connection of `pool` (its transaction)
     /// until it is settled, and a claim briefly needs a second one (the batch
     /// bookkeeping beside it); [`Relay::run`] keeps up to `in_flight` batches
-    /// and one more connection for `LISTEN`: size the pool for
+    /// and one more connection for the idle probe: size the pool for
     /// `in_flight + 2`.
     pub fn new(pool: PgPool, publisher: P, source: impl Into<String>) -> Self {
         Self {
@@ -365,18 +372,17 @@ impl<P: Publisher> Relay<P> {
     /// rows pending and locked, so the head rule keeps every later row of
     /// those orders out of the next claims.
     ///
-    /// When nothing is claimable the relay sleeps until a `NOTIFY outbox_new`
-    /// or the poll interval. A failed claim or a batch the broker did not take
+    /// When nothing is claimable the relay probes for pending rows every
+    /// poll interval. A failed claim or a batch the broker did not take
     /// pauses claiming with exponential backoff (the rows stay pending).
     /// On `shutdown` it stops claiming and settles the batches in flight.
     pub async fn run(&self, shutdown: CancellationToken) {
-        let mut listener = self.listen().await;
         let mut backoff = MIN_BACKOFF;
         let mut steps: FuturesUnordered<BoxFuture<'_, Step>> = FuturesUnordered::new();
         let (mut claiming, mut delivering) = (false, 0usize);
         // Whether a claim may find rows: false after an empty claim, until a
-        // batch settles (its orders' next rows become claimable), a
-        // notification arrives or the poll interval passes.
+        // batch settles (its orders' next rows become claimable) or a probe
+        // finds a pending row.
         let mut claimable = true;
         let mut paused_until: Option<Instant> = None;
         loop {
@@ -387,19 +393,18 @@ impl<P: Publisher> Relay<P> {
             let paused = paused_until.is_some_and(|t| Instant::now() < t);
             if !stopping && !claiming && claimable && !paused && delivering < self.in_flight {
                 claiming = true;
-                steps.push(async { Step::Claimed(self.claim().await) }.boxed());
+                steps.push(async { Step::Claimed(self.claim().await.map(|c| c.map(Box::new))) }.boxed());
             }
             tokio::select! {
                 Some(step) = steps.next(), if !steps.is_empty() => match step {
                     Step::Claimed(Ok(Some(claim))) => {
                         (claiming, delivering) = (false, delivering + 1);
-                        steps.push(async { Step::Delivered(self.deliver(claim).await) }.boxed());
+                        steps.push(async { Step::Delivered(self.deliver(*claim).await) }.boxed());
                     }
                     Step::Claimed(Ok(None)) => (claiming, claimable) = (false, false),
                     Step::Claimed(Err(e)) => {
                         claiming = false;
                         tracing::warn!(source = %self.source, error = %e, ?backoff, "claim failed, backing off");
-                        listener = None;
                         paused_until = Some(back_off(&mut backoff));
                     }
                     Step::Delivered(result) => {
@@ -419,7 +424,7 @@ impl<P: Publisher> Relay<P> {
                 },
                 _ = shutdown.cancelled(), if !stopping => {}
                 _ = sleep_until(paused_until), if paused => paused_until = None,
-                _ = self.wait_for_rows(&mut listener), if !claimable && !paused && !stopping => {
+                _ = self.wait_for_rows(), if !claimable && !paused && !stopping => {
                     // Let a burst of commits land before claiming: one claim
                     // of many rows instead of one claim per commit.
                     if !self.linger.is_zero() {
@@ -431,32 +436,22 @@ impl<P: Publisher> Relay<P> {
         }
     }
 
-    /// Waits for a `NOTIFY outbox_new` or the poll interval, reconnecting
-    /// the listener when it is gone.
-    async fn wait_for_rows(&self, listener: &mut Option<PgListener>) {
-        if listener.is_none() {
-            *listener = self.listen().await;
-        }
-        let poll = tokio::time::sleep(self.poll_interval);
-        let lost = match listener.as_mut() {
-            Some(l) => tokio::select! {
-                n = l.recv() => n.is_err(),
-                _ = poll => false,
-            },
-            None => {
-                poll.await;
-                false
+    /// Returns once a pending row exists: probes every poll interval with
+    /// one cheap query (the partial index of pending rows), so an idle relay
+    /// costs a few hundred index lookups a minute and wakes within one interval.
+    async fn wait_for_rows(&self) {
+        loop {
+            tokio::time::sleep(self.poll_interval).await;
+            let pending: Result<bool, sqlx::Error> = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM outbox WHERE published_at IS NULL AND parked_at IS NULL)",
+            )
+            .fetch_one(&self.pool)
+            .await;
+            // A failed probe: let the claim find out (and back off).
+            if pending.unwrap_or(true) {
+                return;
             }
-        };
-        if lost {
-            *listener = None;
         }
-    }
-
-    async fn listen(&self) -> Option<PgListener> {
-        let mut l = PgListener::connect_with(&self.pool).await.ok()?;
-        l.listen("outbox_new").await.ok()?;
-        Some(l)
     }
 
     /// Refreshes the backlog gauges: pending rows and oldest pending age.

@@ -44,8 +44,9 @@ pub struct Config {
     /// milliseconds: fewer, fuller claims under load, at this much latency.
     #[arg(long, env = "RELAY_LINGER_MS", default_value_t = 0)]
     pub claim_linger_ms: u64,
-    /// Fallback poll interval when no notification arrives, in milliseconds.
-    #[arg(long, env = "RELAY_POLL_MS", default_value_t = 500)]
+    /// How often an idle relay probes for pending rows, in milliseconds (one
+    /// index lookup per source): the longest a new row waits when the relay is idle.
+    #[arg(long, env = "RELAY_POLL_MS", default_value_t = 10)]
     pub poll_ms: u64,
     /// How long published rows are kept before deletion.
     #[arg(long, env = "OUTBOX_RETENTION_SECS", default_value_t = 3 * 86_400)]
