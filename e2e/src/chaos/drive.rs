@@ -202,6 +202,7 @@ async fn verdict(stack: &Stack, cfg: &ChaosConfig, expected: &Expected, run: Run
         load_ms: run.load_ms,
         rate_per_sec: cfg.rate_per_sec,
         clients_n: cfg.clients,
+        fault_interval_ms: cfg.fault_interval.as_millis() as u64,
         placed_per_sec,
         audit,
         problems,

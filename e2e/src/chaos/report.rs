@@ -83,6 +83,8 @@ pub struct Report {
     pub rate_per_sec: f64,
     /// Concurrent clients.
     pub clients_n: usize,
+    /// Pause between faults, milliseconds.
+    pub fault_interval_ms: u64,
     /// Orders acknowledged per second while the clients were placing them.
     pub placed_per_sec: f64,
     /// The invariant audit.
@@ -162,11 +164,12 @@ pub fn markdown(r: &Report) -> String {
     let _ = writeln!(s, "# Chaos run — seed {} — {verdict}\n", r.seed);
     let _ = writeln!(
         s,
-        "Replay with `cargo xtask chaos --orders {} --seed {} --rate {} --clients {}`{}.\n",
+        "Replay with `cargo xtask chaos --orders {} --seed {} --rate {} --clients {} --fault-interval-ms {}`{}.\n",
         r.orders,
         r.seed,
         r.rate_per_sec,
         r.clients_n,
+        r.fault_interval_ms,
         if r.negative_control { " --negative-control" } else { "" }
     );
     let _ = writeln!(s, "## Outcome\n");
