@@ -93,30 +93,12 @@ async fn relay_rate<P: Publisher>(relay: Relay<P>, source: &str, n: usize) -> f6
 /// CPU seconds used so far by this process, the broker and PostgreSQL (all
 /// its processes), from /proc: where a phase's CPU went on a shared machine.
 fn cpu() -> [f64; 3] {
-    let mut out = [0.0; 3];
-    let me = std::process::id().to_string();
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for entry in procs.flatten() {
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        // pid (comm) state ppid ... utime stime: fields 14 and 15.
-        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
-            continue;
-        };
-        let slot = match &stat[open + 1..close] {
-            _ if entry.file_name().to_str() == Some(me.as_str()) => 0,
-            "tansu" => 1,
-            "postgres" => 2,
-            _ => continue,
-        };
-        let fields: Vec<&str> = stat[close + 2..].split(' ').collect();
-        let ticks: f64 = fields[11].parse::<f64>().unwrap_or(0.0) + fields[12].parse::<f64>().unwrap_or(0.0);
-        out[slot] += ticks / 100.0;
-    }
-    out
+    let by_command = testkit::process::cpu_seconds_by_command();
+    [
+        testkit::process::cpu_seconds_of(std::process::id()),
+        by_command.get("tansu").copied().unwrap_or(0.0),
+        by_command.get("postgres").copied().unwrap_or(0.0),
+    ]
 }
 
 /// CPU milliseconds per 1,000 messages of a phase, per party.

@@ -65,18 +65,26 @@ pub fn cpu_seconds_by_command() -> std::collections::BTreeMap<String, f64> {
         return out;
     };
     for entry in procs.flatten() {
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        // pid (comm) state ppid … utime stime: fields 14 and 15.
-        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
-            continue;
-        };
-        let fields: Vec<&str> = stat[close + 2..].split(' ').collect();
-        let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
-        *out.entry(stat[open + 1..close].to_owned()).or_insert(0.0) += (ticks(11) + ticks(12)) / 100.0;
+        if let Some((comm, secs)) = cpu_of(&entry.path()) {
+            *out.entry(comm).or_insert(0.0) += secs;
+        }
     }
     out
+}
+
+/// CPU seconds (user + system) used so far by process `pid` (0 when gone).
+pub fn cpu_seconds_of(pid: u32) -> f64 {
+    cpu_of(std::path::Path::new(&format!("/proc/{pid}"))).map_or(0.0, |(_, secs)| secs)
+}
+
+/// The command name and CPU seconds of the process at `/proc/<pid>`.
+fn cpu_of(proc_dir: &std::path::Path) -> Option<(String, f64)> {
+    let stat = std::fs::read_to_string(proc_dir.join("stat")).ok()?;
+    // pid (comm) state ppid … utime stime: fields 14 and 15.
+    let (open, close) = (stat.find('(')?, stat.rfind(')')?);
+    let fields: Vec<&str> = stat.get(close + 2..)?.split(' ').collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    Some((stat[open + 1..close].to_owned(), (ticks(11) + ticks(12)) / 100.0))
 }
 
 #[cfg(test)]
