@@ -5,7 +5,7 @@
 //! 1. raw: rdkafka's idempotent producer sending n envelopes straight to the broker;
 //! 2. relay: the same n envelopes as outbox rows, claimed, published and marked;
 //! 3. relay, database side only: the publisher accepts instantly (no broker);
-//! 4. idle-to-published latency of single rows with the relay idle on LISTEN.
+//! 4. idle-to-published latency of single rows with the relay idle (probing every 5 ms).
 
 use std::time::{Duration, Instant};
 
@@ -216,7 +216,7 @@ async fn main() {
     // 4. Idle-to-published latency with the real broker.
     let token = tokio_util::sync::CancellationToken::new();
     let idle = Relay::new(pool.clone(), KafkaPublisher::new(&broker.addr).unwrap(), "bench-idle")
-        .poll_interval(Duration::from_millis(10));
+        .poll_interval(Duration::from_millis(5));
     let runner = tokio::spawn({
         let token = token.clone();
         async move { idle.run(token).await }

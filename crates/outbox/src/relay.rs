@@ -14,13 +14,13 @@
 //! the broker and claims the next meanwhile; the head rule applies to a
 //! relay's own in-flight rows as to another relay's, so order still holds.
 //! **Waking.** A busy relay claims again as soon as a batch settles; an idle
-//! one probes for pending rows every `poll_interval` (10 ms in outbox-relay)
+//! one probes for pending rows every `poll_interval` (5 ms in outbox-relay)
 //! with one index-only query. An earlier version woke on `LISTEN/NOTIFY`
 //! from an insert trigger, but every notifying commit takes PostgreSQL's
 //! notification-queue lock and signals the listeners: under load that cost
 //! more database CPU per order than the saga's own transactions (8.4 → 4.8 ms
-//! per order without it, `cargo xtask bench`), for a wake-up a 10 ms probe
-//! gives as well.
+//! per order without it, `cargo xtask bench`), for a wake-up a 5 ms probe
+//! gives as well (5.7 ms p50, 12.7 ms p99 idle-to-published).
 
 use std::future::Future;
 use std::time::{Duration, Instant};

@@ -46,7 +46,7 @@ pub struct Config {
     pub claim_linger_ms: u64,
     /// How often an idle relay probes for pending rows, in milliseconds (one
     /// index lookup per source): the longest a new row waits when the relay is idle.
-    #[arg(long, env = "RELAY_POLL_MS", default_value_t = 10)]
+    #[arg(long, env = "RELAY_POLL_MS", default_value_t = 5)]
     pub poll_ms: u64,
     /// How long published rows are kept before deletion.
     #[arg(long, env = "OUTBOX_RETENTION_SECS", default_value_t = 3 * 86_400)]
@@ -70,7 +70,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     for url in &config.database_urls {
         let name = service_kit::db::database_name(url)?;
         // One claiming transaction per batch in flight, the batch bookkeeping
-        // beside a claim, LISTEN, and housekeeping.
+        // beside a claim, the idle probe, and housekeeping.
         let connections = config.in_flight.max(1) as u32 + 3;
         let pool = service_kit::db::connect(url, connections, vec![outbox::migrator()]).await?;
         sources.push((name, pool));
