@@ -156,7 +156,6 @@ pub struct Relay<P> {
     batch: i64,
     in_flight: usize,
     poll_interval: Duration,
-    linger: Duration,
 }
 
 /// A claimed batch: `tx` holds its rows locked until it is settled.
@@ -206,20 +205,12 @@ impl<P: Publisher> Relay<P> {
             batch: 1024,
             in_flight: 2,
             poll_interval: Duration::from_millis(500),
-            linger: Duration::ZERO,
         }
     }
 
     /// Sets the claim batch size.
     pub fn batch(mut self, batch: i64) -> Self {
         self.batch = batch;
-        self
-    }
-
-    /// Sets how long to wait after a notification before claiming, so rows
-    /// committed in a burst are claimed together (default: not at all).
-    pub fn linger(mut self, linger: Duration) -> Self {
-        self.linger = linger;
         self
     }
 
@@ -424,14 +415,7 @@ impl<P: Publisher> Relay<P> {
                 },
                 _ = shutdown.cancelled(), if !stopping => {}
                 _ = sleep_until(paused_until), if paused => paused_until = None,
-                _ = self.wait_for_rows(), if !claimable && !paused && !stopping => {
-                    // Let a burst of commits land before claiming: one claim
-                    // of many rows instead of one claim per commit.
-                    if !self.linger.is_zero() {
-                        tokio::time::sleep(self.linger).await;
-                    }
-                    claimable = true;
-                }
+                _ = self.wait_for_rows(), if !claimable && !paused && !stopping => claimable = true,
             }
         }
     }

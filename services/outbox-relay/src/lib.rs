@@ -40,10 +40,6 @@ pub struct Config {
     /// the next batch is claimed while earlier ones are being published.
     #[arg(long, env = "RELAY_IN_FLIGHT", default_value_t = 2)]
     pub in_flight: usize,
-    /// After a notification, wait this long for more rows before claiming, in
-    /// milliseconds: fewer, fuller claims under load, at this much latency.
-    #[arg(long, env = "RELAY_LINGER_MS", default_value_t = 0)]
-    pub claim_linger_ms: u64,
     /// How often an idle relay probes for pending rows, in milliseconds (one
     /// index lookup per source): the longest a new row waits when the relay is idle.
     #[arg(long, env = "RELAY_POLL_MS", default_value_t = 5)]
@@ -101,7 +97,6 @@ impl App {
             let relay = Relay::new(pool.clone(), publisher.clone(), name)
                 .batch(self.config.batch)
                 .in_flight(self.config.in_flight)
-                .linger(Duration::from_millis(self.config.claim_linger_ms))
                 .poll_interval(Duration::from_millis(self.config.poll_ms));
             let (token, retention) = (tasks.token(), Duration::from_secs(self.config.retention_secs));
             tasks.spawn(format!("relay {name}"), async move {
