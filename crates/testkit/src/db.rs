@@ -3,7 +3,7 @@
 use std::str::FromStr;
 
 use sqlx::migrate::Migrator;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
 
 /// The PostgreSQL server (no database) that tests, benches and the e2e
@@ -35,29 +35,15 @@ impl TempDb {
     }
 
     /// Creates a fresh database, opens a pool of `max_connections` on it
-    /// and runs `migrators` in order (each with `ignore_missing`, as the
-    /// services do: every library owns a version range of its own).
+    /// and runs `migrators` in order — the services' own bootstrap
+    /// (`service_kit::db::connect`), so tests migrate as production does.
     pub async fn with_pool(
         prefix: &str,
         max_connections: u32,
         migrators: Vec<Migrator>,
     ) -> anyhow::Result<(Self, PgPool)> {
         let db = Self::new(prefix);
-        let opts = PgConnectOptions::from_str(&db.url)?.disable_statement_logging();
-        let name = opts.get_database().unwrap_or_default().to_owned();
-        let mut admin = PgConnection::connect_with(&opts.clone().database("postgres")).await?;
-        sqlx::query(&format!("CREATE DATABASE \"{name}\""))
-            .execute(&mut admin)
-            .await?;
-        admin.close().await?;
-        let pool = PgPoolOptions::new()
-            .max_connections(max_connections)
-            .connect_with(opts)
-            .await?;
-        for mut migrator in migrators {
-            migrator.set_ignore_missing(true);
-            migrator.run(&pool).await?;
-        }
+        let pool = service_kit::db::connect(&db.url, max_connections, migrators).await?;
         Ok((db, pool))
     }
 
