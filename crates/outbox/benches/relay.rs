@@ -42,12 +42,6 @@ fn envelope(i: usize) -> Envelope {
     )
 }
 
-/// The outbox row of `env`, as a service writes it.
-fn row<'a>(topic: &'a str, env: &'a Envelope) -> outbox::OutboxEvent<'a> {
-    outbox::OutboxEvent::json(topic, env.order_id, env.event_id, &env.event_type, env)
-        .traceparent(env.traceparent.as_deref())
-}
-
 /// Publishes `env` as the relay would (same key, body and headers).
 async fn publish(producer: &rdkafka::producer::FutureProducer, topic: &str, env: &Envelope) -> kafka::Result<()> {
     let headers = kafka::headers(&env.event_id.to_string(), &env.event_type, env.traceparent.as_deref());
@@ -66,7 +60,9 @@ async fn fill(pool: &PgPool, topic: &str, n: usize) {
     for chunk in 0..n.div_ceil(1_000) {
         let mut tx = pool.begin().await.unwrap();
         for i in chunk * 1_000..((chunk + 1) * 1_000).min(n) {
-            outbox::enqueue(&mut tx, &row(topic, &envelope(i))).await.unwrap();
+            outbox::enqueue(&mut tx, &service_kit::saga::outbox_event(topic, &envelope(i)))
+                .await
+                .unwrap();
         }
         tx.commit().await.unwrap();
     }
@@ -226,7 +222,9 @@ async fn main() {
     for i in 0..200 {
         let env = envelope(i);
         let mut tx = pool.begin().await.unwrap();
-        outbox::enqueue(&mut tx, &row(topic, &env)).await.unwrap();
+        outbox::enqueue(&mut tx, &service_kit::saga::outbox_event(topic, &env))
+            .await
+            .unwrap();
         tx.commit().await.unwrap();
         let ms: f64 = loop {
             let v: Option<f64> = sqlx::query_scalar(

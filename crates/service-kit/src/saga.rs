@@ -17,14 +17,19 @@ pub async fn emit(
     cause: Option<&Envelope>,
 ) -> outbox::Result<Envelope> {
     let envelope = Envelope::new(order_id, message, cause);
-    let event = outbox::OutboxEvent::json(
-        message.topic(),
+    outbox::enqueue(conn, &outbox_event(message.topic(), &envelope)).await?;
+    Ok(envelope)
+}
+
+/// The outbox row of `envelope` on `topic`: keyed by its order id, its
+/// identity and trace context as the Kafka headers, the envelope as the body.
+pub fn outbox_event<'a>(topic: &'a str, envelope: &'a Envelope) -> outbox::OutboxEvent<'a> {
+    outbox::OutboxEvent::json(
+        topic,
         envelope.order_id,
         envelope.event_id,
         &envelope.event_type,
-        &envelope,
+        envelope,
     )
-    .traceparent(envelope.traceparent.as_deref());
-    outbox::enqueue(conn, &event).await?;
-    Ok(envelope)
+    .traceparent(envelope.traceparent.as_deref())
 }

@@ -15,12 +15,6 @@ use uuid::Uuid;
 /// Failpoints are process-global: tests that run the relay take turns.
 static SERIAL: Mutex<()> = Mutex::const_new(());
 
-/// The outbox row of `env`, as a service writes it.
-fn row<'a>(topic: &'a str, env: &'a Envelope) -> outbox::OutboxEvent<'a> {
-    outbox::OutboxEvent::json(topic, env.order_id, env.event_id, &env.event_type, env)
-        .traceparent(env.traceparent.as_deref())
-}
-
 struct Db {
     pool: PgPool,
     /// Dropped with this value, also when the test panics.
@@ -45,7 +39,9 @@ impl Db {
             },
             None,
         );
-        outbox::enqueue(&mut tx, &row(topic, &env)).await.unwrap();
+        outbox::enqueue(&mut tx, &service_kit::saga::outbox_event(topic, &env))
+            .await
+            .unwrap();
         tx.commit().await.unwrap();
         env
     }
@@ -321,7 +317,9 @@ async fn a_row_the_broker_rejects_for_good_is_parked_and_blocks_no_other_order()
         },
         None,
     );
-    outbox::enqueue(&mut tx, &row(&topic, &huge)).await.unwrap();
+    outbox::enqueue(&mut tx, &service_kit::saga::outbox_event(&topic, &huge))
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
     let other = db.enqueue(&topic, Uuid::new_v4(), 0).await;
     let relay = Relay::new(db.pool.clone(), KafkaPublisher::new(&broker.addr).unwrap(), "t");
