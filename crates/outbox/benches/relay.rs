@@ -42,12 +42,6 @@ fn envelope(i: usize) -> Envelope {
     )
 }
 
-/// Publishes `env` as the relay would (same key, body and headers).
-async fn publish(producer: &rdkafka::producer::FutureProducer, topic: &str, env: &Envelope) -> kafka::Result<()> {
-    let headers = kafka::headers(&env.event_id.to_string(), &env.event_type, env.traceparent.as_deref());
-    kafka::publish(producer, topic, &env.order_id.to_string(), &env.to_bytes(), headers).await
-}
-
 /// A fresh outbox database, dropped with the returned guard.
 async fn fresh_db(tag: &str) -> (PgPool, TempDb) {
     let (db, pool) = TempDb::with_pool(&format!("eo_bench_{tag}"), 8, vec![outbox::migrator()])
@@ -139,7 +133,9 @@ async fn main() {
         kafka::ensure_topics(&broker.addr, &[topic.as_str()]).await.unwrap();
         let envelopes: Vec<Envelope> = (0..n).map(envelope).collect();
         let start = Instant::now();
-        let sends = envelopes.iter().map(|e| publish(&producer, &topic, e));
+        let sends = envelopes
+            .iter()
+            .map(|e| testkit::publish::envelope(&producer, &topic, e));
         for r in futures::future::join_all(sends).await {
             r.unwrap();
         }
@@ -150,7 +146,7 @@ async fn main() {
             let (producer, topic) = (&producer, topic.as_str());
             async move {
                 for window in stream.chunks(batch as usize) {
-                    let sends = window.iter().map(|e| publish(producer, topic, e));
+                    let sends = window.iter().map(|e| testkit::publish::envelope(producer, topic, e));
                     for r in futures::future::join_all(sends).await {
                         r.unwrap();
                     }

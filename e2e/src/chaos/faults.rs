@@ -321,8 +321,7 @@ async fn inject_duplicates(stack: &Stack, rng: &mut StdRng, duplicates: &mut Dup
             let Ok(env) = Envelope::from_bytes(m.payload().unwrap_or_default()) else {
                 continue;
             };
-            let headers = kafka::headers(&env.event_id.to_string(), &env.event_type, env.traceparent.as_deref());
-            kafka::publish(&producer, topic, &env.order_id.to_string(), &env.to_bytes(), headers).await?;
+            testkit::publish::envelope(&producer, topic, &env).await?;
             total += 1;
             *duplicates.injected.entry(topic.to_owned()).or_default() += 1;
         }

@@ -63,16 +63,7 @@ impl World {
 
     async fn send(&self, env: &Envelope) {
         let producer = kafka::producer(&self.broker.addr).unwrap();
-        let headers = kafka::headers(&env.event_id.to_string(), &env.event_type, None);
-        kafka::publish(
-            &producer,
-            &self.topic,
-            &env.order_id.to_string(),
-            &env.to_bytes(),
-            headers,
-        )
-        .await
-        .unwrap();
+        testkit::publish::envelope(&producer, &self.topic, env).await.unwrap();
     }
 
     async fn effects(&self) -> i64 {
