@@ -51,6 +51,33 @@ pub async fn record(conn: &mut PgConnection, consumer: &str, event_id: Uuid) -> 
     Ok(Recorded::Duplicate)
 }
 
+/// Records a batch of event ids for `consumer` in the caller's transaction
+/// with one multi-row insert; returns, for each id in order, whether it is
+/// new. An id that appears twice in the batch is new the first time only.
+/// Duplicates are counted as in [`record`].
+pub async fn record_batch(conn: &mut PgConnection, consumer: &str, event_ids: &[Uuid]) -> sqlx::Result<Vec<Recorded>> {
+    let mut new: std::collections::HashSet<Uuid> = sqlx::query_scalar(
+        "INSERT INTO inbox (consumer, event_id) SELECT $1, id FROM unnest($2::uuid[]) AS t(id)
+         ON CONFLICT (consumer, event_id) DO NOTHING RETURNING event_id",
+    )
+    .bind(consumer)
+    .bind(event_ids)
+    .fetch_all(&mut *conn)
+    .await?
+    .into_iter()
+    .collect();
+    let mut recorded = Vec::with_capacity(event_ids.len());
+    for id in event_ids {
+        if new.remove(id) {
+            recorded.push(Recorded::New);
+        } else {
+            note_redelivery(conn, consumer, *id).await?;
+            recorded.push(Recorded::Duplicate);
+        }
+    }
+    Ok(recorded)
+}
+
 /// Begins the transaction of an effect: records `event_id` for `consumer`
 /// and returns the open transaction for the effect when the event is new.
 /// On a duplicate it commits the redelivery count and returns `None`: skip

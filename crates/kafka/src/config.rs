@@ -53,6 +53,13 @@ pub struct KafkaArgs {
     #[arg(long = "kafka-linger-ms", env = "KAFKA_LINGER_MS", default_value_t = 0,
           value_parser = clap::value_parser!(u64).range(0..=1_000))]
     pub linger_ms: u64,
+    /// Most messages of one partition a batching consumer (inventory, the
+    /// order saga) applies in one database transaction. Batches form only
+    /// when a partition's messages queue up behind its lane, so an idle
+    /// consumer still handles each message as it comes.
+    #[arg(long = "kafka-consumer-max-batch", env = "KAFKA_CONSUMER_MAX_BATCH", default_value_t = 32,
+          value_parser = clap::value_parser!(u16).range(1..=1_000))]
+    pub consumer_max_batch: u16,
     /// librdkafka debug contexts (e.g. `cgrp,fetch`), for diagnosing a broker.
     #[arg(long = "kafka-debug", env = "KAFKA_DEBUG")]
     pub debug: Option<String>,
@@ -67,6 +74,7 @@ impl KafkaArgs {
             commit_interval_ms: 1000,
             fetch_wait_ms: 25,
             linger_ms: 0,
+            consumer_max_batch: 32,
             debug: None,
         }
     }

@@ -90,6 +90,9 @@ pub struct ConsumerSettings {
     pub group_id: String,
     /// Topics to consume.
     pub topics: Vec<String>,
+    /// Most messages of one partition handed to a batch handler at once
+    /// ([`run_batches`]); [`run`] hands over one at a time.
+    pub max_batch: usize,
 }
 
 /// Builds a consumer with manual offset commits.
@@ -139,12 +142,41 @@ where
     H: Fn(T) -> F + Send + Sync + 'static,
     F: Future<Output = Result<Handled, HandleError>> + Send + 'static,
 {
+    let settings = ConsumerSettings {
+        max_batch: 1,
+        ..settings
+    };
+    run_batches(settings, shutdown, move |mut batch: Vec<T>| {
+        let one = handler(batch.pop().expect("a lane hands over at least one message"));
+        async move { one.await.map(|handled| vec![handled]) }
+    })
+    .await
+}
+
+/// Like [`run`], but hands `handler` up to `settings.max_batch` messages of
+/// one partition at a time, in order: whatever that partition's lane has
+/// queued when it becomes free. Idle, a batch is one message; behind, batches
+/// grow, and a handler that applies them in one transaction pays one commit
+/// for many messages.
+///
+/// The handler must be all-or-nothing: return one [`Handled`] per message,
+/// in order, when all of them committed, or an error when none did. A
+/// transient error retries the whole batch; a permanent one makes the lane
+/// handle that batch again one message at a time, so only the message that
+/// cannot succeed goes to the dead-letter topic.
+pub async fn run_batches<T, H, F>(settings: ConsumerSettings, shutdown: CancellationToken, handler: H) -> Result<()>
+where
+    T: DeserializeOwned + Clone + Send + 'static,
+    H: Fn(Vec<T>) -> F + Send + Sync + 'static,
+    F: Future<Output = Result<Vec<Handled>, HandleError>> + Send + 'static,
+{
     let consumer = Arc::new(build(&settings)?);
     let lane = Lane {
         consumer: consumer.clone(),
         dlq: settings.kafka.producer()?,
         name: Arc::from(settings.group_id.as_str()),
         handler: Arc::new(handler),
+        max_batch: settings.max_batch.max(1),
         shutdown: shutdown.clone(),
         decoded: std::marker::PhantomData,
     };
@@ -202,6 +234,7 @@ struct Lane<T, H> {
     dlq: FutureProducer,
     name: Arc<str>,
     handler: Arc<H>,
+    max_batch: usize,
     shutdown: CancellationToken,
     decoded: std::marker::PhantomData<fn() -> T>,
 }
@@ -213,6 +246,7 @@ impl<T, H> Clone for Lane<T, H> {
             dlq: self.dlq.clone(),
             name: self.name.clone(),
             handler: self.handler.clone(),
+            max_batch: self.max_batch,
             shutdown: self.shutdown.clone(),
             decoded: std::marker::PhantomData,
         }
@@ -222,29 +256,112 @@ impl<T, H> Clone for Lane<T, H> {
 impl<T, H, F> Lane<T, H>
 where
     T: DeserializeOwned + Clone + Send + 'static,
-    H: Fn(T) -> F + Send + Sync + 'static,
-    F: Future<Output = Result<Handled, HandleError>> + Send + 'static,
+    H: Fn(Vec<T>) -> F + Send + Sync + 'static,
+    F: Future<Output = Result<Vec<Handled>, HandleError>> + Send + 'static,
 {
     /// Handles one partition's messages in order until its queue closes or
-    /// shutdown; stores each offset after the message's handling committed.
+    /// shutdown, a batch at a time (what is queued, up to `max_batch`);
+    /// stores the batch's last offset after its handling committed.
     async fn run(self, mut queue: mpsc::Receiver<OwnedMessage>) {
-        let name = &*self.name;
+        let mut batch = Vec::with_capacity(self.max_batch);
         loop {
-            let msg = tokio::select! {
+            let first = tokio::select! {
                 biased;
                 _ = self.shutdown.cancelled() => return,
                 m = queue.recv() => match m { Some(m) => m, None => return },
             };
-            telemetry::metrics::incr("consumer_messages_received_total", &[("consumer", name)]);
-            let outcome = match serde_json::from_slice::<T>(msg.payload().unwrap_or_default()) {
-                Err(e) => Err(HandleError::Permanent(format!("decode: {e}"))),
-                Ok(message) => handle_with_retry(name, &*self.handler, message, &self.shutdown).await,
-            };
+            batch.clear();
+            batch.push(first);
+            while batch.len() < self.max_batch {
+                match queue.try_recv() {
+                    Ok(m) => batch.push(m),
+                    Err(_) => break,
+                }
+            }
+            // Shutdown mid-batch: leave its offsets for redelivery.
+            if !self.handle(&batch).await {
+                return;
+            }
+            fail::fail_point!(CRASH_BEFORE_OFFSET_COMMIT, |_| std::process::abort());
+            let last = batch.last().expect("a batch has a message");
+            // Committed later, in the background. Not fatal when it fails (a
+            // revoked partition): the message is redelivered and absorbed.
+            if let Err(e) = self
+                .consumer
+                .store_offset(last.topic(), last.partition(), last.offset())
+            {
+                tracing::warn!(consumer = &*self.name, error = %e, "offset store failed");
+            }
+        }
+    }
+
+    /// Handles `batch` (decoding, the handler, dead letters); false when
+    /// shutdown interrupted it.
+    async fn handle(&self, batch: &[OwnedMessage]) -> bool {
+        let name = &*self.name;
+        telemetry::metrics::incr_by(
+            "consumer_messages_received_total",
+            &[("consumer", name)],
+            batch.len() as i64,
+        );
+        telemetry::metrics::incr("consumer_batches_total", &[("consumer", name)]);
+        let mut decoded = Vec::with_capacity(batch.len());
+        let mut sources = Vec::with_capacity(batch.len());
+        for msg in batch {
+            match serde_json::from_slice::<T>(msg.payload().unwrap_or_default()) {
+                Ok(message) => {
+                    decoded.push(message);
+                    sources.push(msg);
+                }
+                Err(e) => {
+                    if !dead_letter(&self.dlq, msg, name, &format!("decode: {e}"), &self.shutdown).await {
+                        return false;
+                    }
+                }
+            }
+        }
+        if decoded.is_empty() {
+            return true;
+        }
+        let single = decoded.len() == 1;
+        match handle_with_retry(name, &*self.handler, decoded.clone(), &self.shutdown).await {
+            Ok(Some(outcomes)) => {
+                self.count(&sources, &outcomes);
+                return true;
+            }
+            Ok(None) => return false,
+            Err(e) if single => return dead_letter(&self.dlq, sources[0], name, &e.to_string(), &self.shutdown).await,
+            Err(e) => {
+                tracing::warn!(consumer = name, error = %e, size = decoded.len(), "batch refused; handling its messages one by one");
+            }
+        }
+        for (message, msg) in decoded.into_iter().zip(sources) {
+            match handle_with_retry(name, &*self.handler, vec![message], &self.shutdown).await {
+                Ok(Some(outcomes)) => self.count(&[msg], &outcomes),
+                Ok(None) => return false,
+                Err(e) => {
+                    if !dead_letter(&self.dlq, msg, name, &e.to_string(), &self.shutdown).await {
+                        return false;
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    fn count(&self, sources: &[&OwnedMessage], outcomes: &[Handled]) {
+        let name = &*self.name;
+        debug_assert_eq!(
+            sources.len(),
+            outcomes.len(),
+            "a batch handler returns one outcome per message"
+        );
+        for (msg, outcome) in sources.iter().zip(outcomes) {
             match outcome {
-                Ok(Some(Handled::Applied)) => {
+                Handled::Applied => {
                     telemetry::metrics::incr("consumer_events_applied_total", &[("consumer", name)]);
                 }
-                Ok(Some(Handled::Duplicate)) => {
+                Handled::Duplicate => {
                     telemetry::metrics::incr("consumer_duplicates_absorbed_total", &[("consumer", name)]);
                     tracing::info!(
                         consumer = name,
@@ -253,19 +370,6 @@ where
                         "duplicate event absorbed by inbox"
                     );
                 }
-                // Shutdown while retrying: leave the offset for redelivery.
-                Ok(None) => return,
-                Err(e) => {
-                    if !dead_letter(&self.dlq, &msg, name, &e.to_string(), &self.shutdown).await {
-                        return;
-                    }
-                }
-            }
-            fail::fail_point!(CRASH_BEFORE_OFFSET_COMMIT, |_| std::process::abort());
-            // Committed later, in the background. Not fatal when it fails (a
-            // revoked partition): the message is redelivered and absorbed.
-            if let Err(e) = self.consumer.store_offset(msg.topic(), msg.partition(), msg.offset()) {
-                tracing::warn!(consumer = name, error = %e, "offset store failed");
             }
         }
     }
@@ -273,16 +377,16 @@ where
 
 /// Runs the handler, retrying transient errors with capped backoff.
 /// Returns `Ok(None)` when shutdown interrupts the retries.
-async fn handle_with_retry<T, H, F>(
+async fn handle_with_retry<T, O, H, F>(
     name: &str,
     handler: &H,
     message: T,
     shutdown: &CancellationToken,
-) -> Result<Option<Handled>, HandleError>
+) -> Result<Option<O>, HandleError>
 where
     T: Clone,
     H: Fn(T) -> F,
-    F: Future<Output = Result<Handled, HandleError>>,
+    F: Future<Output = Result<O, HandleError>>,
 {
     let mut delay = Duration::from_millis(50);
     loop {

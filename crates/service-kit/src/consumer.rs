@@ -46,21 +46,54 @@ impl Supervisor {
         H: Fn(S, Envelope) -> F + Send + Sync + 'static,
         F: Future<Output = Result<Handled, HandleError>> + Send + 'static,
     {
-        let Consumer { name, topic } = saga.consumer;
-        let settings = ConsumerSettings {
-            kafka: saga.kafka,
-            group_id: name.into(),
-            topics: vec![topic.into()],
-        };
+        let (settings, pool, retention) = saga.into_parts();
+        let name = settings.group_id.clone();
         let token = self.token();
         self.spawn(
             format!("{name} consumer"),
             kafka::consumer::run(settings, token, move |envelope| handler(state.clone(), envelope)),
         );
+        self.spawn_retention(&name, pool, retention);
+    }
+
+    /// Like [`Supervisor::spawn_consumer`] for a handler that applies a
+    /// partition's queued envelopes (up to `KAFKA_CONSUMER_MAX_BATCH`) in one
+    /// transaction: `handler(state.clone(), envelopes)` returns one outcome
+    /// per envelope, all committed, or an error with none committed.
+    pub fn spawn_batch_consumer<S, H, F>(&mut self, saga: SagaConsumer, state: S, handler: H)
+    where
+        S: Clone + Send + Sync + 'static,
+        H: Fn(S, Vec<Envelope>) -> F + Send + Sync + 'static,
+        F: Future<Output = Result<Vec<Handled>, HandleError>> + Send + 'static,
+    {
+        let (settings, pool, retention) = saga.into_parts();
+        let name = settings.group_id.clone();
+        let token = self.token();
+        self.spawn(
+            format!("{name} consumer"),
+            kafka::consumer::run_batches(settings, token, move |envelopes| handler(state.clone(), envelopes)),
+        );
+        self.spawn_retention(&name, pool, retention);
+    }
+
+    fn spawn_retention(&mut self, name: &str, pool: PgPool, retention: Duration) {
         let token = self.token();
         self.spawn(
             format!("{name} inbox retention"),
-            inbox::run_retention(saga.pool, saga.inbox_retention, token),
+            inbox::run_retention(pool, retention, token),
         );
+    }
+}
+
+impl SagaConsumer {
+    fn into_parts(self) -> (ConsumerSettings, PgPool, Duration) {
+        let Consumer { name, topic } = self.consumer;
+        let settings = ConsumerSettings {
+            max_batch: self.kafka.consumer_max_batch.into(),
+            kafka: self.kafka,
+            group_id: name.into(),
+            topics: vec![topic.into()],
+        };
+        (settings, self.pool, self.inbox_retention)
     }
 }

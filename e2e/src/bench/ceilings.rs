@@ -66,6 +66,7 @@ pub async fn broker(brokers: &str, n: usize) -> anyhow::Result<BrokerCeiling> {
         kafka: kafka::KafkaArgs::new(brokers),
         group_id: format!("bench-{topic}"),
         topics: vec![topic.clone()],
+        max_batch: 1,
     };
     let consumer = kafka::consumer::build(&settings)?;
     let producer = kafka::producer(brokers)?;

@@ -82,8 +82,8 @@ impl App {
         tracing::info!(addr = %self.local_addr(), "inventory-service listening");
         let mut tasks = Supervisor::new(shutdown);
         let consumer = SagaConsumer::new(consumers::INVENTORY, &self.config.kafka, &self.pool, &self.config.inbox);
-        tasks.spawn_consumer(consumer, self.pool.clone(), |pool, env| async move {
-            stock::handle(&pool, env).await
+        tasks.spawn_batch_consumer(consumer, self.pool.clone(), |pool, envelopes| async move {
+            stock::handle_batch(&pool, envelopes).await
         });
         let app = Router::new()
             .route("/stock", get(stock::list))

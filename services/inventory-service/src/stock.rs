@@ -10,32 +10,101 @@ use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgPool};
 
 /// Handles one inventory command.
-#[tracing::instrument(skip_all, fields(order_id = %envelope.order_id, event_type = %envelope.event_type, event_id = %envelope.event_id))]
 pub async fn handle(pool: &PgPool, envelope: Envelope) -> Result<Handled, HandleError> {
-    let message = envelope.message().map_err(HandleError::permanent)?;
-    let Some(mut tx) = inbox::begin(pool, INVENTORY.name, envelope.event_id)
-        .await
-        .map_err(HandleError::transient)?
-    else {
-        return Ok(Handled::Duplicate);
-    };
-    let reply = match &message {
-        Message::ReserveStock { sku, quantity } => reserve(&mut tx, &envelope, sku, *quantity).await,
-        Message::ReleaseStock => release(&mut tx, &envelope).await,
-        other => {
-            return Err(HandleError::Permanent(format!(
+    let mut handled = handle_batch(pool, vec![envelope]).await?;
+    Ok(handled.pop().expect("one outcome per envelope"))
+}
+
+/// A command this service understands.
+enum Command<'a> {
+    Reserve { sku: &'a str, quantity: i32 },
+    Release,
+}
+
+/// Handles a partition's queued commands, in order, in one transaction:
+/// one multi-row inbox insert, the stock rows the batch may touch locked in
+/// SKU order (so two batches never wait on each other in a cycle), then each
+/// new command applied with its reply in the outbox. All commit together or
+/// none does.
+#[tracing::instrument(skip_all, fields(size = envelopes.len()))]
+pub async fn handle_batch(pool: &PgPool, envelopes: Vec<Envelope>) -> Result<Vec<Handled>, HandleError> {
+    let messages = envelopes
+        .iter()
+        .map(Envelope::message)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(HandleError::permanent)?;
+    let commands = messages
+        .iter()
+        .map(|m| match m {
+            Message::ReserveStock { sku, quantity } => Ok(Command::Reserve {
+                sku,
+                quantity: *quantity,
+            }),
+            Message::ReleaseStock => Ok(Command::Release),
+            other => Err(HandleError::Permanent(format!(
                 "unexpected message {other:?} on inventory.commands"
-            )))
-        }
-    }
-    .map_err(HandleError::transient)?;
-    if let Some(reply) = reply {
-        service_kit::saga::emit(&mut tx, envelope.order_id, &reply, Some(&envelope))
+            ))),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut tx = pool.begin().await.map_err(HandleError::transient)?;
+    let ids: Vec<_> = envelopes.iter().map(|e| e.event_id).collect();
+    let recorded = inbox::record_batch(&mut tx, INVENTORY.name, &ids)
+        .await
+        .map_err(HandleError::transient)?;
+    if envelopes.len() > 1 {
+        lock_stock(&mut tx, &envelopes, &commands)
             .await
             .map_err(HandleError::transient)?;
     }
+    let mut handled = Vec::with_capacity(envelopes.len());
+    for ((envelope, command), recorded) in envelopes.iter().zip(&commands).zip(recorded) {
+        if recorded == inbox::Recorded::Duplicate {
+            handled.push(Handled::Duplicate);
+            continue;
+        }
+        apply(&mut tx, envelope, command)
+            .await
+            .map_err(HandleError::transient)?;
+        handled.push(Handled::Applied);
+    }
     tx.commit().await.map_err(HandleError::transient)?;
-    Ok(Handled::Applied)
+    Ok(handled)
+}
+
+/// Locks, in SKU order, every stock row the batch may update: the SKUs it
+/// reserves and those of the reservations it releases.
+async fn lock_stock(conn: &mut PgConnection, envelopes: &[Envelope], commands: &[Command<'_>]) -> sqlx::Result<()> {
+    let mut skus = Vec::new();
+    let mut releasing = Vec::new();
+    for (envelope, command) in envelopes.iter().zip(commands) {
+        match command {
+            Command::Reserve { sku, .. } => skus.push(sku.to_string()),
+            Command::Release => releasing.push(envelope.order_id),
+        }
+    }
+    sqlx::query(
+        "SELECT 1 FROM stock WHERE sku IN (
+             SELECT unnest($1::text[]) UNION SELECT sku FROM reservations WHERE order_id = ANY($2))
+         ORDER BY sku FOR UPDATE",
+    )
+    .bind(&skus)
+    .bind(&releasing)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Applies one new command and puts its reply, if any, in the outbox.
+#[tracing::instrument(skip_all, fields(order_id = %envelope.order_id, event_type = %envelope.event_type, event_id = %envelope.event_id))]
+async fn apply(conn: &mut PgConnection, envelope: &Envelope, command: &Command<'_>) -> Result<(), outbox::Error> {
+    let reply = match command {
+        Command::Reserve { sku, quantity } => reserve(conn, envelope, sku, *quantity).await?,
+        Command::Release => release(conn, envelope).await?,
+    };
+    if let Some(reply) = reply {
+        service_kit::saga::emit(conn, envelope.order_id, &reply, Some(envelope)).await?;
+    }
+    Ok(())
 }
 
 /// Reserves stock for the order once. The reservation's primary key (order

@@ -108,8 +108,8 @@ impl App {
         let mut tasks = Supervisor::new(shutdown);
         let config = &self.config;
         let saga = SagaConsumer::new(consumers::ORDER_SAGA, &config.kafka, &self.state.pool, &config.inbox);
-        tasks.spawn_consumer(saga, self.state.pool.clone(), |pool, env| async move {
-            saga::handle(&pool, env).await
+        tasks.spawn_batch_consumer(saga, self.state.pool.clone(), |pool, envelopes| async move {
+            saga::handle_batch(&pool, envelopes).await
         });
         tasks.spawn(
             "idempotency reaper",

@@ -44,3 +44,30 @@ async fn inbox_retention_keeps_rows_inside_the_window() {
     drop(conn);
     pool.close().await;
 }
+
+#[tokio::test]
+async fn a_batch_records_each_id_once_and_reports_the_rest_as_duplicates() {
+    let (_db, pool) = testkit::TempDb::with_pool("eo_inbox", 2, vec![inbox::migrator()])
+        .await
+        .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let (seen, a, b) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+    assert_eq!(inbox::record(&mut conn, "c", seen).await.unwrap(), Recorded::New);
+    let recorded = inbox::record_batch(&mut conn, "c", &[a, seen, b, a]).await.unwrap();
+    assert_eq!(
+        recorded,
+        vec![Recorded::New, Recorded::Duplicate, Recorded::New, Recorded::Duplicate],
+        "new, seen before, new, repeated inside the batch"
+    );
+    // Another consumer deduplicates on its own.
+    let other = inbox::record_batch(&mut conn, "d", &[seen]).await.unwrap();
+    assert_eq!(other, vec![Recorded::New]);
+    let counted: i64 =
+        sqlx::query_scalar("SELECT sum(redeliveries)::int8 FROM inbox_redeliveries WHERE consumer = 'c'")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+    assert_eq!(counted, 2, "both duplicates counted");
+    drop(conn);
+    pool.close().await;
+}

@@ -47,6 +47,7 @@ impl World {
             kafka: KafkaArgs::new(self.broker.addr.clone()),
             group_id: group.into(),
             topics: vec![self.topic.clone()],
+            max_batch: 1,
         }
     }
 
@@ -291,5 +292,102 @@ async fn dead_letters_can_be_replayed_once_the_cause_is_fixed() {
         .await
         .unwrap();
     assert_eq!(applied, event.event_id, "same identity after replay");
+    w.drop().await;
+}
+
+/// The effect of a batch, all-or-nothing: one multi-row inbox insert, one
+/// effect row per new event, one commit. Refuses (permanently) any batch
+/// that holds a `ChargePayment`, as a handler would a message it can never apply.
+async fn apply_batch(pool: &PgPool, consumer: &str, batch: Vec<Envelope>) -> Result<Vec<Handled>, HandleError> {
+    if let Some(poison) = batch.iter().find(|e| e.event_type == "ChargePayment") {
+        return Err(HandleError::Permanent(format!("cannot apply {}", poison.event_id)));
+    }
+    let mut tx = pool.begin().await.map_err(HandleError::transient)?;
+    let ids: Vec<Uuid> = batch.iter().map(|e| e.event_id).collect();
+    let recorded = inbox::record_batch(&mut tx, consumer, &ids)
+        .await
+        .map_err(HandleError::transient)?;
+    let mut handled = Vec::new();
+    for (env, recorded) in batch.iter().zip(recorded) {
+        if recorded == inbox::Recorded::Duplicate {
+            handled.push(Handled::Duplicate);
+            continue;
+        }
+        sqlx::query("INSERT INTO effects (event_id, order_id) VALUES ($1, $2)")
+            .bind(env.event_id)
+            .bind(env.order_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(HandleError::transient)?;
+        handled.push(Handled::Applied);
+    }
+    tx.commit().await.map_err(HandleError::transient)?;
+    Ok(handled)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_messages_are_applied_in_batches_in_order_and_one_poison_is_isolated() {
+    let w = World::new().await;
+    let order = Uuid::new_v4(); // one key: one partition, one lane, one order
+    let mut sent = Vec::new();
+    for i in 0..40 {
+        let env = if i == 17 {
+            Envelope::new(
+                order,
+                &Message::ChargePayment {
+                    amount_cents: 100,
+                    card: "4242".into(),
+                },
+                None,
+            )
+        } else {
+            Envelope::new(order, &Message::ReleaseStock, None)
+        };
+        w.send(&env).await;
+        if i == 9 {
+            w.send(&env).await; // a redelivery right behind the original, likely in one batch
+        }
+        sent.push(env);
+    }
+    let sizes = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let token = CancellationToken::new();
+    let (pool, seen) = (w.pool.clone(), sizes.clone());
+    let mut settings = w.settings("batched");
+    settings.max_batch = 8;
+    let run = tokio::spawn(kafka::consumer::run_batches(
+        settings,
+        token.clone(),
+        move |batch: Vec<Envelope>| {
+            let (pool, seen) = (pool.clone(), seen.clone());
+            async move {
+                seen.lock().unwrap().push(batch.len());
+                apply_batch(&pool, "batched", batch).await
+            }
+        },
+    ));
+    w.wait_effects(39).await;
+    token.cancel();
+    run.await.unwrap().unwrap();
+    let sizes = sizes.lock().unwrap().clone();
+    assert!(sizes.iter().all(|s| *s <= 8), "max_batch honoured: {sizes:?}");
+    assert!(sizes.iter().any(|s| *s > 1), "queued messages were batched: {sizes:?}");
+    let applied: Vec<Uuid> = sqlx::query_scalar("SELECT event_id FROM effects ORDER BY applied_at")
+        .fetch_all(&w.pool)
+        .await
+        .unwrap();
+    let expected: Vec<Uuid> = sent
+        .iter()
+        .filter(|e| e.event_type != "ChargePayment")
+        .map(|e| e.event_id)
+        .collect();
+    assert_eq!(applied, expected, "each event once, in partition order");
+    let letters = kafka::dlq::list(&w.broker.addr, &w.topic).unwrap();
+    assert_eq!(letters.len(), 1, "only the poison is dead-lettered: {letters:?}");
+    assert!(letters[0].error.as_deref().is_some_and(|e| e.contains("cannot apply")));
+    let redeliveries: i64 = sqlx::query_scalar("SELECT coalesce(sum(redeliveries), 0)::int8 FROM inbox_redeliveries")
+        .fetch_one(&w.pool)
+        .await
+        .unwrap();
+    assert!(redeliveries >= 1, "the redelivery was absorbed by the inbox");
     w.drop().await;
 }

@@ -29,31 +29,58 @@ pub enum Error {
 }
 
 /// Handles one reply event for the saga.
-#[tracing::instrument(skip_all, fields(order_id = %envelope.order_id, event_type = %envelope.event_type, event_id = %envelope.event_id))]
 pub async fn handle(pool: &PgPool, envelope: Envelope) -> Result<Handled, HandleError> {
-    let message = envelope.message().map_err(HandleError::permanent)?;
-    let Some(mut tx) = inbox::begin(pool, ORDER_SAGA.name, envelope.event_id)
+    let mut handled = handle_batch(pool, vec![envelope]).await?;
+    Ok(handled.pop().expect("one outcome per envelope"))
+}
+
+/// Handles a partition's queued replies, in order, in one transaction: one
+/// multi-row inbox insert, then each new reply applied to its order. All
+/// commit together or none does (the consumer then retries, or handles the
+/// envelopes one by one to isolate one that can never apply).
+#[tracing::instrument(skip_all, fields(size = envelopes.len()))]
+pub async fn handle_batch(pool: &PgPool, envelopes: Vec<Envelope>) -> Result<Vec<Handled>, HandleError> {
+    let messages = envelopes
+        .iter()
+        .map(Envelope::message)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(HandleError::permanent)?;
+    let mut tx = pool.begin().await.map_err(HandleError::transient)?;
+    let ids: Vec<_> = envelopes.iter().map(|e| e.event_id).collect();
+    let recorded = inbox::record_batch(&mut tx, ORDER_SAGA.name, &ids)
         .await
-        .map_err(HandleError::transient)?
-    else {
-        return Ok(Handled::Duplicate);
-    };
-    let Some(order) = orders::lock(&mut tx, envelope.order_id)
-        .await
-        .map_err(HandleError::transient)?
-    else {
+        .map_err(HandleError::transient)?;
+    let mut handled = Vec::with_capacity(envelopes.len());
+    for ((envelope, message), recorded) in envelopes.iter().zip(&messages).zip(recorded) {
+        if recorded == inbox::Recorded::Duplicate {
+            handled.push(Handled::Duplicate);
+            continue;
+        }
+        apply_reply(&mut tx, envelope, message)
+            .await
+            .map_err(HandleError::transient)?;
+        handled.push(Handled::Applied);
+    }
+    tx.commit().await.map_err(HandleError::transient)?;
+    Ok(handled)
+}
+
+/// Applies one new reply to its order inside the batch's transaction.
+#[tracing::instrument(skip_all, fields(order_id = %envelope.order_id, event_type = %envelope.event_type, event_id = %envelope.event_id))]
+async fn apply_reply(
+    conn: &mut sqlx::PgConnection,
+    envelope: &Envelope,
+    message: &contract::Message,
+) -> Result<(), Error> {
+    let Some(order) = orders::lock(conn, envelope.order_id).await? else {
         // Not retriable: an order id we never created. The inbox row commits so
         // a redelivery is absorbed; the dead-letter topic gets nothing to replay.
         tracing::warn!("reply for unknown order ignored");
         telemetry::metrics::incr("saga_unknown_order_total", &[]);
-        tx.commit().await.map_err(HandleError::transient)?;
-        return Ok(Handled::Applied);
+        return Ok(());
     };
-    apply(&mut tx, &order, Input::Reply(&message), Some(&envelope))
-        .await
-        .map_err(HandleError::transient)?;
-    tx.commit().await.map_err(HandleError::transient)?;
-    Ok(Handled::Applied)
+    apply(conn, &order, Input::Reply(message), Some(envelope)).await?;
+    Ok(())
 }
 
 /// Applies `input` to `order` (locked by the caller) inside the caller's
