@@ -13,6 +13,7 @@ pub mod chaos;
 pub mod demo;
 pub mod driver;
 pub mod invariants;
+pub mod otlp;
 pub mod proxy;
 pub mod stack;
 

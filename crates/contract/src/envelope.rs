@@ -27,7 +27,9 @@ pub struct Envelope {
     pub correlation_id: Uuid,
     /// The event that caused this one, if any.
     pub causation_id: Option<Uuid>,
-    /// W3C trace context of the producing span.
+    /// W3C trace context (`traceparent`) of the span that wrote the event,
+    /// set by the emitting service (`service_kit::saga::emit`); the Kafka
+    /// headers carry the relay's publish span, a child of it.
     pub traceparent: Option<String>,
     /// The type-specific body.
     pub payload: serde_json::Value,
@@ -35,7 +37,8 @@ pub struct Envelope {
 
 impl Envelope {
     /// A new event for `order_id`, with a fresh `event_id`, caused by `cause`
-    /// (whose correlation id and trace it continues) or starting a new saga.
+    /// (whose correlation id it continues) or starting a new saga. No trace
+    /// context: the emitter sets the one of its current span.
     pub fn new(order_id: Uuid, message: &Message, cause: Option<&Envelope>) -> Self {
         let (event_type, payload) = message.to_parts();
         Self {
@@ -45,9 +48,7 @@ impl Envelope {
             order_id,
             correlation_id: cause.map_or(order_id, |c| c.correlation_id),
             causation_id: cause.map(|c| c.event_id),
-            traceparent: Some(crate::traceparent::child_of(
-                cause.and_then(|c| c.traceparent.as_deref()),
-            )),
+            traceparent: None,
             payload,
         }
     }

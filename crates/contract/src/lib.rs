@@ -5,8 +5,8 @@
 //! - [`message`]: the commands from the order saga and the participants'
 //!   replies, each with the topic it travels on;
 //! - [`envelope`]: the envelope every message travels in — identity
-//!   (`event_id`), causality (`correlation_id`, `causation_id`) and trace
-//!   context ([`traceparent`]).
+//!   (`event_id`), causality (`correlation_id`, `causation_id`) and the W3C
+//!   trace context of the span that wrote it.
 //!
 //! No I/O lives here: the Kafka plumbing is the `kafka` crate, the tables
 //! that make delivery effectively-once are `outbox` and `inbox`.
@@ -14,7 +14,6 @@
 pub mod envelope;
 pub mod message;
 pub mod topics;
-pub mod traceparent;
 
 pub use envelope::Envelope;
 pub use message::Message;

@@ -36,6 +36,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::{KafkaArgs, Result};
 
@@ -146,8 +147,10 @@ where
         max_batch: 1,
         ..settings
     };
-    run_batches(settings, shutdown, move |mut batch: Vec<T>| {
-        let one = handler(batch.pop().expect("a lane hands over at least one message"));
+    run_batches(settings, shutdown, move |mut batch: Vec<Traced<T>>| {
+        let Traced { message, span } = batch.pop().expect("a lane hands over at least one message");
+        // Called inside the span, so spans the handler opens are its children.
+        let one = span.in_scope(|| handler(message)).instrument(span);
         async move { one.await.map(|handled| vec![handled]) }
     })
     .await
@@ -155,7 +158,9 @@ where
 
 /// Like [`run`], but hands `handler` up to `settings.max_batch` messages of
 /// one partition at a time, in order: whatever that partition's lane has
-/// queued when it becomes free. Idle, a batch is one message; behind, batches
+/// queued when it becomes free. Each comes with its consumer span (a child
+/// of the trace context in its `traceparent` header): the handler runs each
+/// message's work inside it. Idle, a batch is one message; behind, batches
 /// grow, and a handler that applies them in one transaction pays one commit
 /// for many messages.
 ///
@@ -167,7 +172,7 @@ where
 pub async fn run_batches<T, H, F>(settings: ConsumerSettings, shutdown: CancellationToken, handler: H) -> Result<()>
 where
     T: DeserializeOwned + Clone + Send + 'static,
-    H: Fn(Vec<T>) -> F + Send + Sync + 'static,
+    H: Fn(Vec<Traced<T>>) -> F + Send + Sync + 'static,
     F: Future<Output = Result<Vec<Handled>, HandleError>> + Send + 'static,
 {
     let consumer = Arc::new(build(&settings)?);
@@ -184,6 +189,12 @@ where
     tracing::info!(consumer = name, topics = ?settings.topics, "consumer started");
     let mut lanes: HashMap<(String, i32), mpsc::Sender<OwnedMessage>> = HashMap::new();
     let mut running = JoinSet::new();
+    tokio::spawn(observe_lag(
+        consumer.clone(),
+        Arc::from(name),
+        settings.topics.clone(),
+        shutdown.clone(),
+    ));
     loop {
         fail::fail_point!(FAIL_LOOP, |_| Err(crate::Error::Kafka(
             rdkafka::error::KafkaError::Canceled
@@ -225,8 +236,91 @@ where
     Ok(())
 }
 
+/// Every 5 s until shutdown: `consumer_lag` per partition (high watermark
+/// minus the committed offset) and `dead_letter_depth` of each consumed
+/// topic's dead-letter topic. librdkafka's calls block: they run on the
+/// blocking pool.
+async fn observe_lag(consumer: Arc<StreamConsumer>, name: Arc<str>, topics: Vec<String>, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+        }
+        let (consumer, name, topics) = (consumer.clone(), name.clone(), topics.clone());
+        let _ = tokio::task::spawn_blocking(move || lag_once(&consumer, &name, &topics)).await;
+    }
+}
+
+fn lag_once(consumer: &StreamConsumer, name: &str, topics: &[String]) {
+    let timeout = Duration::from_secs(2);
+    if let Ok(committed) = consumer.committed(timeout) {
+        for p in committed.elements() {
+            let Ok((low, high)) = consumer.fetch_watermarks(p.topic(), p.partition(), timeout) else {
+                continue;
+            };
+            let done = match p.offset() {
+                Offset::Offset(o) => o,
+                _ => low,
+            };
+            let partition = p.partition().to_string();
+            telemetry::metrics::set(
+                "consumer_lag",
+                &[("consumer", name), ("topic", p.topic()), ("partition", &partition)],
+                (high - done).max(0) as f64,
+            );
+        }
+    }
+    for topic in topics {
+        let dlq = crate::dead_letter_topic(topic);
+        let Ok(metadata) = consumer.fetch_metadata(Some(&dlq), timeout) else {
+            continue;
+        };
+        let depth: i64 = metadata
+            .topics()
+            .iter()
+            .flat_map(|t| t.partitions())
+            .filter_map(|p| consumer.fetch_watermarks(&dlq, p.id(), timeout).ok())
+            .map(|(low, high)| high - low)
+            .sum();
+        telemetry::metrics::set("dead_letter_depth", &[("topic", &dlq)], depth as f64);
+    }
+}
+
 /// Messages queued per partition lane before the dispatcher waits.
 const LANE_QUEUE: usize = 1024;
+
+/// A decoded message and its consumer span.
+#[derive(Debug, Clone)]
+pub struct Traced<T> {
+    /// The decoded body.
+    pub message: T,
+    /// `<topic> process`, a child of the message's `traceparent` header:
+    /// run the message's work in it (`.instrument(span)`), so the trace
+    /// continues from the relay's publish span.
+    pub span: tracing::Span,
+}
+
+fn consume_span(consumer: &str, msg: &OwnedMessage) -> tracing::Span {
+    let span = tracing::info_span!(
+        "consume",
+        otel.name = %format_args!("{} process", msg.topic()),
+        otel.kind = "consumer",
+        messaging.system = "kafka",
+        messaging.destination.name = %msg.topic(),
+        messaging.consumer.group.name = %consumer,
+        messaging.destination.partition.id = msg.partition(),
+        messaging.kafka.offset = msg.offset(),
+    );
+    let traceparent = msg.headers().and_then(|headers| {
+        headers
+            .iter()
+            .find(|h| h.key == telemetry::propagation::TRACEPARENT)
+            .and_then(|h| h.value)
+            .and_then(|v| std::str::from_utf8(v).ok())
+    });
+    telemetry::propagation::follow(&span, traceparent);
+    span
+}
 
 /// What one partition's lane needs.
 struct Lane<T, H> {
@@ -256,7 +350,7 @@ impl<T, H> Clone for Lane<T, H> {
 impl<T, H, F> Lane<T, H>
 where
     T: DeserializeOwned + Clone + Send + 'static,
-    H: Fn(Vec<T>) -> F + Send + Sync + 'static,
+    H: Fn(Vec<Traced<T>>) -> F + Send + Sync + 'static,
     F: Future<Output = Result<Vec<Handled>, HandleError>> + Send + 'static,
 {
     /// Handles one partition's messages in order until its queue closes or
@@ -302,7 +396,7 @@ where
         telemetry::metrics::incr_by(
             "consumer_messages_received_total",
             &[("consumer", name)],
-            batch.len() as i64,
+            batch.len() as u64,
         );
         telemetry::metrics::incr("consumer_batches_total", &[("consumer", name)]);
         let mut decoded = Vec::with_capacity(batch.len());
@@ -310,7 +404,10 @@ where
         for msg in batch {
             match serde_json::from_slice::<T>(msg.payload().unwrap_or_default()) {
                 Ok(message) => {
-                    decoded.push(message);
+                    decoded.push(Traced {
+                        span: consume_span(name, msg),
+                        message,
+                    });
                     sources.push(msg);
                 }
                 Err(e) => {
@@ -390,7 +487,14 @@ where
 {
     let mut delay = Duration::from_millis(50);
     loop {
-        match handler(message.clone()).await {
+        let started = std::time::Instant::now();
+        let outcome = handler(message.clone()).await;
+        telemetry::metrics::observe(
+            "consumer_handler_duration_seconds",
+            &[("consumer", name)],
+            started.elapsed(),
+        );
+        match outcome {
             Ok(h) => return Ok(Some(h)),
             Err(HandleError::Permanent(e)) => return Err(HandleError::Permanent(e)),
             Err(HandleError::Transient(e)) => {

@@ -76,7 +76,7 @@ async fn relay_rate<P: Publisher>(relay: Relay<P>, source: &str, n: usize) -> f6
         elapsed
     };
     let ((), elapsed) = tokio::join!(relay.run(token.clone()), watch);
-    assert_eq!(telemetry::metrics::get("relay_publish_errors_total", &labels), 0);
+    assert_eq!(telemetry::metrics::get("relay_publish_errors_total", &labels), 0.0);
     n as f64 / elapsed.as_secs_f64()
 }
 

@@ -31,6 +31,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::FutureProducer;
 use sqlx::{PgPool, Postgres, Transaction};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::Result;
 
@@ -107,8 +108,21 @@ impl KafkaPublisher {
 impl Publisher for KafkaPublisher {
     async fn publish(&self, rows: &[PendingRow]) -> Vec<Result<(), PublishError>> {
         let sends = rows.iter().map(|row| {
-            let headers = kafka::headers(&row.event_id, &row.event_type, row.traceparent.as_deref());
-            kafka::publish(&self.producer, &row.topic, &row.key, row.body.as_bytes(), headers)
+            // One producer span per row, a child of the span that wrote it;
+            // the headers carry this span, so the consumer is its child.
+            let span = tracing::info_span!(
+                "outbox.publish",
+                otel.name = %format_args!("{} publish", row.topic),
+                otel.kind = "producer",
+                messaging.system = "kafka",
+                messaging.destination.name = %row.topic,
+                messaging.message.id = %row.event_id,
+                event_type = %row.event_type,
+            );
+            telemetry::propagation::follow(&span, row.traceparent.as_deref());
+            let traceparent = telemetry::propagation::traceparent(&span);
+            let headers = kafka::headers(&row.event_id, &row.event_type, traceparent.as_deref());
+            kafka::publish(&self.producer, &row.topic, &row.key, row.body.as_bytes(), headers).instrument(span)
         });
         futures::future::join_all(sends)
             .await
@@ -275,7 +289,13 @@ impl<P: Publisher> Relay<P> {
 
     /// Publishes a claimed batch and settles it.
     async fn deliver(&self, claim: Claim) -> Result<Round> {
+        let sent = Instant::now();
         let results = self.publisher.publish(&claim.pending).await;
+        telemetry::metrics::observe(
+            "relay_publish_duration_seconds",
+            &[("source", self.source.as_str())],
+            sent.elapsed(),
+        );
         fail::fail_point!(CRASH_AFTER_PUBLISH_BEFORE_MARK, |_| std::process::abort());
         self.settle(claim, results).await
     }
@@ -346,10 +366,10 @@ impl<P: Publisher> Relay<P> {
         round.failed = failed.len();
         round.parked = parked.len();
         let src = [("source", self.source.as_str())];
-        telemetry::metrics::incr_by("relay_published_total", &src, round.published as i64);
-        telemetry::metrics::incr_by("relay_publish_errors_total", &src, round.failed as i64);
-        telemetry::metrics::incr_by("relay_parked_total", &src, round.parked as i64);
-        telemetry::metrics::incr_by("relay_republished_after_crash_total", &src, round.republished as i64);
+        telemetry::metrics::incr_by("relay_published_total", &src, round.published as u64);
+        telemetry::metrics::incr_by("relay_publish_errors_total", &src, round.failed as u64);
+        telemetry::metrics::incr_by("relay_parked_total", &src, round.parked as u64);
+        telemetry::metrics::incr_by("relay_republished_after_crash_total", &src, round.republished as u64);
         if round.republished > 0 {
             tracing::warn!(source = %self.source, rows = round.republished, "republished rows a crashed relay had published but not marked");
         }
@@ -447,8 +467,8 @@ impl<P: Publisher> Relay<P> {
         .fetch_one(&self.pool)
         .await?;
         let src = [("source", self.source.as_str())];
-        telemetry::metrics::set("relay_pending_rows", &src, pending);
-        telemetry::metrics::set("relay_oldest_pending_ms", &src, (age * 1000.0) as i64);
+        telemetry::metrics::set("relay_pending_rows", &src, pending as f64);
+        telemetry::metrics::set("outbox_oldest_pending_seconds", &src, age);
         Ok((pending, age))
     }
 

@@ -24,6 +24,9 @@ pub struct LogArgs {
     /// `text` for people, `json` (one object per line) for log collectors.
     #[arg(long = "log-format", env = "LOG_FORMAT", value_enum, default_value_t)]
     pub format: LogFormat,
+    /// Traces.
+    #[command(flatten)]
+    pub trace: TraceArgs,
 }
 
 impl Default for LogArgs {
@@ -31,6 +34,39 @@ impl Default for LogArgs {
         Self {
             filter: "info".into(),
             format: LogFormat::Text,
+            trace: TraceArgs::default(),
+        }
+    }
+}
+
+/// Where spans go. The standard OpenTelemetry variables, so a collector's
+/// usual settings work unchanged.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TraceArgs {
+    /// OTLP/HTTP endpoint (e.g. `http://127.0.0.1:4318`); spans are exported
+    /// only when set. Trace ids are in the logs either way.
+    #[arg(long = "otel-exporter-otlp-endpoint", env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+    /// Fraction of new traces sampled, 0.0–1.0 (a trace started upstream
+    /// keeps its parent's decision).
+    #[arg(
+        long = "otel-traces-sampler-arg",
+        env = "OTEL_TRACES_SAMPLER_ARG",
+        default_value_t = 1.0
+    )]
+    pub sample_ratio: f64,
+    /// `true` drops OpenTelemetry altogether: no trace ids, no propagation.
+    #[arg(long = "otel-sdk-disabled", env = "OTEL_SDK_DISABLED", default_value_t = false,
+          action = clap::ArgAction::Set)]
+    pub disabled: bool,
+}
+
+impl Default for TraceArgs {
+    fn default() -> Self {
+        Self {
+            otlp_endpoint: None,
+            sample_ratio: 1.0,
+            disabled: false,
         }
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use contract::topics::consumers::Consumer;
 use contract::Envelope;
-use kafka::consumer::{ConsumerSettings, HandleError, Handled};
+use kafka::consumer::{ConsumerSettings, HandleError, Handled, Traced};
 use kafka::KafkaArgs;
 use sqlx::PgPool;
 
@@ -59,11 +59,12 @@ impl Supervisor {
     /// Like [`Supervisor::spawn_consumer`] for a handler that applies a
     /// partition's queued envelopes (up to `KAFKA_CONSUMER_MAX_BATCH`) in one
     /// transaction: `handler(state.clone(), envelopes)` returns one outcome
-    /// per envelope, all committed, or an error with none committed.
+    /// per envelope, all committed, or an error with none committed. Each
+    /// envelope comes with its consumer span, for the work done on it.
     pub fn spawn_batch_consumer<S, H, F>(&mut self, saga: SagaConsumer, state: S, handler: H)
     where
         S: Clone + Send + Sync + 'static,
-        H: Fn(S, Vec<Envelope>) -> F + Send + Sync + 'static,
+        H: Fn(S, Vec<Traced<Envelope>>) -> F + Send + Sync + 'static,
         F: Future<Output = Result<Vec<Handled>, HandleError>> + Send + 'static,
     {
         let (settings, pool, retention) = saga.into_parts();

@@ -12,6 +12,7 @@
 //! - [`consumer`]: a saga consumer and its inbox retention as supervised tasks;
 //! - [`admin`]: `/health/live`, `/health/ready` (database answers and every
 //!   task alive) and `/metrics`;
+//! - [`http`]: the server span of every request (W3C `traceparent` in);
 //! - [`problem`]: RFC 9457 `application/problem+json`, the error body of
 //!   every HTTP API here;
 //! - [`saga`]: emit a saga message through the outbox;
@@ -22,12 +23,13 @@ pub mod admin;
 pub mod config;
 pub mod consumer;
 pub mod db;
+pub mod http;
 pub mod problem;
 pub mod saga;
 pub mod shutdown;
 pub mod supervisor;
 
-pub use config::{DbArgs, LogArgs, LogFormat};
+pub use config::{DbArgs, LogArgs, LogFormat, TraceArgs};
 pub use consumer::SagaConsumer;
 pub use supervisor::{Health, Supervisor};
 
@@ -53,25 +55,34 @@ pub enum Error {
 /// Result type of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Held by `main` for the life of the process: the failpoint scenario
-/// (inert unless built with failpoints and `FAILPOINTS` is set).
+/// Held by `main` for the life of the process: the trace exporter (flushed
+/// on drop) and the failpoint scenario (inert unless built with failpoints
+/// and `FAILPOINTS` is set).
 pub struct ProcessGuard {
+    _telemetry: Option<telemetry::Guard>,
     _failpoints: fail::FailScenario<'static>,
 }
 
-/// Sets up a service process: logs (as `log` says, tagged with `service`)
-/// and the failpoint scenario. Call once, first thing in `main`.
+/// Sets up a service process: logs and traces (as `log` says, tagged with
+/// `service`) and the failpoint scenario. Call once, first thing in `main`.
 pub fn init(service: &'static str, log: &LogArgs) -> ProcessGuard {
-    let filter = tracing_subscriber::EnvFilter::try_new(&log.filter)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
-    // A second init (tests that start several services in one process) keeps the first.
-    let _ = match log.format {
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-        LogFormat::Text => builder.with_ansi(false).try_init(),
+    let settings = telemetry::Settings {
+        service,
+        filter: log.filter.clone(),
+        json: log.format == LogFormat::Json,
+        otlp_endpoint: log.trace.otlp_endpoint.clone(),
+        sample_ratio: log.trace.sample_ratio,
+        disabled: log.trace.disabled,
     };
-    telemetry::metrics::set_service(service);
+    let telemetry = match telemetry::init(&settings) {
+        Ok(guard) => Some(guard),
+        Err(e) => {
+            eprintln!("{service}: tracing not set up: {e}");
+            None
+        }
+    };
     ProcessGuard {
+        _telemetry: telemetry,
         _failpoints: fail::FailScenario::setup(),
     }
 }

@@ -7,16 +7,18 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 /// Builds the envelope for `message` about `order_id` — a new `event_id`,
-/// caused by `cause` when given (continuing its correlation and trace) —
-/// and enqueues it on the message's topic in the caller's transaction.
-/// Returns the envelope.
+/// caused by `cause` when given (continuing its correlation), the current
+/// span's trace context — and enqueues it on the message's topic in the
+/// caller's transaction. The relay's publish span becomes a child of that
+/// context. Returns the envelope.
 pub async fn emit(
     conn: &mut PgConnection,
     order_id: Uuid,
     message: &Message,
     cause: Option<&Envelope>,
 ) -> outbox::Result<Envelope> {
-    let envelope = Envelope::new(order_id, message, cause);
+    let mut envelope = Envelope::new(order_id, message, cause);
+    envelope.traceparent = telemetry::propagation::current();
     outbox::enqueue(conn, &outbox_event(message.topic(), &envelope)).await?;
     Ok(envelope)
 }

@@ -106,6 +106,7 @@ impl Supervisor {
 
     /// Serves `app` on `listener` as the task `http` until shutdown.
     pub fn serve(&mut self, listener: TcpListener, app: Router) {
+        let app = app.layer(axum::middleware::from_fn(crate::http::trace));
         let token = self.token();
         self.spawn("http", async move {
             axum::serve(listener, app)

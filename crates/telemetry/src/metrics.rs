@@ -1,74 +1,216 @@
-//! A deliberately small metrics registry: named counters and gauges with
-//! labels, rendered as Prometheus text on each service's `/metrics`.
+//! Metrics through the `metrics` facade, rendered in the Prometheus text
+//! format (with `# HELP` and `# TYPE`) by `metrics-exporter-prometheus` on
+//! every service's `/metrics`. Every sample carries a `service` label.
 //!
-//! The chaos suite reads these counters (duplicates absorbed, redeliveries,
-//! republished rows), so they are plain atomics with no sampling.
+//! The recorder is installed on first use, so code outside a service
+//! process (tests, the bench) counts too. Histograms are real Prometheus
+//! histograms (buckets in seconds), not summaries.
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::OnceLock;
+use std::time::Duration;
 
-type Key = (String, String);
-
-fn registry() -> &'static Mutex<BTreeMap<Key, Arc<AtomicI64>>> {
-    static REGISTRY: OnceLock<Mutex<BTreeMap<Key, Arc<AtomicI64>>>> = OnceLock::new();
-    REGISTRY.get_or_init(Default::default)
-}
+use metrics::Label;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 static SERVICE: OnceLock<&'static str> = OnceLock::new();
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
-/// Names the service every rendered sample is labelled with (first call wins).
+/// Upper bounds of every latency histogram, in seconds.
+const BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Names the service every sample is labelled with. Call before the first
+/// metric (`telemetry::init` does); first call wins.
 pub fn set_service(service: &'static str) {
     let _ = SERVICE.set(service);
 }
 
-fn cell(name: &str, labels: &[(&str, &str)]) -> Arc<AtomicI64> {
-    let mut rendered = String::new();
-    for (i, (k, v)) in labels.iter().enumerate() {
-        if i > 0 {
-            rendered.push(',');
-        }
-        let _ = write!(rendered, "{k}=\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\""));
-    }
-    let mut map = registry().lock().expect("metrics registry poisoned");
-    map.entry((name.to_owned(), rendered)).or_default().clone()
+fn handle() -> &'static PrometheusHandle {
+    HANDLE.get_or_init(|| {
+        let recorder = PrometheusBuilder::new()
+            .add_global_label("service", SERVICE.get().copied().unwrap_or("unknown"))
+            .set_buckets(&BUCKETS)
+            .expect("static buckets are valid")
+            .build_recorder();
+        let handle = recorder.handle();
+        // A recorder installed by someone else wins; ours then renders nothing.
+        let _ = metrics::set_global_recorder(recorder);
+        describe();
+        // Histogram samples are buffered until drained: drain them even when
+        // nobody scrapes.
+        let upkeep = handle.clone();
+        std::thread::Builder::new()
+            .name("metrics-upkeep".into())
+            .spawn(move || loop {
+                std::thread::sleep(Duration::from_secs(5));
+                upkeep.run_upkeep();
+            })
+            .expect("spawn metrics upkeep thread");
+        handle
+    })
+}
+
+fn labels(labels: &[(&str, &str)]) -> Vec<Label> {
+    labels
+        .iter()
+        .map(|(k, v)| Label::new((*k).to_owned(), (*v).to_owned()))
+        .collect()
 }
 
 /// Adds `by` to the counter `name{labels}`.
-pub fn incr_by(name: &str, labels: &[(&str, &str)], by: i64) {
-    cell(name, labels).fetch_add(by, Ordering::Relaxed);
+pub fn incr_by(name: &'static str, labels_: &[(&str, &str)], by: u64) {
+    handle();
+    metrics::counter!(name, labels(labels_)).increment(by);
 }
 
 /// Adds one to the counter `name{labels}`.
-pub fn incr(name: &str, labels: &[(&str, &str)]) {
-    incr_by(name, labels, 1);
+pub fn incr(name: &'static str, labels_: &[(&str, &str)]) {
+    incr_by(name, labels_, 1);
 }
 
 /// Sets the gauge `name{labels}` to `value`.
-pub fn set(name: &str, labels: &[(&str, &str)], value: i64) {
-    cell(name, labels).store(value, Ordering::Relaxed);
+pub fn set(name: &'static str, labels_: &[(&str, &str)], value: f64) {
+    handle();
+    metrics::gauge!(name, labels(labels_)).set(value);
 }
 
-/// Reads the current value of `name{labels}` (0 when never touched).
-pub fn get(name: &str, labels: &[(&str, &str)]) -> i64 {
-    cell(name, labels).load(Ordering::Relaxed)
+/// Records one observation of `elapsed` in the histogram `name{labels}` (seconds).
+pub fn observe(name: &'static str, labels_: &[(&str, &str)], elapsed: Duration) {
+    handle();
+    metrics::histogram!(name, labels(labels_)).record(elapsed.as_secs_f64());
 }
 
-/// Renders every metric in the Prometheus text exposition format.
+/// The current value of counter or gauge `name{labels}` in this process
+/// (0 when never touched), read from the rendered exposition.
+pub fn get(name: &str, labels_: &[(&str, &str)]) -> f64 {
+    let text = render();
+    let wanted: Vec<String> = labels_.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter(|l| wanted.iter().all(|w| l.contains(w.as_str())))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Every metric in the Prometheus text exposition format.
 pub fn render() -> String {
-    let map = registry().lock().expect("metrics registry poisoned");
-    let service = SERVICE.get().copied().unwrap_or("unknown");
-    let mut out = String::new();
-    for ((name, labels), value) in map.iter() {
-        let sep = if labels.is_empty() { "" } else { "," };
-        let _ = writeln!(
-            out,
-            "{name}{{service=\"{service}\"{sep}{labels}}} {}",
-            value.load(Ordering::Relaxed)
-        );
-    }
-    out
+    handle().render()
+}
+
+/// `# HELP` for every metric this system records.
+fn describe() {
+    use metrics::{describe_counter as c, describe_gauge as g, describe_histogram as h, Unit};
+    c!(
+        "orders_created_total",
+        "Orders created by POST /orders (replays not counted)."
+    );
+    c!(
+        "http_idempotent_replays_total",
+        "Requests answered from a stored Idempotency-Key response."
+    );
+    c!(
+        "http_idempotent_in_flight_total",
+        "Requests refused because the same key was still being processed."
+    );
+    h!(
+        "http_server_request_duration_seconds",
+        Unit::Seconds,
+        "HTTP request latency by route and status."
+    );
+    c!(
+        "consumer_messages_received_total",
+        "Messages a consumer took from the broker."
+    );
+    c!(
+        "consumer_batches_total",
+        "Handler calls (a batch of one partition's queued messages each)."
+    );
+    c!(
+        "consumer_events_applied_total",
+        "Events whose effect was applied (inbox row written with it)."
+    );
+    c!(
+        "consumer_duplicates_absorbed_total",
+        "Redelivered events the inbox turned into no-ops."
+    );
+    c!("consumer_transient_errors_total", "Handler failures retried in place.");
+    c!(
+        "consumer_dead_lettered_total",
+        "Messages moved to the dead-letter topic."
+    );
+    h!(
+        "consumer_handler_duration_seconds",
+        Unit::Seconds,
+        "Handler latency per call (one batch, one transaction)."
+    );
+    g!(
+        "consumer_lag",
+        "Messages behind: partition high watermark minus committed offset."
+    );
+    g!("dead_letter_depth", "Messages in a consumed topic's dead-letter topic.");
+    c!("relay_published_total", "Outbox rows published and marked.");
+    c!(
+        "relay_publish_errors_total",
+        "Publish attempts that failed (row stays pending)."
+    );
+    c!(
+        "relay_parked_total",
+        "Rows the broker refused for good (parked, not retried)."
+    );
+    c!(
+        "relay_republished_after_crash_total",
+        "Rows published again because a crash lost their mark."
+    );
+    h!(
+        "relay_publish_duration_seconds",
+        Unit::Seconds,
+        "From sending a claimed batch to the broker's last ack."
+    );
+    g!("relay_pending_rows", "Outbox rows not yet published.");
+    g!(
+        "outbox_oldest_pending_seconds",
+        "Age of the oldest unpublished outbox row."
+    );
+    c!("saga_transitions_total", "Saga state changes, by from and to.");
+    c!(
+        "saga_ignored_transitions_total",
+        "Replies not legal in the order's state (stale, reordered, repeated)."
+    );
+    c!(
+        "saga_unknown_order_total",
+        "Replies for an order id this service never created."
+    );
+    h!(
+        "saga_duration_seconds",
+        Unit::Seconds,
+        "Placed to terminal (CONFIRMED or CANCELLED), by final status."
+    );
+    c!("inventory_reserved_total", "Reservations made.");
+    c!(
+        "inventory_rejected_total",
+        "Reservations refused (out of stock, invalid)."
+    );
+    c!("inventory_released_total", "Reservations released.");
+    c!(
+        "inventory_repeat_commands_total",
+        "Commands for an order already reserved/released (no-ops)."
+    );
+    c!("payment_settled_total", "Charges and refunds settled with the gateway.");
+    c!(
+        "payment_repeat_commands_total",
+        "Payment commands already settled (no-ops)."
+    );
+    c!("gateway_charges_total", "Charges the mock gateway executed.");
+    c!("gateway_refunds_total", "Refunds the mock gateway executed.");
+    c!(
+        "gateway_injected_faults_total",
+        "Faults the mock gateway injected on purpose."
+    );
 }
 
 #[cfg(test)]
@@ -76,12 +218,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn renders_every_cell() {
+    fn counters_render_with_help_type_and_labels() {
         incr("t_total", &[("consumer", "a")]);
         incr_by("t_total", &[("consumer", "b")], 4);
-        assert_eq!(get("t_total", &[("consumer", "b")]), 4);
+        observe("t_seconds", &[], Duration::from_millis(3));
+        assert_eq!(get("t_total", &[("consumer", "b")]), 4.0);
+        assert_eq!(get("t_total", &[]), 5.0);
         let text = render();
-        assert!(text.contains("t_total{service=\"unknown\",consumer=\"a\"} 1"), "{text}");
-        assert!(text.contains("t_total{service=\"unknown\",consumer=\"b\"} 4"), "{text}");
+        assert!(text.contains("# TYPE t_total counter"), "{text}");
+        assert!(
+            text.contains("t_total{service=\"unknown\",consumer=\"a\"} 1")
+                || text.contains("t_total{consumer=\"a\",service=\"unknown\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("# TYPE t_seconds histogram"), "{text}");
+        assert!(text.contains("t_seconds_bucket{"), "{text}");
+        incr("orders_created_total", &[]);
+        assert!(render().contains("# HELP orders_created_total"), "{}", render());
     }
 }

@@ -9,6 +9,7 @@ mod offsets;
 mod payments;
 mod saga;
 mod supervisor;
+mod traces;
 
 use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock};
 
@@ -44,6 +45,11 @@ impl TestStack {
     pub async fn shutdown(self, remove: bool) -> anyhow::Result<()> {
         self.stack.shutdown(remove).await
     }
+}
+
+/// A share of the machine, for a test that boots its own stack.
+pub async fn share() -> OwnedRwLockReadGuard<()> {
+    MACHINE.clone().read_owned().await
 }
 
 /// Boots a fresh stack for one test.

@@ -5,13 +5,18 @@ use axum::http::StatusCode;
 use axum::Json;
 use contract::topics::consumers::INVENTORY;
 use contract::{Envelope, Message};
-use kafka::consumer::{HandleError, Handled};
+use kafka::consumer::{HandleError, Handled, Traced};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgPool};
+use tracing::Instrument as _;
 
 /// Handles one inventory command.
 pub async fn handle(pool: &PgPool, envelope: Envelope) -> Result<Handled, HandleError> {
-    let mut handled = handle_batch(pool, vec![envelope]).await?;
+    let one = Traced {
+        message: envelope,
+        span: tracing::Span::current(),
+    };
+    let mut handled = handle_batch(pool, vec![one]).await?;
     Ok(handled.pop().expect("one outcome per envelope"))
 }
 
@@ -26,11 +31,11 @@ enum Command<'a> {
 /// SKU order (so two batches never wait on each other in a cycle), then each
 /// new command applied with its reply in the outbox. All commit together or
 /// none does.
-#[tracing::instrument(skip_all, fields(size = envelopes.len()))]
-pub async fn handle_batch(pool: &PgPool, envelopes: Vec<Envelope>) -> Result<Vec<Handled>, HandleError> {
+pub async fn handle_batch(pool: &PgPool, batch: Vec<Traced<Envelope>>) -> Result<Vec<Handled>, HandleError> {
+    let envelopes: Vec<&Envelope> = batch.iter().map(|t| &t.message).collect();
     let messages = envelopes
         .iter()
-        .map(Envelope::message)
+        .map(|e| e.message())
         .collect::<Result<Vec<_>, _>>()
         .map_err(HandleError::permanent)?;
     let commands = messages
@@ -57,12 +62,14 @@ pub async fn handle_batch(pool: &PgPool, envelopes: Vec<Envelope>) -> Result<Vec
             .map_err(HandleError::transient)?;
     }
     let mut handled = Vec::with_capacity(envelopes.len());
-    for ((envelope, command), recorded) in envelopes.iter().zip(&commands).zip(recorded) {
+    for (((envelope, command), recorded), item) in envelopes.iter().zip(&commands).zip(recorded).zip(&batch) {
         if recorded == inbox::Recorded::Duplicate {
             handled.push(Handled::Duplicate);
             continue;
         }
-        apply(&mut tx, envelope, command)
+        // The command's span is a child of this message's consumer span.
+        async { apply(&mut tx, envelope, command).await }
+            .instrument(item.span.clone())
             .await
             .map_err(HandleError::transient)?;
         handled.push(Handled::Applied);
@@ -73,7 +80,7 @@ pub async fn handle_batch(pool: &PgPool, envelopes: Vec<Envelope>) -> Result<Vec
 
 /// Locks, in SKU order, every stock row the batch may update: the SKUs it
 /// reserves and those of the reservations it releases.
-async fn lock_stock(conn: &mut PgConnection, envelopes: &[Envelope], commands: &[Command<'_>]) -> sqlx::Result<()> {
+async fn lock_stock(conn: &mut PgConnection, envelopes: &[&Envelope], commands: &[Command<'_>]) -> sqlx::Result<()> {
     let mut skus = Vec::new();
     let mut releasing = Vec::new();
     for (envelope, command) in envelopes.iter().zip(commands) {

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use tracing::Instrument as _;
 use uuid::Uuid;
 
 /// The gateway's answer to a charge or refund.
@@ -83,15 +84,31 @@ impl Client {
     }
 
     async fn post(&self, path: &str, key: &str, body: &impl Serialize) -> Result<Reply, CallError> {
-        let resp = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .header("idempotency-key", key)
-            .header("x-client-id", crate::NAME)
-            .json(body)
-            .send()
-            .await
-            .map_err(|e| CallError::Retry(e.to_string()))?;
+        let span = tracing::info_span!(
+            "gateway.call",
+            otel.name = %format_args!("POST {path}"),
+            otel.kind = "client",
+            http.request.method = "POST",
+            url.path = %path,
+            http.response.status_code = tracing::field::Empty,
+        );
+        let resp = async {
+            // The gateway's server span becomes a child of this client span.
+            let mut headers = reqwest::header::HeaderMap::new();
+            telemetry::propagation::inject_headers(&mut headers);
+            self.http
+                .post(format!("{}{path}", self.base))
+                .headers(headers)
+                .header("idempotency-key", key)
+                .header("x-client-id", crate::NAME)
+                .json(body)
+                .send()
+                .await
+        }
+        .instrument(span.clone())
+        .await
+        .map_err(|e| CallError::Retry(e.to_string()))?;
+        span.record("http.response.status_code", resp.status().as_u16());
         let status = resp.status();
         let text = resp.text().await.map_err(|e| CallError::Retry(e.to_string()))?;
         match status.as_u16() {

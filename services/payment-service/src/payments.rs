@@ -215,6 +215,7 @@ async fn settle(
                 .await
                 .map_err(HandleError::transient)?;
             telemetry::metrics::incr("payment_settled_total", &[("status", status.as_str())]);
+            tracing::info!(status = status.as_str(), reply = %reply.to_parts().0, "payment settled");
         }
     }
     tx.commit().await.map_err(HandleError::transient)?;

@@ -194,8 +194,8 @@ async fn batches_touching_skus_in_opposite_orders_never_deadlock_and_conserve_st
         let backward = vec![on("B"), on("A"), on("B")];
         reserved.extend(forward.iter().chain(&backward).map(|e| e.order_id));
         let (f, b) = tokio::join!(
-            inventory_service::stock::handle_batch(&db.pool, forward),
-            inventory_service::stock::handle_batch(&db.pool, backward),
+            inventory_service::stock::handle_batch(&db.pool, traced(forward)),
+            inventory_service::stock::handle_batch(&db.pool, traced(backward)),
         );
         assert_eq!(f.expect("forward batch"), vec![Handled::Applied; 3]);
         assert_eq!(b.expect("backward batch"), vec![Handled::Applied; 3]);
@@ -207,7 +207,7 @@ async fn batches_touching_skus_in_opposite_orders_never_deadlock_and_conserve_st
         .iter()
         .map(|o| Envelope::new(*o, &Message::ReleaseStock, None))
         .collect();
-    let handled = inventory_service::stock::handle_batch(&db.pool, releases)
+    let handled = inventory_service::stock::handle_batch(&db.pool, traced(releases))
         .await
         .unwrap();
     assert_eq!(handled, vec![Handled::Applied; 6]);
@@ -218,4 +218,15 @@ async fn batches_touching_skus_in_opposite_orders_never_deadlock_and_conserve_st
         "one reply per command"
     );
     db.drop().await;
+}
+
+/// Envelopes as the consumer hands them over, each with its span.
+fn traced(envelopes: Vec<Envelope>) -> Vec<kafka::consumer::Traced<Envelope>> {
+    envelopes
+        .into_iter()
+        .map(|message| kafka::consumer::Traced {
+            message,
+            span: tracing::Span::none(),
+        })
+        .collect()
 }

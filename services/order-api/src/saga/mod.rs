@@ -11,8 +11,9 @@ pub mod transitions;
 
 use contract::topics::consumers::ORDER_SAGA;
 use contract::Envelope;
-use kafka::consumer::{HandleError, Handled};
+use kafka::consumer::{HandleError, Handled, Traced};
 use sqlx::PgPool;
+use tracing::Instrument as _;
 
 use crate::orders::{self, Order};
 pub use transitions::{decide, Decision, Input};
@@ -30,7 +31,11 @@ pub enum Error {
 
 /// Handles one reply event for the saga.
 pub async fn handle(pool: &PgPool, envelope: Envelope) -> Result<Handled, HandleError> {
-    let mut handled = handle_batch(pool, vec![envelope]).await?;
+    let one = Traced {
+        message: envelope,
+        span: tracing::Span::current(),
+    };
+    let mut handled = handle_batch(pool, vec![one]).await?;
     Ok(handled.pop().expect("one outcome per envelope"))
 }
 
@@ -38,11 +43,11 @@ pub async fn handle(pool: &PgPool, envelope: Envelope) -> Result<Handled, Handle
 /// multi-row inbox insert, then each new reply applied to its order. All
 /// commit together or none does (the consumer then retries, or handles the
 /// envelopes one by one to isolate one that can never apply).
-#[tracing::instrument(skip_all, fields(size = envelopes.len()))]
-pub async fn handle_batch(pool: &PgPool, envelopes: Vec<Envelope>) -> Result<Vec<Handled>, HandleError> {
+pub async fn handle_batch(pool: &PgPool, batch: Vec<Traced<Envelope>>) -> Result<Vec<Handled>, HandleError> {
+    let envelopes: Vec<&Envelope> = batch.iter().map(|t| &t.message).collect();
     let messages = envelopes
         .iter()
-        .map(Envelope::message)
+        .map(|e| e.message())
         .collect::<Result<Vec<_>, _>>()
         .map_err(HandleError::permanent)?;
     let mut tx = pool.begin().await.map_err(HandleError::transient)?;
@@ -51,12 +56,14 @@ pub async fn handle_batch(pool: &PgPool, envelopes: Vec<Envelope>) -> Result<Vec
         .await
         .map_err(HandleError::transient)?;
     let mut handled = Vec::with_capacity(envelopes.len());
-    for ((envelope, message), recorded) in envelopes.iter().zip(&messages).zip(recorded) {
+    for (((envelope, message), recorded), item) in envelopes.iter().zip(&messages).zip(recorded).zip(&batch) {
         if recorded == inbox::Recorded::Duplicate {
             handled.push(Handled::Duplicate);
             continue;
         }
-        apply_reply(&mut tx, envelope, message)
+        // The saga step's span is a child of this message's consumer span.
+        async { apply_reply(&mut tx, envelope, message).await }
+            .instrument(item.span.clone())
             .await
             .map_err(HandleError::transient)?;
         handled.push(Handled::Applied);
@@ -126,6 +133,10 @@ pub async fn apply(
                 "saga_transitions_total",
                 &[("from", order.status.as_str()), ("to", to.as_str())],
             );
+            if matches!(to, orders::Status::Confirmed | orders::Status::Cancelled) {
+                let took = (chrono::Utc::now() - order.created_at).to_std().unwrap_or_default();
+                telemetry::metrics::observe("saga_duration_seconds", &[("status", to.as_str())], took);
+            }
             tracing::info!(from = order.status.as_str(), to = to.as_str(), "saga transition");
             Ok(true)
         }

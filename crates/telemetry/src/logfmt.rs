@@ -1,0 +1,76 @@
+//! Log lines that name their trace: the default text or JSON format of
+//! `tracing-subscriber`, with the current span's `trace_id` and `span_id`
+//! added (a prefix in text, two fields in JSON).
+
+use std::fmt;
+
+use tracing::{Event, Subscriber};
+use tracing_subscriber::fmt::format::{Format, Full, Json, Writer};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::registry::LookupSpan;
+
+/// An event format that adds the trace and span id to `inner`'s lines.
+pub struct WithTraceIds<F> {
+    inner: F,
+    json: bool,
+}
+
+impl WithTraceIds<Format<Full>> {
+    /// Text lines: `trace_id=… span_id=… <the usual line>`.
+    pub fn text() -> Self {
+        Self {
+            inner: Format::default().with_target(false).with_ansi(false),
+            json: false,
+        }
+    }
+}
+
+impl WithTraceIds<Format<Json>> {
+    /// JSON lines with `trace_id` and `span_id` fields.
+    pub fn json() -> Self {
+        Self {
+            inner: Format::default().json().flatten_event(true).with_target(false),
+            json: true,
+        }
+    }
+}
+
+fn ids<S, N>(ctx: &FmtContext<'_, S, N>) -> Option<(String, String)>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    let span = ctx.lookup_current()?;
+    for span in span.scope() {
+        let ext = span.extensions();
+        if let Some(data) = ext.get::<tracing_opentelemetry::OtelData>() {
+            if let (Some(t), Some(s)) = (data.trace_id(), data.span_id()) {
+                return Some((t.to_string(), s.to_string()));
+            }
+        }
+    }
+    None
+}
+
+impl<S, N, F> FormatEvent<S, N> for WithTraceIds<F>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+    F: FormatEvent<S, N>,
+{
+    fn format_event(&self, ctx: &FmtContext<'_, S, N>, mut writer: Writer<'_>, event: &Event<'_>) -> fmt::Result {
+        let Some((trace_id, span_id)) = ids(ctx) else {
+            return self.inner.format_event(ctx, writer, event);
+        };
+        if !self.json {
+            write!(writer, "trace_id={trace_id} span_id={span_id} ")?;
+            return self.inner.format_event(ctx, writer, event);
+        }
+        let mut line = String::new();
+        self.inner.format_event(ctx, Writer::new(&mut line), event)?;
+        match line.strip_prefix('{') {
+            Some(rest) => write!(writer, "{{\"trace_id\":\"{trace_id}\",\"span_id\":\"{span_id}\",{rest}"),
+            None => writer.write_str(&line),
+        }
+    }
+}
