@@ -135,6 +135,11 @@ impl Receiver {
         format!("http://{}", self.addr)
     }
 
+    /// How many spans arrived so far.
+    pub fn span_count(&self) -> usize {
+        self.spans.lock().expect("spans").len()
+    }
+
     /// Every span of `trace_id` received so far.
     pub fn trace(&self, trace_id: &str) -> Trace {
         Trace {

@@ -66,6 +66,10 @@ enum Cmd {
         /// Only the ceilings and the sustained-rate search (to try settings).
         #[arg(long)]
         quick: bool,
+        /// Instead: what exporting traces costs, one paired run (off, then on)
+        /// at this many orders/s; figures to target/bench-results/trace-cost.*.
+        #[arg(long, value_name = "RATE")]
+        trace_cost: Option<f64>,
     },
     /// List or replay the dead letters of a topic (e.g. inventory.commands).
     Dlq {
@@ -268,6 +272,7 @@ async fn main() -> anyhow::Result<()> {
             start_rate,
             trials,
             quick,
+            trace_cost,
         } => {
             if cfg!(debug_assertions) {
                 // Measure release builds only, the driver included: re-run this command optimised.
@@ -277,8 +282,24 @@ async fn main() -> anyhow::Result<()> {
                     .args(["--start-rate", &start_rate.to_string()])
                     .args(["--trials", &trials.to_string()])
                     .args(quick.then_some("--quick"))
+                    .args(trace_cost.map(|r| format!("--trace-cost={r}")))
                     .status()?;
                 std::process::exit(status.code().unwrap_or(1));
+            }
+            if let Some(rate) = trace_cost {
+                let opts = StackOptions::ephemeral("trace-cost")?;
+                eprintln!("booting a fresh stack (logs in {})…", opts.run_dir.display());
+                let mut stack = Stack::start(opts).await?;
+                let cost = e2e::bench::trace_cost::run(&mut stack, rate).await;
+                stack.shutdown(cost.is_ok()).await?;
+                let cost = cost?;
+                let dir = workspace_root().join("target").join("bench-results");
+                std::fs::create_dir_all(&dir)?;
+                let md = e2e::bench::trace_cost::markdown(&cost);
+                std::fs::write(dir.join("trace-cost.json"), serde_json::to_vec_pretty(&cost)?)?;
+                std::fs::write(dir.join("trace-cost.md"), &md)?;
+                println!("{md}");
+                return Ok(());
             }
             let cfg = e2e::bench::BenchConfig {
                 window: std::time::Duration::from_secs(window_secs),
@@ -313,6 +334,15 @@ async fn main() -> anyhow::Result<()> {
             eprintln!(
                 "stack up: order-api http://127.0.0.1:8080, inventory :8081, payment :8082, gateway :8083, relay :8084, broker 127.0.0.1:9092; logs in .data/logs. ctrl-c stops."
             );
+            eprintln!(
+                "metrics: http://127.0.0.1:808{{0..4}}/metrics (Prometheus text; queries in docs/observability.md)"
+            );
+            match std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT") {
+                Ok(endpoint) => eprintln!("traces: exported over OTLP/HTTP to {endpoint}; trace ids are in every log line"),
+                Err(_) => eprintln!(
+                    "traces: not exported (set OTEL_EXPORTER_OTLP_ENDPOINT, e.g. http://127.0.0.1:4318 for a local Jaeger); trace ids are in every log line"
+                ),
+            }
             stack.run_until_ctrl_c().await
         }
         Cmd::Demo {

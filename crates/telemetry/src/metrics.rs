@@ -83,17 +83,32 @@ pub fn observe(name: &'static str, labels_: &[(&str, &str)], elapsed: Duration) 
 
 /// The current value of counter or gauge `name{labels}` in this process
 /// (0 when never touched), read from the rendered exposition.
-pub fn get(name: &str, labels_: &[(&str, &str)]) -> f64 {
-    let text = render();
-    let wanted: Vec<String> = labels_.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+pub fn get(name: &str, labels: &[(&str, &str)]) -> f64 {
+    sum_samples(&render(), name, labels)
+}
+
+/// Sums every sample of `name` in a Prometheus text page whose labels
+/// contain all of `filter` (comments and other metrics are skipped).
+pub fn sum_samples(text: &str, name: &str, filter: &[(&str, &str)]) -> f64 {
     text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let (head, value) = line.rsplit_once(' ')?;
+            let (metric, labels) = match head.split_once('{') {
+                Some((m, l)) => (m, l.trim_end_matches('}')),
+                None => (head, ""),
+            };
+            if metric != name {
+                return None;
+            }
+            let labels: Vec<(&str, &str)> = labels
+                .split(',')
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.trim(), v.trim().trim_matches('"')))
+                .collect();
+            let all = filter.iter().all(|f| labels.contains(f));
+            all.then(|| value.trim().parse::<f64>().ok()).flatten()
         })
-        .filter(|l| wanted.iter().all(|w| l.contains(w.as_str())))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
 
@@ -235,5 +250,17 @@ mod tests {
         assert!(text.contains("t_seconds_bucket{"), "{text}");
         incr("orders_created_total", &[]);
         assert!(render().contains("# HELP orders_created_total"), "{}", render());
+    }
+
+    #[test]
+    fn sums_matching_samples_by_exact_label() {
+        let text = "# HELP t_total things\n# TYPE t_total counter\n\
+                    t_total{service=\"x\",consumer=\"a\"} 1\n\
+                    t_total{service=\"x\",consumer=\"ab\"} 4\n\
+                    other 9\nplain_total 2\n";
+        assert_eq!(sum_samples(text, "t_total", &[]), 5.0);
+        assert_eq!(sum_samples(text, "t_total", &[("consumer", "a")]), 1.0);
+        assert_eq!(sum_samples(text, "plain_total", &[]), 2.0);
+        assert_eq!(sum_samples(text, "missing", &[]), 0.0);
     }
 }

@@ -7,13 +7,13 @@
 //!   port with a temp data directory, killed and restarted;
 //! - [`process`]: which process listens on a port (a harness's check that
 //!   the service answering is the one it started);
-//! - [`metrics`]: reading counters out of a Prometheus text page;
+//! - [`promtool`]: Prometheus's checker, found or unpacked from Debian's package;
 //! - [`publish`]: a saga envelope onto a topic, as the relay would publish it.
 
 pub mod broker;
 pub mod db;
-pub mod metrics;
 pub mod process;
+pub mod promtool;
 pub mod publish;
 
 pub use broker::Broker;

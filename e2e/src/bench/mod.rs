@@ -13,6 +13,7 @@
 
 pub mod ceilings;
 pub mod load;
+pub mod trace_cost;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

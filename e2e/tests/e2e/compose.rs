@@ -96,3 +96,70 @@ fn compose_creates_every_service_database_and_runs_kafka_in_kraft_mode() {
     assert_eq!(kafka["KAFKA_PROCESS_ROLES"].as_str(), Some("broker,controller"));
     assert_eq!(doc["services"]["postgres"]["image"].as_str(), Some("postgres:16"));
 }
+
+#[test]
+fn compose_sends_traces_to_jaeger_and_prometheus_scrapes_every_service() {
+    let doc = compose();
+    let services = &doc["services"];
+    // Jaeger receives OTLP/HTTP and shows its UI; every service exports to it.
+    let jaeger = &services["jaeger"];
+    assert!(jaeger["image"]
+        .as_str()
+        .unwrap_or_default()
+        .starts_with("jaegertracing/all-in-one"));
+    let ports: Vec<&str> = jaeger["ports"]
+        .as_sequence()
+        .expect("jaeger ports")
+        .iter()
+        .filter_map(|p| p.as_str())
+        .collect();
+    assert!(
+        ports.contains(&"4318:4318") && ports.contains(&"16686:16686"),
+        "{ports:?}"
+    );
+    let prometheus_yml: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docker/prometheus.yml")).unwrap(),
+    )
+    .expect("docker/prometheus.yml is YAML");
+    let targets: BTreeSet<String> = prometheus_yml["scrape_configs"]
+        .as_sequence()
+        .expect("scrape_configs")
+        .iter()
+        .flat_map(|job| job["static_configs"].as_sequence().cloned().unwrap_or_default())
+        .flat_map(|c| c["targets"].as_sequence().cloned().unwrap_or_default())
+        .filter_map(|t| t.as_str().map(str::to_owned))
+        .collect();
+    for name in [
+        "order-api",
+        "inventory-service",
+        "payment-service",
+        "mock-gateway",
+        "outbox-relay",
+    ] {
+        let env = &services[name]["environment"];
+        assert_eq!(
+            env["OTEL_EXPORTER_OTLP_ENDPOINT"].as_str(),
+            Some("http://jaeger:4318"),
+            "{name} must export spans to jaeger"
+        );
+        let port = env["HTTP_ADDR"]
+            .as_str()
+            .and_then(|a| a.rsplit(':').next())
+            .expect("HTTP_ADDR");
+        assert!(
+            targets.contains(&format!("{name}:{port}")),
+            "prometheus does not scrape {name}:{port} ({targets:?})"
+        );
+    }
+    let prometheus = &services["prometheus"];
+    let mounts: Vec<&str> = prometheus["volumes"]
+        .as_sequence()
+        .expect("prometheus volumes")
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert!(
+        mounts.contains(&"./docker/prometheus.yml:/etc/prometheus/prometheus.yml:ro"),
+        "{mounts:?}"
+    );
+}

@@ -5,6 +5,7 @@ mod chaos;
 mod compose;
 mod crash;
 mod layout;
+mod metrics;
 mod offsets;
 mod payments;
 mod saga;

@@ -25,7 +25,7 @@ async fn metric(stack: &e2e::Stack, s: Service, name: &str) -> f64 {
         .text()
         .await
         .unwrap();
-    testkit::metrics::sum_samples(&text, name, &[])
+    telemetry::metrics::sum_samples(&text, name, &[])
 }
 
 fn order() -> OrderRequest {

@@ -82,5 +82,6 @@ async fn every_ending_of_the_saga_over_real_processes() {
         assert_eq!(*reserved, taken, "{sku}");
     }
     assert!(outcome.replays > 0, "deliberate retries were not replayed");
+    crate::metrics::check_pages(&stack).await;
     stack.shutdown(true).await.unwrap();
 }
