@@ -10,6 +10,19 @@ use uuid::Uuid;
 
 use crate::stack::Stack;
 
+/// The invariants, by the names reports and tests use.
+pub const ORDER_PER_KEY: &str = "one order per key";
+/// Money.
+pub const CHARGED_ONCE: &str = "charged once";
+/// Stock.
+pub const STOCK_CONSERVED: &str = "stock conserved";
+/// Each consumer applies each event once; a repeat must stop at the inbox.
+pub const STEP_ONCE: &str = "each saga step applied once";
+/// Every acknowledged order exists.
+pub const NOTHING_LOST: &str = "nothing lost";
+/// Everything reaches a terminal state; every outbox row is published.
+pub const NOTHING_STUCK: &str = "nothing stuck";
+
 /// What the driver knows independently of the system under test.
 #[derive(Debug, Clone, Default)]
 pub struct Expected {
@@ -45,6 +58,9 @@ pub struct Audit {
     pub parked_outbox_rows: i64,
     /// Per SKU: (initial, available, reserved by live orders).
     pub stock: BTreeMap<String, (i64, i64, i64)>,
+    /// Events each consumer's inbox let through although their effect was
+    /// already applied (a business key caught them): `inbox_misses` rows.
+    pub inbox_misses: BTreeMap<String, i64>,
     /// Every broken invariant, in words.
     pub violations: Vec<String>,
 }
@@ -98,7 +114,8 @@ pub async fn audit(stack: &Stack, expected: &Expected) -> anyhow::Result<Audit> 
             }
         }
         if !known.contains(order) {
-            a.violations.push(format!("ledger entry for unknown order {order}"));
+            a.violations
+                .push(format!("{CHARGED_ONCE}: ledger entry for unknown order {order}"));
         }
     }
     for (order, (count, _)) in &captures {
@@ -107,8 +124,10 @@ pub async fn audit(stack: &Stack, expected: &Expected) -> anyhow::Result<Audit> 
         }
     }
     if !a.double_charged.is_empty() {
-        a.violations
-            .push(format!("{} orders captured more than once", a.double_charged.len()));
+        a.violations.push(format!(
+            "{CHARGED_ONCE}: {} orders captured more than once",
+            a.double_charged.len()
+        ));
     }
     let mut wrong_net = 0;
     for (id, status, amount, ..) in &orders {
@@ -124,7 +143,7 @@ pub async fn audit(stack: &Stack, expected: &Expected) -> anyhow::Result<Audit> 
     }
     if wrong_net > 0 {
         a.violations.push(format!(
-            "{wrong_net} terminal orders whose ledger net is wrong (CONFIRMED ≠ amount or CANCELLED ≠ 0)"
+            "{CHARGED_ONCE}: {wrong_net} terminal orders whose ledger net is wrong (CONFIRMED ≠ amount or CANCELLED ≠ 0)"
         ));
     }
 
@@ -132,7 +151,8 @@ pub async fn audit(stack: &Stack, expected: &Expected) -> anyhow::Result<Audit> 
     let acked: BTreeSet<Uuid> = expected.acknowledged.values().copied().collect();
     a.lost = acked.difference(&known).copied().collect();
     if !a.lost.is_empty() {
-        a.violations.push(format!("{} acknowledged orders lost", a.lost.len()));
+        a.violations
+            .push(format!("{NOTHING_LOST}: {} acknowledged orders lost", a.lost.len()));
     }
     a.stuck = orders
         .iter()
@@ -140,21 +160,40 @@ pub async fn audit(stack: &Stack, expected: &Expected) -> anyhow::Result<Audit> 
         .map(|o| o.0)
         .collect();
     if !a.stuck.is_empty() {
-        a.violations
-            .push(format!("{} orders stuck in a non-terminal state", a.stuck.len()));
+        a.violations.push(format!(
+            "{NOTHING_STUCK}: {} orders stuck in a non-terminal state",
+            a.stuck.len()
+        ));
     }
     if acked.len() != expected.acknowledged.len() {
-        a.violations
-            .push("two idempotency keys were acknowledged with the same order".into());
+        a.violations.push(format!(
+            "{ORDER_PER_KEY}: two idempotency keys were acknowledged with the same order"
+        ));
     }
     let most = expected.acknowledged.len() + expected.indeterminate;
     if orders.len() < expected.acknowledged.len() || orders.len() > most {
         a.violations.push(format!(
-            "{} orders in the database for {} acknowledged and {} indeterminate keys (expected one order per key)",
+            "{ORDER_PER_KEY}: {} orders in the database for {} acknowledged and {} indeterminate keys",
             orders.len(),
             expected.acknowledged.len(),
             expected.indeterminate
         ));
+    }
+
+    // Each saga step applied once: a repeated event stops at the inbox, so
+    // no business key ever has to catch one.
+    for db in ["orders", "inventory", "payments"] {
+        let mut c = connect(&stack.db_url(db)).await?;
+        let misses: Vec<(String, i64)> =
+            sqlx::query_as("SELECT consumer, count(*)::int8 FROM inbox_misses GROUP BY consumer")
+                .fetch_all(&mut c)
+                .await?;
+        for (consumer, n) in misses {
+            a.violations.push(format!(
+                "{STEP_ONCE}: {n} events reached {consumer}'s effect again (its inbox let them through; a business key caught them)"
+            ));
+            a.inbox_misses.insert(consumer, n);
+        }
     }
 
     // Every committed outbox row published.
@@ -171,7 +210,7 @@ pub async fn audit(stack: &Stack, expected: &Expected) -> anyhow::Result<Audit> 
     }
     if a.unpublished_outbox_rows > 0 || a.parked_outbox_rows > 0 {
         a.violations.push(format!(
-            "outbox not drained: {} pending, {} parked",
+            "{NOTHING_STUCK}: outbox not drained: {} pending, {} parked",
             a.unpublished_outbox_rows, a.parked_outbox_rows
         ));
     }
@@ -195,13 +234,13 @@ pub async fn audit(stack: &Stack, expected: &Expected) -> anyhow::Result<Audit> 
         let initial = expected.initial_stock.get(&sku).copied().unwrap_or(0);
         if available < 0 || available + reserved != initial {
             a.violations.push(format!(
-                "stock of {sku}: initial {initial} ≠ available {available} + reserved {reserved}"
+                "{STOCK_CONSERVED}: {sku}: initial {initial} ≠ available {available} + reserved {reserved}"
             ));
         }
         let held = confirmed_qty.get(sku.as_str()).copied().unwrap_or(0);
         if reserved != held {
             a.violations.push(format!(
-                "stock of {sku}: {reserved} reserved but CONFIRMED orders hold {held}"
+                "{STOCK_CONSERVED}: {sku}: {reserved} reserved but CONFIRMED orders hold {held}"
             ));
         }
         a.stock.insert(sku, (initial, available, reserved));

@@ -49,6 +49,10 @@ enum Cmd {
         /// succeeds only if the checker finds double charges.
         #[arg(long)]
         negative_control: bool,
+        /// Switch one layer of deduplication off (test builds only): succeeds
+        /// only if the run fails on the invariant that layer protects.
+        #[arg(long, value_enum)]
+        layer_off: Option<e2e::chaos::LayerOff>,
     },
     /// The saga's throughput and latency on one fresh stack (release build),
     /// beside the broker's and the database's ceilings. A few minutes;
@@ -240,6 +244,7 @@ async fn main() -> anyhow::Result<()> {
             rate,
             fault_interval_ms,
             negative_control,
+            layer_off,
         } => {
             let mut cfg = e2e::chaos::ChaosConfig::ci(seed);
             cfg.orders = orders;
@@ -248,9 +253,11 @@ async fn main() -> anyhow::Result<()> {
             cfg.fault_interval = std::time::Duration::from_millis(fault_interval_ms);
             cfg.quiesce_timeout = std::time::Duration::from_secs(300);
             cfg.negative_control = negative_control;
+            cfg.layer_off = layer_off;
             let dir = workspace_root().join("target").join("chaos").join(format!(
-                "seed-{seed}{}",
-                if negative_control { "-negative" } else { "" }
+                "seed-{seed}{}{}",
+                if negative_control { "-negative" } else { "" },
+                layer_off.map(|l| format!("-{}-off", l.name())).unwrap_or_default()
             ));
             cfg.report_dir = Some(dir.clone());
             let report = e2e::chaos::run(&cfg).await?;
@@ -260,6 +267,14 @@ async fn main() -> anyhow::Result<()> {
                 anyhow::ensure!(
                     !report.audit.double_charged.is_empty(),
                     "negative control found no double charge"
+                );
+            } else if let Some(layer) = layer_off {
+                anyhow::ensure!(
+                    report.caught() == Some(true),
+                    "{} off was not caught: \"{}\" held ({:?})",
+                    layer.name(),
+                    layer.expected().0,
+                    report.problems
                 );
             } else {
                 anyhow::ensure!(report.passed(), "chaos run failed: {:?}", report.problems);

@@ -47,6 +47,19 @@ pub enum Error {
 /// Result type of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+static DISABLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// NEGATIVE CONTROL ONLY: from now on every request of this process gets a
+/// key of its own — the Idempotency-Key layer is off. A service calls it
+/// only behind `service_kit::unsafe_switch`.
+pub fn unsafe_disable() {
+    DISABLED.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+pub(crate) fn unsafe_disabled() -> bool {
+    DISABLED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The idempotency table's migrations (versions 1003xxxxxx).
 pub fn migrator() -> Migrator {
     sqlx::migrate!("./migrations")

@@ -17,6 +17,19 @@ use sqlx::migrate::Migrator;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+static DISABLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// NEGATIVE CONTROL ONLY: from now on this process records nothing and
+/// reports every event as new — the inbox layer is off. A service calls it
+/// only behind `service_kit::unsafe_switch`.
+pub fn unsafe_disable() {
+    DISABLED.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+fn disabled() -> bool {
+    DISABLED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The inbox table's migrations (versions 1002xxxxxx).
 pub fn migrator() -> Migrator {
     sqlx::migrate!("./migrations")
@@ -36,6 +49,9 @@ pub enum Recorded {
 /// On a duplicate the redelivery is counted (in the same transaction: commit
 /// it to keep the count, roll back to drop it) and the caller skips its effect.
 pub async fn record(conn: &mut PgConnection, consumer: &str, event_id: Uuid) -> sqlx::Result<Recorded> {
+    if disabled() {
+        return Ok(Recorded::New);
+    }
     let inserted = sqlx::query(
         "INSERT INTO inbox (consumer, event_id) VALUES ($1, $2) ON CONFLICT (consumer, event_id) DO NOTHING",
     )
@@ -56,6 +72,9 @@ pub async fn record(conn: &mut PgConnection, consumer: &str, event_id: Uuid) -> 
 /// new. An id that appears twice in the batch is new the first time only.
 /// Duplicates are counted as in [`record`].
 pub async fn record_batch(conn: &mut PgConnection, consumer: &str, event_ids: &[Uuid]) -> sqlx::Result<Vec<Recorded>> {
+    if disabled() {
+        return Ok(vec![Recorded::New; event_ids.len()]);
+    }
     let mut new: std::collections::HashSet<Uuid> = sqlx::query_scalar(
         "INSERT INTO inbox (consumer, event_id) SELECT $1, id FROM unnest($2::uuid[]) AS t(id)
          ON CONFLICT (consumer, event_id) DO NOTHING RETURNING event_id",
@@ -111,10 +130,35 @@ pub async fn note_redelivery(conn: &mut PgConnection, consumer: &str, event_id: 
     Ok(())
 }
 
+/// Records, in the caller's transaction, that `event_id` passed the inbox as
+/// new although its effect was already applied for `order_id` — the
+/// business key named by `caught_by` stopped it. Zero such rows is what the
+/// inbox promises; the chaos suite counts them.
+pub async fn note_miss(
+    conn: &mut PgConnection,
+    consumer: &str,
+    event_id: Uuid,
+    order_id: Uuid,
+    caught_by: &str,
+) -> sqlx::Result<()> {
+    tracing::warn!(consumer, %event_id, %order_id, caught_by, "a repeated event passed the inbox; the business key caught it");
+    sqlx::query("INSERT INTO inbox_misses (consumer, event_id, order_id, caught_by) VALUES ($1, $2, $3, $4)")
+        .bind(consumer)
+        .bind(event_id)
+        .bind(order_id)
+        .bind(caught_by)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 /// Whether `consumer` already processed `event_id` (a cheap pre-check for
 /// handlers that must not even start their work twice; the authoritative
 /// check is still [`record`] in the effect's transaction).
 pub async fn seen(conn: &mut PgConnection, consumer: &str, event_id: Uuid) -> sqlx::Result<bool> {
+    if disabled() {
+        return Ok(false);
+    }
     sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM inbox WHERE consumer = $1 AND event_id = $2)")
         .bind(consumer)
         .bind(event_id)

@@ -80,6 +80,7 @@ pub trait Publisher: Send + Sync {
 #[derive(Clone)]
 pub struct KafkaPublisher {
     producer: FutureProducer,
+    mint_event_id: bool,
 }
 
 impl KafkaPublisher {
@@ -87,13 +88,26 @@ impl KafkaPublisher {
     pub fn new(brokers: &str) -> kafka::Result<Self> {
         Ok(Self {
             producer: kafka::producer(brokers)?,
+            mint_event_id: false,
         })
     }
 
     /// A publisher over an existing idempotent producer (e.g. one built from
     /// a service's `KafkaArgs`).
     pub fn from_producer(producer: FutureProducer) -> Self {
-        Self { producer }
+        Self {
+            producer,
+            mint_event_id: false,
+        }
+    }
+
+    /// NEGATIVE CONTROL ONLY: every publish carries a new event id instead
+    /// of the one fixed when the row was written, so a row published again
+    /// (a relay crash between the broker's ack and the mark) is a new event
+    /// to every inbox. The relay service sets it only behind its unsafe switch.
+    pub fn unsafe_mint_event_id_at_publish(mut self) -> Self {
+        self.mint_event_id = true;
+        self
     }
 
     /// A publisher whose messages fail after `timeout` without a broker ack
@@ -101,6 +115,7 @@ impl KafkaPublisher {
     pub fn with_timeout(brokers: &str, timeout: Duration) -> kafka::Result<Self> {
         Ok(Self {
             producer: kafka::producer_with_timeout(brokers, timeout)?,
+            mint_event_id: false,
         })
     }
 }
@@ -121,8 +136,14 @@ impl Publisher for KafkaPublisher {
             );
             telemetry::propagation::follow(&span, row.traceparent.as_deref());
             let traceparent = telemetry::propagation::traceparent(&span);
-            let headers = kafka::headers(&row.event_id, &row.event_type, traceparent.as_deref());
-            kafka::publish(&self.producer, &row.topic, &row.key, row.body.as_bytes(), headers).instrument(span)
+            let (event_id, body) = if self.mint_event_id {
+                minted(&row.body)
+            } else {
+                (row.event_id.clone(), row.body.clone())
+            };
+            let headers = kafka::headers(&event_id, &row.event_type, traceparent.as_deref());
+            let (producer, topic, key) = (&self.producer, &row.topic, &row.key);
+            async move { kafka::publish(producer, topic, key, body.as_bytes(), headers).await }.instrument(span)
         });
         futures::future::join_all(sends)
             .await
@@ -145,6 +166,16 @@ impl Publisher for KafkaPublisher {
             })
             .collect()
     }
+}
+
+/// The body with a fresh `event_id` (negative control only).
+fn minted(body: &str) -> (String, String) {
+    let id = uuid::Uuid::now_v7().to_string();
+    let mut value: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+    if let Some(obj) = value.as_object_mut() {
+        obj.insert("event_id".into(), serde_json::Value::String(id.clone()));
+    }
+    (id, value.to_string())
 }
 
 /// Outcome of one claim/publish/mark round.

@@ -17,6 +17,7 @@
 //!   every HTTP API here;
 //! - [`saga`]: emit a saga message through the outbox;
 //! - [`shutdown`]: SIGTERM / ctrl-c as a cancellation token;
+//! - [`unsafe_switch`]: negative-control switches, refused outside test builds;
 //! - [`init`]: logging and the failpoint scenario, once per process.
 
 pub mod admin;
@@ -28,6 +29,7 @@ pub mod problem;
 pub mod saga;
 pub mod shutdown;
 pub mod supervisor;
+pub mod unsafe_switch;
 
 pub use config::{DbArgs, LogArgs, LogFormat, TraceArgs};
 pub use consumer::SagaConsumer;

@@ -11,6 +11,7 @@
 mod clients;
 mod drive;
 pub mod faults;
+pub mod layers;
 mod plan;
 pub mod report;
 
@@ -19,6 +20,7 @@ use std::time::Duration;
 
 pub use clients::ClientStats;
 pub use faults::{Fault, FaultEvent};
+pub use layers::LayerOff;
 pub use report::{markdown, Duplicates, Report, Sample};
 
 use crate::stack::{Service, Stack, StackOptions};
@@ -40,6 +42,8 @@ pub struct ChaosConfig {
     pub quiesce_timeout: Duration,
     /// Negative control: payment-service without deduplication.
     pub negative_control: bool,
+    /// One layer of deduplication switched off: the run must fail.
+    pub layer_off: Option<LayerOff>,
     /// Print progress lines.
     pub progress: bool,
     /// Where to copy report.json and report.md (besides the run directory).
@@ -57,6 +61,7 @@ impl ChaosConfig {
             fault_interval: Duration::from_millis(800),
             quiesce_timeout: Duration::from_secs(180),
             negative_control: false,
+            layer_off: None,
             progress: true,
             report_dir: None,
         }
@@ -65,14 +70,22 @@ impl ChaosConfig {
 
 /// Runs the suite on a fresh stack and returns its report.
 pub async fn run(cfg: &ChaosConfig) -> anyhow::Result<Report> {
-    let label = if cfg.negative_control { "chaos-neg" } else { "chaos" };
-    let mut opts = StackOptions::ephemeral(label)?;
+    let label = match (cfg.negative_control, cfg.layer_off) {
+        (true, _) => "chaos-neg".to_owned(),
+        (false, Some(layer)) => format!("chaos-off-{}", layer.name()),
+        (false, None) => "chaos".to_owned(),
+    };
+    let mut opts = StackOptions::ephemeral(&label.replace('-', "_"))?;
     opts.gateway_proxy = true;
     opts.extra_env
         .push((Service::Payment, "GATEWAY_TIMEOUT_MS".into(), "1000".into()));
     if cfg.negative_control {
         opts.extra_env
             .push((Service::Payment, "PAYMENT_UNSAFE_DISABLE_DEDUP".into(), "true".into()));
+    }
+    if let Some(layer) = cfg.layer_off {
+        let (service, var) = layer.env();
+        opts.extra_env.push((service, var.into(), "true".into()));
     }
     let run_dir = opts.run_dir.clone();
     if cfg.progress {
@@ -97,7 +110,7 @@ pub async fn run(cfg: &ChaosConfig) -> anyhow::Result<Report> {
     // Keep the logs (and the report) of a run that went wrong.
     let keep = match &result {
         Err(_) => true,
-        Ok(r) => !cfg.negative_control && !r.passed(),
+        Ok(r) => !cfg.negative_control && cfg.layer_off.is_none() && !r.passed(),
     };
     if keep && cfg.progress {
         eprintln!("chaos: logs and report kept in {}", run_dir.display());

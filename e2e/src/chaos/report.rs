@@ -59,6 +59,8 @@ pub struct Report {
     pub orders: usize,
     /// Negative control run.
     pub negative_control: bool,
+    /// The layer switched off, if any: then the run must fail.
+    pub layer_off: Option<super::LayerOff>,
     /// Orders per intended kind and final status.
     pub outcomes: BTreeMap<String, BTreeMap<String, i64>>,
     /// Client view.
@@ -97,6 +99,34 @@ impl Report {
     /// Whether every invariant held and the faults really happened.
     pub fn passed(&self) -> bool {
         self.problems.is_empty()
+    }
+
+    /// The invariants named by the problems of this run, each with how
+    /// many problems named it.
+    pub fn broken(&self) -> BTreeMap<&'static str, usize> {
+        use crate::invariants::*;
+        let mut out = BTreeMap::new();
+        for p in &self.problems {
+            for name in [
+                ORDER_PER_KEY,
+                CHARGED_ONCE,
+                STOCK_CONSERVED,
+                STEP_ONCE,
+                NOTHING_LOST,
+                NOTHING_STUCK,
+            ] {
+                if p.starts_with(name) {
+                    *out.entry(name).or_default() += 1;
+                }
+            }
+        }
+        out
+    }
+
+    /// For a run with a layer off: whether it broke the invariant it must.
+    pub fn caught(&self) -> Option<bool> {
+        let layer = self.layer_off?;
+        Some(self.broken().contains_key(layer.expected().0))
     }
 }
 
@@ -155,11 +185,24 @@ pub(super) async fn outcomes(
 /// The human report.
 pub fn markdown(r: &Report) -> String {
     let mut s = String::new();
-    let verdict = match (r.negative_control, r.audit.double_charged.is_empty(), r.passed()) {
-        (true, false, _) => "NEGATIVE CONTROL: double charges found, as they must be",
-        (true, true, _) => "NEGATIVE CONTROL FAILED: no double charge found",
-        (false, _, true) => "PASSED",
-        (false, _, false) => "FAILED",
+    let verdict = match (
+        r.negative_control,
+        r.audit.double_charged.is_empty(),
+        r.passed(),
+        r.layer_off,
+    ) {
+        (true, false, ..) => "NEGATIVE CONTROL: double charges found, as they must be".to_owned(),
+        (true, true, ..) => "NEGATIVE CONTROL FAILED: no double charge found".to_owned(),
+        (false, _, _, Some(layer)) => match r.caught() {
+            Some(true) => format!(
+                "{} OFF: caught — \"{}\" broke, as it must",
+                layer.name(),
+                layer.expected().0
+            ),
+            _ => format!("{} OFF: NOT CAUGHT — \"{}\" held", layer.name(), layer.expected().0),
+        },
+        (false, _, true, None) => "PASSED".to_owned(),
+        (false, _, false, None) => "FAILED".to_owned(),
     };
     let _ = writeln!(s, "# Chaos run — seed {} — {verdict}\n", r.seed);
     let _ = writeln!(
@@ -170,8 +213,22 @@ pub fn markdown(r: &Report) -> String {
         r.rate_per_sec,
         r.clients_n,
         r.fault_interval_ms,
-        if r.negative_control { " --negative-control" } else { "" }
+        match (r.negative_control, r.layer_off) {
+            (true, _) => " --negative-control".to_owned(),
+            (false, Some(layer)) => format!(" --layer-off {}", layer.name()),
+            (false, None) => String::new(),
+        }
     );
+    if let Some(layer) = r.layer_off {
+        let (expected, why) = layer.expected();
+        let _ = writeln!(s, "## Layer off\n");
+        let _ = writeln!(
+            s,
+            "| layer off | invariant that must break | why | broken (problems naming it) |\n|---|---|---|---|"
+        );
+        let broken: Vec<String> = r.broken().iter().map(|(k, n)| format!("{k} ({n})")).collect();
+        let _ = writeln!(s, "| {} | {expected} | {why} | {} |\n", layer.name(), broken.join(", "));
+    }
     let _ = writeln!(s, "## Outcome\n");
     let _ = writeln!(s, "| | |\n|---|---|");
     let _ = writeln!(
@@ -226,8 +283,9 @@ pub fn markdown(r: &Report) -> String {
     let _ = writeln!(s, "duplicate deliveries absorbed by the inboxes (durable count; includes redeliveries after crashes and by second instances): {:?} — total {}\n", d.absorbed, d.total_absorbed());
     let _ = writeln!(
         s,
-        "duplicate effects: {} double charges in the gateway ledger\n",
-        r.audit.double_charged.len()
+        "duplicate effects: {} double charges in the gateway ledger; events that passed an inbox and reached an effect again (caught by a business key): {:?}\n",
+        r.audit.double_charged.len(),
+        r.audit.inbox_misses
     );
     let _ = writeln!(
         s,

@@ -36,6 +36,9 @@ pub struct Config {
     /// Inbox retention.
     #[command(flatten)]
     pub inbox: inbox::RetentionArgs,
+    /// Negative control: inbox off (test builds only).
+    #[command(flatten)]
+    pub unsafe_no_inbox: service_kit::unsafe_switch::NoInbox,
     /// Logs.
     #[command(flatten)]
     pub log: LogArgs,
@@ -64,6 +67,7 @@ pub async fn connect(database_url: &str, pool_size: u32) -> anyhow::Result<PgPoo
 
 /// Connects, migrates, creates topics and binds.
 pub async fn build(config: Config) -> anyhow::Result<App> {
+    config.unsafe_no_inbox.apply()?;
     let pool = connect(&config.db.url, config.db.pool_size).await?;
     kafka::ensure_topics(&config.kafka.brokers, &topics::ALL).await?;
     let listener = TcpListener::bind(config.http_addr).await?;

@@ -136,6 +136,14 @@ async fn reserve(conn: &mut PgConnection, env: &Envelope, sku: &str, quantity: i
     if claimed == 0 {
         tracing::info!("order already has a reservation; reserve is a no-op");
         telemetry::metrics::incr("inventory_repeat_commands_total", &[("command", "reserve")]);
+        inbox::note_miss(
+            conn,
+            INVENTORY.name,
+            env.event_id,
+            env.order_id,
+            "reservation per order",
+        )
+        .await?;
         return Ok(None);
     }
     // The conditional decrement is atomic: concurrent orders for the last
@@ -175,6 +183,14 @@ async fn release(conn: &mut PgConnection, env: &Envelope) -> sqlx::Result<Option
     let Some((sku, quantity)) = released else {
         tracing::info!("no reserved stock for order; release is a no-op");
         telemetry::metrics::incr("inventory_repeat_commands_total", &[("command", "release")]);
+        inbox::note_miss(
+            conn,
+            INVENTORY.name,
+            env.event_id,
+            env.order_id,
+            "release once per reservation",
+        )
+        .await?;
         return Ok(None);
     };
     sqlx::query("UPDATE stock SET available = available + $2, updated_at = now() WHERE sku = $1")

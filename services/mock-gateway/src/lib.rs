@@ -50,6 +50,9 @@ pub struct Config {
     /// Initial faults.
     #[command(flatten)]
     pub faults: faults::Faults,
+    /// Negative control: Idempotency-Key ignored (test builds only).
+    #[command(flatten)]
+    pub unsafe_no_idempotency_key: service_kit::unsafe_switch::NoIdempotencyKey,
     /// Logs.
     #[command(flatten)]
     pub log: LogArgs,
@@ -75,6 +78,7 @@ pub struct App {
 
 /// Connects, migrates and binds.
 pub async fn build(config: Config) -> anyhow::Result<App> {
+    config.unsafe_no_idempotency_key.apply()?;
     let pool = service_kit::db::connect(
         &config.db.url,
         config.db.pool_size,

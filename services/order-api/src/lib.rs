@@ -41,6 +41,12 @@ pub struct Config {
     /// Inbox retention.
     #[command(flatten)]
     pub inbox: inbox::RetentionArgs,
+    /// Negative control: inbox off (test builds only).
+    #[command(flatten)]
+    pub unsafe_no_inbox: service_kit::unsafe_switch::NoInbox,
+    /// Negative control: Idempotency-Key ignored (test builds only).
+    #[command(flatten)]
+    pub unsafe_no_idempotency_key: service_kit::unsafe_switch::NoIdempotencyKey,
     /// Logs.
     #[command(flatten)]
     pub log: LogArgs,
@@ -81,6 +87,8 @@ pub async fn connect(database_url: &str, pool_size: u32) -> anyhow::Result<PgPoo
 /// Connects to the database (creating and migrating it), creates the topics
 /// and binds the HTTP listener.
 pub async fn build(config: Config) -> anyhow::Result<App> {
+    config.unsafe_no_inbox.apply()?;
+    config.unsafe_no_idempotency_key.apply()?;
     let pool = connect(&config.db.url, config.db.pool_size).await?;
     kafka::ensure_topics(&config.kafka.brokers, &topics::ALL).await?;
     let listener = TcpListener::bind(config.http_addr).await?;

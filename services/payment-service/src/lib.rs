@@ -44,6 +44,9 @@ pub struct Config {
     /// double charges. Never set it anywhere else.
     #[arg(long, env = "PAYMENT_UNSAFE_DISABLE_DEDUP", default_value_t = false)]
     pub unsafe_disable_dedup: bool,
+    /// Negative control: inbox off (test builds only).
+    #[command(flatten)]
+    pub unsafe_no_inbox: service_kit::unsafe_switch::NoInbox,
     /// Logs.
     #[command(flatten)]
     pub log: LogArgs,
@@ -82,9 +85,8 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     kafka::ensure_topics(&config.kafka.brokers, &topics::ALL).await?;
     let gateway = gateway::Client::new(&config.gateway_url, Duration::from_millis(config.gateway_timeout_ms))?;
     let listener = TcpListener::bind(config.http_addr).await?;
-    if config.unsafe_disable_dedup {
-        tracing::error!("PAYMENT_UNSAFE_DISABLE_DEDUP is set: duplicates WILL be charged twice (negative control)");
-    }
+    config.unsafe_no_inbox.apply()?;
+    service_kit::unsafe_switch::check("PAYMENT_UNSAFE_DISABLE_DEDUP", config.unsafe_disable_dedup)?;
     let deps = Deps {
         pool,
         gateway,

@@ -210,6 +210,17 @@ async fn settle(
         .rows_affected();
         // Only the delivery that settles the payment replies; a concurrent
         // one that lost the race (different event id) stays silent.
+        if moved == 0 {
+            inbox::note_miss(
+                &mut tx,
+                PAYMENT.name,
+                envelope.event_id,
+                envelope.order_id,
+                "payment per operation",
+            )
+            .await
+            .map_err(HandleError::transient)?;
+        }
         if moved == 1 {
             service_kit::saga::emit(&mut tx, envelope.order_id, &reply, Some(envelope))
                 .await
@@ -217,6 +228,17 @@ async fn settle(
             telemetry::metrics::incr("payment_settled_total", &[("status", status.as_str())]);
             tracing::info!(status = status.as_str(), reply = %reply.to_parts().0, "payment settled");
         }
+    } else {
+        // The command was new to the inbox, yet its payment was settled.
+        inbox::note_miss(
+            &mut tx,
+            PAYMENT.name,
+            envelope.event_id,
+            envelope.order_id,
+            "payment per operation",
+        )
+        .await
+        .map_err(HandleError::transient)?;
     }
     tx.commit().await.map_err(HandleError::transient)?;
     Ok(Handled::Applied)

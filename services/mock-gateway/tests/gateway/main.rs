@@ -26,6 +26,7 @@ impl Gateway {
             admin: true,
             keys: idempotency::KeyArgs { ttl_secs: 86_400 },
             faults,
+            unsafe_no_idempotency_key: Default::default(),
             log: service_kit::LogArgs::default(),
         };
         let app = mock_gateway::build(config).await.unwrap();

@@ -117,6 +117,10 @@ pub async fn apply(
                 false,
             )
             .await?;
+            if let Some(event_id) = event_id {
+                // A reply new to the inbox that the state machine had to stop.
+                inbox::note_miss(conn, ORDER_SAGA.name, event_id, order.id, "saga state machine").await?;
+            }
             Ok(false)
         }
         Decision::Apply {
