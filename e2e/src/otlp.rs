@@ -108,7 +108,11 @@ fn decode(body: &Bytes, out: &mut Vec<Span>) {
                     start_ns: s.start_time_unix_nano,
                     end_ns: s.end_time_unix_nano,
                     attributes: strings(&s.attributes),
-                    events: s.events.iter().map(|e| (e.name.clone(), strings(&e.attributes))).collect(),
+                    events: s
+                        .events
+                        .iter()
+                        .map(|e| (e.name.clone(), strings(&e.attributes)))
+                        .collect(),
                 });
             }
         }

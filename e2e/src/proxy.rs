@@ -30,6 +30,7 @@ pub struct FaultProxy {
     /// `127.0.0.1:port` clients connect to.
     pub addr: String,
     mode: Arc<watch::Sender<Mode>>,
+    acted: Arc<std::sync::atomic::AtomicU64>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -39,14 +40,17 @@ impl FaultProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?.to_string();
         let (tx, rx) = watch::channel(Mode::Pass);
+        let acted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counter = acted.clone();
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                tokio::spawn(serve(client, target.clone(), rx.clone()));
+                tokio::spawn(serve(client, target.clone(), rx.clone(), counter.clone()));
             }
         });
         Ok(Self {
             addr,
             mode: Arc::new(tx),
+            acted,
             task,
         })
     }
@@ -54,6 +58,12 @@ impl FaultProxy {
     /// Switches the mode for new and existing connections.
     pub fn set(&self, mode: Mode) {
         self.mode.send_replace(mode);
+    }
+
+    /// How many times a fault mode acted so far: a connection reset or
+    /// swallowed, a chunk delayed. The evidence that a network fault fired.
+    pub fn acted(&self) -> u64 {
+        self.acted.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
@@ -63,30 +73,57 @@ impl Drop for FaultProxy {
     }
 }
 
-async fn serve(mut client: TcpStream, target: String, mut mode: watch::Receiver<Mode>) {
+type Acted = Arc<std::sync::atomic::AtomicU64>;
+
+fn note(acted: &Acted) {
+    acted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Closes `stream` with a TCP RST (SO_LINGER 0), not a FIN: the peer sees
+/// "connection reset by peer", as when a middlebox or a crashed host drops it.
+#[allow(deprecated)] // deprecated for blocking on drop; a zero linger never blocks: the kernel sends the RST at once
+fn reset(stream: TcpStream) {
+    let _ = stream.set_linger(Some(std::time::Duration::ZERO));
+    drop(stream);
+}
+
+async fn serve(mut client: TcpStream, target: String, mut mode: watch::Receiver<Mode>, acted: Acted) {
     let current = *mode.borrow();
     match current {
-        Mode::Reset => return,
-        Mode::Blackhole => return swallow(client, mode).await,
+        Mode::Reset => {
+            note(&acted);
+            return reset(client);
+        }
+        Mode::Blackhole => {
+            note(&acted);
+            return swallow(client, mode).await;
+        }
         _ => {}
     }
     let Ok(upstream) = TcpStream::connect(&target).await else {
         return;
     };
-    let (mut cr, mut cw) = client.split();
-    let (mut ur, mut uw) = tokio::io::split(upstream);
-    let mut m1 = mode.clone();
-    let up = pump(&mut cr, &mut uw, &mut m1);
-    let down = pump(&mut ur, &mut cw, &mut mode);
-    tokio::select! {
-        _ = up => {}
-        _ = down => {}
+    {
+        let (mut cr, mut cw) = client.split();
+        let (mut ur, mut uw) = tokio::io::split(upstream);
+        let mut m1 = mode.clone();
+        let up = pump(&mut cr, &mut uw, &mut m1, &acted);
+        let down = pump(&mut ur, &mut cw, &mut mode, &acted);
+        tokio::select! {
+            _ = up => {}
+            _ = down => {}
+        }
+    }
+    // A connection cut by a switch to reset mode is reset, not closed.
+    if *mode.borrow() == Mode::Reset {
+        note(&acted);
+        reset(client);
     }
 }
 
 /// Copies `from` to `to` following the mode; returns when either side
 /// closes or the mode turns to reset/blackhole.
-async fn pump<R, W>(from: &mut R, to: &mut W, mode: &mut watch::Receiver<Mode>)
+async fn pump<R, W>(from: &mut R, to: &mut W, mode: &mut watch::Receiver<Mode>, acted: &Acted)
 where
     R: tokio::io::AsyncRead + Unpin,
     W: tokio::io::AsyncWrite + Unpin,
@@ -103,7 +140,10 @@ where
         };
         let current = *mode.borrow();
         match current {
-            Mode::Latency(d) => tokio::time::sleep(d).await,
+            Mode::Latency(d) => {
+                note(acted);
+                tokio::time::sleep(d).await;
+            }
             Mode::Reset | Mode::Blackhole => return,
             Mode::Pass => {}
         }
@@ -170,5 +210,24 @@ mod tests {
         assert!(roundtrip(&proxy.addr, Duration::from_millis(300)).await.is_none());
         proxy.set(Mode::Pass);
         assert!(roundtrip(&proxy.addr, Duration::from_secs(1)).await.is_some());
+        assert!(proxy.acted() >= 3, "each fault mode acted: {}", proxy.acted());
+    }
+
+    #[tokio::test]
+    async fn reset_is_an_rst_not_a_fin() {
+        let proxy = FaultProxy::start(echo_server().await).await.unwrap();
+        proxy.set(Mode::Reset);
+        let mut s = TcpStream::connect(&proxy.addr).await.unwrap();
+        let _ = s.write_all(b"ping").await;
+        let mut buf = [0u8; 4];
+        let read = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf))
+            .await
+            .unwrap();
+        assert_eq!(
+            read.map_err(|e| e.kind()),
+            Err(std::io::ErrorKind::ConnectionReset),
+            "a FIN would read Ok(0)"
+        );
+        assert_eq!(proxy.acted(), 1);
     }
 }

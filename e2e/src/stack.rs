@@ -419,15 +419,16 @@ impl Stack {
 
     /// Starts a second instance of a service (on its own admin port, same
     /// database and consumer group) next to the first; returns its pid.
-    pub async fn start_extra(&mut self, s: Service) -> anyhow::Result<u32> {
+    pub async fn start_extra(&mut self, s: Service) -> anyhow::Result<(u32, String)> {
         anyhow::ensure!(s != Service::Broker, "one broker only");
         let mut env = self.env(s);
         env.retain(|(k, _)| k != "HTTP_ADDR" && k != "FAILPOINTS");
-        env.push(("HTTP_ADDR".into(), format!("127.0.0.1:{}", free_port()?)));
+        let addr = format!("127.0.0.1:{}", free_port()?);
+        env.push(("HTTP_ADDR".into(), addr.clone()));
         let child = self.launch(s, env, &format!("{}-extra", s.name()))?;
         let pid = child.id().unwrap_or_default();
         self.extras.push((s, child));
-        Ok(pid)
+        Ok((pid, format!("http://{addr}")))
     }
 
     /// SIGKILLs every extra instance.
@@ -454,9 +455,32 @@ impl Stack {
         Ok(n)
     }
 
+    /// How many times `s` reported crash point `point` firing in its own
+    /// output (`telemetry::crash_point` prints it just before aborting).
+    pub fn crash_point_reports(&self, s: Service, point: &str) -> usize {
+        let line = format!("{} {point}", telemetry::CRASH_POINT_FIRED);
+        std::fs::read_to_string(self.log_path(s))
+            .map(|log| log.lines().filter(|l| l.contains(&line)).count())
+            .unwrap_or(0)
+    }
+
     /// The log file of a process.
     pub fn log_path(&self, s: Service) -> PathBuf {
         self.opts.run_dir.join("logs").join(format!("{}.log", s.name()))
+    }
+
+    /// The value of `name` summed over `url`'s `/metrics` (None when it does not answer).
+    pub async fn metric(url: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let page = reqwest::Client::new()
+            .get(format!("{url}/metrics"))
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        Some(telemetry::metrics::sum_samples(&page, name, labels))
     }
 
     /// SIGKILLs a process (a crash: no shutdown hooks run) and reaps it.

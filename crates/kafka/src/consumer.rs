@@ -376,7 +376,9 @@ where
             if !self.handle(&batch).await {
                 return;
             }
-            fail::fail_point!(CRASH_BEFORE_OFFSET_COMMIT, |_| std::process::abort());
+            fail::fail_point!(CRASH_BEFORE_OFFSET_COMMIT, |_| telemetry::crash_point(
+                CRASH_BEFORE_OFFSET_COMMIT
+            ));
             let last = batch.last().expect("a batch has a message");
             // Committed later, in the background. Not fatal when it fails (a
             // revoked partition): the message is redelivered and absorbed.

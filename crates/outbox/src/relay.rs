@@ -327,7 +327,9 @@ impl<P: Publisher> Relay<P> {
             &[("source", self.source.as_str())],
             sent.elapsed(),
         );
-        fail::fail_point!(CRASH_AFTER_PUBLISH_BEFORE_MARK, |_| std::process::abort());
+        fail::fail_point!(CRASH_AFTER_PUBLISH_BEFORE_MARK, |_| telemetry::crash_point(
+            CRASH_AFTER_PUBLISH_BEFORE_MARK
+        ));
         self.settle(claim, results).await
     }
 

@@ -81,6 +81,66 @@ pub struct FaultEvent {
     pub fired: bool,
 }
 
+/// Evidence a windowed fault is judged on when its window ends: the
+/// gateway's own fault counter, the proxy's count of what it did, or the
+/// extra instances' own count of messages handled.
+enum Window {
+    Gateway { label: &'static str, before: f64 },
+    Network { before: u64 },
+    Extras { urls: Vec<(u32, String)> },
+}
+
+/// Closes the open window, if any: marks its fault fired only on evidence.
+async fn close_window(
+    stack: &Stack,
+    open: &mut Option<(usize, Window)>,
+    timeline: &mut [FaultEvent],
+    fired_kinds: &mut BTreeSet<Fault>,
+) {
+    let Some((i, window)) = open.take() else { return };
+    let (fired, evidence) = match window {
+        Window::Gateway { label, before } => {
+            let now = Stack::metric(
+                &stack.url(Service::Gateway),
+                "gateway_injected_faults_total",
+                &[("fault", label)],
+            )
+            .await
+            .unwrap_or(0.0);
+            // A restarted gateway starts counting from zero again.
+            let injected = if now >= before { now - before } else { now };
+            (injected > 0.0, format!("the gateway counted {injected} {label} faults"))
+        }
+        Window::Network { before } => {
+            let acted = stack.gateway_proxy().map_or(0, |p| p.acted()) - before;
+            (acted > 0, format!("the proxy acted {acted} times"))
+        }
+        Window::Extras { urls } => {
+            let mut handled = Vec::new();
+            for (pid, url) in &urls {
+                let n = Stack::metric(url, "consumer_messages_received_total", &[])
+                    .await
+                    .unwrap_or(0.0);
+                handled.push((*pid, n));
+            }
+            let words: Vec<String> = handled
+                .iter()
+                .map(|(pid, n)| format!("pid {pid}: {n} messages"))
+                .collect();
+            (
+                handled.iter().any(|(_, n)| *n > 0.0),
+                format!("handled by the extra instances: {}", words.join(", ")),
+            )
+        }
+    };
+    let event = &mut timeline[i];
+    event.fired = fired;
+    event.detail = format!("{} — {evidence}", event.detail);
+    if fired {
+        fired_kinds.insert(event.fault);
+    }
+}
+
 /// What the fault schedule did.
 pub(super) struct Schedule {
     /// Every fault, in order.
@@ -112,7 +172,12 @@ pub(super) async fn run_schedule(
     let mut fired_kinds = BTreeSet::new();
     let mut left_after_clients: Option<usize> = None;
     let mut placing_ms = None;
+    let mut open: Option<(usize, Window)> = None;
     loop {
+        let jitter = rng.gen_range(0..=cfg.fault_interval.as_millis() as u64 / 2);
+        tokio::time::sleep(cfg.fault_interval + Duration::from_millis(jitter)).await;
+        close_window(stack, &mut open, &mut timeline, &mut fired_kinds).await;
+        end_windows(stack, client).await;
         let clients_done = clients.placed_all();
         if clients_done && placing_ms.is_none() {
             placing_ms = Some(started.elapsed().as_millis() as u64);
@@ -127,16 +192,16 @@ pub(super) async fn run_schedule(
             }
             *left -= 1;
         }
-        let jitter = rng.gen_range(0..=cfg.fault_interval.as_millis() as u64 / 2);
-        tokio::time::sleep(cfg.fault_interval + Duration::from_millis(jitter)).await;
-        end_windows(stack, client).await;
         if round.is_empty() {
             round = Fault::FIRST_ROUND.to_vec();
             round.shuffle(rng);
         }
         let fault = round.remove(0);
         let at_ms = started.elapsed().as_millis() as u64;
-        let (detail, fired) = inject(stack, client, rng, fault, &mut crash_points, &mut duplicates).await?;
+        let (detail, fired, window) = inject(stack, client, rng, fault, &mut crash_points, &mut duplicates).await?;
+        if let Some(window) = window {
+            open = Some((timeline.len(), window));
+        }
         if cfg.progress {
             eprintln!("chaos: t={:>5.1}s fault {fault:?}: {detail}", at_ms as f64 / 1000.0);
         }
@@ -176,10 +241,20 @@ async fn inject(
     fault: Fault,
     crash_points: &mut BTreeMap<String, u32>,
     duplicates: &mut Duplicates,
-) -> anyhow::Result<(String, bool)> {
+) -> anyhow::Result<(String, bool, Option<Window>)> {
     if let Some((service, point)) = crash_point_of(fault, rng) {
-        return crash_point(stack, service, point, crash_points).await;
+        let (detail, fired) = crash_point(stack, service, point, crash_points).await?;
+        return Ok((detail, fired, None));
     }
+    let gateway = stack.url(Service::Gateway);
+    let gateway_counter = |label| {
+        let gateway = gateway.clone();
+        async move {
+            Stack::metric(&gateway, "gateway_injected_faults_total", &[("fault", label)])
+                .await
+                .unwrap_or(0.0)
+        }
+    };
     Ok(match fault {
         Fault::OrderApiAfterCommit
         | Fault::RelayAfterPublish
@@ -196,27 +271,43 @@ async fn inject(
             .choose(rng)
             .expect("non-empty");
             stack.restart(s).await?;
-            (format!("SIGKILL + restart {}", s.name()), true)
+            (format!("SIGKILL + restart {}", s.name()), true, None)
         }
         Fault::BrokerRestart => {
             stack.restart(Service::Broker).await?;
-            ("SIGKILL + restart tansu".into(), true)
+            ("SIGKILL + restart tansu".into(), true, None)
         }
         Fault::DatabaseConnectionsDropped => {
             let n = stack.terminate_db_connections().await?;
-            (format!("pg_terminate_backend on {n} connections"), n > 0)
+            (format!("pg_terminate_backend on {n} connections"), n > 0, None)
         }
         Fault::GatewayTimeoutAfterCommit => {
+            let before = gateway_counter("timeout_after_commit").await;
             client
                 .set_gateway_faults(serde_json::json!({"timeout_after_commit_rate": 0.3, "hang_ms": 1500}))
                 .await?;
-            ("gateway: 30 % commit-then-hang 1.5 s (client timeout 1 s)".into(), true)
+            (
+                "gateway: 30 % commit-then-hang 1.5 s (client timeout 1 s)".into(),
+                false,
+                Some(Window::Gateway {
+                    label: "timeout_after_commit",
+                    before,
+                }),
+            )
         }
         Fault::Gateway5xxAndLatency => {
+            let before = gateway_counter("fail_before_commit").await;
             client
                 .set_gateway_faults(serde_json::json!({"fail_rate": 0.3, "latency_ms": 50}))
                 .await?;
-            ("gateway: 30 % 503 before commit, +50 ms".into(), true)
+            (
+                "gateway: 30 % 503 before commit, +50 ms".into(),
+                false,
+                Some(Window::Gateway {
+                    label: "fail_before_commit",
+                    before,
+                }),
+            )
         }
         Fault::NetworkFault => {
             let mode = *[Mode::Latency(Duration::from_millis(150)), Mode::Reset, Mode::Blackhole]
@@ -225,20 +316,33 @@ async fn inject(
             let proxy = stack
                 .gateway_proxy()
                 .ok_or_else(|| anyhow::anyhow!("no gateway proxy"))?;
+            let before = proxy.acted();
             proxy.set(mode);
-            (format!("payment → gateway: {mode:?}"), true)
+            (
+                format!("payment → gateway: {mode:?}"),
+                false,
+                Some(Window::Network { before }),
+            )
         }
         Fault::TwoConsumerInstances => {
             let a = stack.start_extra(Service::Inventory).await?;
             let b = stack.start_extra(Service::Payment).await?;
             (
-                format!("second inventory-service (pid {a}) and payment-service (pid {b})"),
-                true,
+                format!(
+                    "second inventory-service (pid {}) and payment-service (pid {})",
+                    a.0, b.0
+                ),
+                false,
+                Some(Window::Extras { urls: vec![a, b] }),
             )
         }
         Fault::DuplicateInjection => {
-            let n = inject_duplicates(stack, rng, duplicates).await?;
-            (format!("{n} messages re-produced with their event ids"), n > 0)
+            let (n, racing) = inject_duplicates(stack, rng, duplicates).await?;
+            (
+                format!("{n} messages re-produced with their event ids ({racing} of orders still in flight)"),
+                n > 0,
+                None,
+            )
         }
     })
 }
@@ -275,12 +379,22 @@ async fn crash_point(
     point: &str,
     crash_points: &mut BTreeMap<String, u32>,
 ) -> anyhow::Result<(String, bool)> {
+    let reported_before = stack.crash_point_reports(s, point);
     stack.arm(s, point);
     stack.restart_unready(s).await?;
-    let fired = stack.wait_exit(s, Duration::from_secs(20)).await.is_ok();
+    let exited = stack.wait_exit(s, Duration::from_secs(20)).await.is_ok();
     stack.disarm(s);
+    // Fired only on the process's own word, and only if it died by the abort
+    // that follows (SIGABRT), not by any other exit.
+    let aborted = {
+        use std::os::unix::process::ExitStatusExt as _;
+        stack.last_exit(s).and_then(|e| e.signal()) == Some(6)
+    };
+    let fired = exited && aborted && stack.crash_point_reports(s, point) > reported_before;
     if fired {
         *crash_points.entry(format!("{}: {point}", s.name())).or_default() += 1;
+    }
+    if exited {
         stack.start_service(s).await?;
     } else {
         stack.restart(s).await?;
@@ -295,10 +409,27 @@ async fn crash_point(
     ))
 }
 
-async fn inject_duplicates(stack: &Stack, rng: &mut StdRng, duplicates: &mut Duplicates) -> anyhow::Result<usize> {
+/// Re-produces, with their event ids, up to 25 recent messages per topic —
+/// those of orders still in flight first (their effects may still be
+/// pending, so a duplicate races the original), then recent others.
+/// Returns (injected, of which for in-flight orders).
+async fn inject_duplicates(
+    stack: &Stack,
+    rng: &mut StdRng,
+    duplicates: &mut Duplicates,
+) -> anyhow::Result<(usize, usize)> {
     let brokers = stack.brokers();
     let producer = kafka::producer(&brokers)?;
-    let mut total = 0;
+    let in_flight: BTreeSet<Uuid> = {
+        use sqlx::Connection as _;
+        let mut db = sqlx::PgConnection::connect(&stack.db_url("orders")).await?;
+        sqlx::query_scalar("SELECT id FROM orders WHERE status NOT IN ('CONFIRMED', 'CANCELLED')")
+            .fetch_all(&mut db)
+            .await?
+            .into_iter()
+            .collect()
+    };
+    let (mut total, mut racing) = (0, 0);
     for topic in contract::topics::ALL {
         let group = format!("chaos-injector-{}", Uuid::new_v4());
         let (messages, _) = {
@@ -308,23 +439,29 @@ async fn inject_duplicates(stack: &Stack, rng: &mut StdRng, duplicates: &mut Dup
                     &b,
                     &t,
                     &group,
-                    rdkafka::Offset::Beginning,
+                    rdkafka::Offset::OffsetTail(60),
                     Duration::from_millis(1500),
-                    60,
+                    180,
                 )
             })
             .await??
         };
-        let picks: Vec<_> = messages.choose_multiple(rng, 25.min(messages.len())).cloned().collect();
-        for m in &picks {
-            use rdkafka::Message as _;
-            let Ok(env) = Envelope::from_bytes(m.payload().unwrap_or_default()) else {
-                continue;
-            };
-            testkit::publish::envelope(&producer, topic, &env).await?;
+        use rdkafka::Message as _;
+        let envelopes: Vec<Envelope> = messages
+            .iter()
+            .filter_map(|m| Envelope::from_bytes(m.payload().unwrap_or_default()).ok())
+            .collect();
+        let (live, done): (Vec<&Envelope>, Vec<&Envelope>) =
+            envelopes.iter().partition(|e| in_flight.contains(&e.order_id));
+        let mut picks: Vec<&Envelope> = live.choose_multiple(rng, 25.min(live.len())).copied().collect();
+        let live_picked = picks.len();
+        picks.extend(done.choose_multiple(rng, 25 - live_picked.min(25)).copied());
+        for env in picks {
+            testkit::publish::envelope(&producer, topic, env).await?;
             total += 1;
             *duplicates.injected.entry(topic.to_owned()).or_default() += 1;
         }
+        racing += live_picked;
     }
-    Ok(total)
+    Ok((total, racing))
 }

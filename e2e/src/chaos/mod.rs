@@ -12,6 +12,7 @@ mod clients;
 mod drive;
 pub mod faults;
 pub mod layers;
+mod picture;
 mod plan;
 pub mod report;
 
@@ -21,6 +22,7 @@ use std::time::Duration;
 pub use clients::ClientStats;
 pub use faults::{Fault, FaultEvent};
 pub use layers::LayerOff;
+pub use picture::svg;
 pub use report::{markdown, Duplicates, Report, Sample};
 
 use crate::stack::{Service, Stack, StackOptions};
@@ -105,6 +107,7 @@ pub async fn run(cfg: &ChaosConfig) -> anyhow::Result<Report> {
             std::fs::create_dir_all(&dir)?;
             std::fs::write(dir.join("report.json"), &json)?;
             std::fs::write(dir.join("report.md"), &md)?;
+            std::fs::write(dir.join("report.svg"), svg(report))?;
         }
     }
     // Keep the logs (and the report) of a run that went wrong.

@@ -229,6 +229,10 @@ pub fn markdown(r: &Report) -> String {
         let broken: Vec<String> = r.broken().iter().map(|(k, n)| format!("{k} ({n})")).collect();
         let _ = writeln!(s, "| {} | {expected} | {why} | {} |\n", layer.name(), broken.join(", "));
     }
+    let _ = writeln!(
+        s,
+        "![orders per second, open orders and faults over the run](report.svg)\n"
+    );
     let _ = writeln!(s, "## Outcome\n");
     let _ = writeln!(s, "| | |\n|---|---|");
     let _ = writeln!(

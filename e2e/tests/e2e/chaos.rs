@@ -19,6 +19,19 @@ async fn chaos_run_finds_no_double_charge_and_loses_nothing() {
     assert!(report.duplicates.delivered() > 0, "duplicates were delivered");
     assert!(report.duplicates.total_absorbed() > 0, "and absorbed");
     assert!(report.audit.double_charged.is_empty() && report.audit.lost.is_empty() && report.audit.stuck.is_empty());
+    // The picture: both series and one marker per fault.
+    let svg = chaos::svg(&report);
+    assert_eq!(svg.matches("<polyline").count(), 2, "orders/s and open orders");
+    assert_eq!(
+        svg.matches("stroke-dasharray").count(),
+        report.timeline.len(),
+        "a marker per fault"
+    );
+    assert!(
+        report.samples.len() > 10,
+        "sampled every second: {}",
+        report.samples.len()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

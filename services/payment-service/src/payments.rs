@@ -167,7 +167,9 @@ pub async fn handle(deps: &Deps, envelope: Envelope) -> Result<Handled, HandleEr
         Err(CallError::Retry(e)) => return Err(HandleError::Transient(e)),
         Err(CallError::Refused(e)) => return Err(HandleError::Permanent(e)),
     };
-    fail::fail_point!(CRASH_AFTER_GATEWAY_BEFORE_RECORD, |_| std::process::abort());
+    fail::fail_point!(CRASH_AFTER_GATEWAY_BEFORE_RECORD, |_| telemetry::crash_point(
+        CRASH_AFTER_GATEWAY_BEFORE_RECORD
+    ));
 
     // Step 3: record the result and reply, atomically with the inbox row.
     let result = outcome(kind, reply)?;

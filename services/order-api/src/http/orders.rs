@@ -94,7 +94,7 @@ pub async fn create(State(state): State<AppState>, request: Idempotent) -> Resul
                 quantity: order.quantity,
             };
             service_kit::saga::emit(conn, order.id, &first, None).await?;
-            fail::fail_point!(CRASH_BEFORE_COMMIT, |_| std::process::abort());
+            fail::fail_point!(CRASH_BEFORE_COMMIT, |_| telemetry::crash_point(CRASH_BEFORE_COMMIT));
             telemetry::metrics::incr("orders_created_total", &[]);
             tracing::info!(order_id = %order.id, "order placed");
             Ok(StoredResponse::json(StatusCode::CREATED, &order, "application/json")
@@ -128,7 +128,9 @@ async fn respond(
     )
     .await?;
     if matches!(outcome, Outcome::Completed(_)) {
-        fail::fail_point!(CRASH_AFTER_COMMIT_BEFORE_RESPONSE, |_| std::process::abort());
+        fail::fail_point!(CRASH_AFTER_COMMIT_BEFORE_RESPONSE, |_| telemetry::crash_point(
+            CRASH_AFTER_COMMIT_BEFORE_RESPONSE
+        ));
     }
     Ok(idempotency::respond(outcome)?)
 }
