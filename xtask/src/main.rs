@@ -1,5 +1,7 @@
 //! `cargo xtask <command>`: run the tests, the stack, the demo.
 
+mod scenario;
+
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -76,6 +78,14 @@ enum Cmd {
         trace_cost: Option<f64>,
     },
     /// List or replay the dead letters of a topic (e.g. inventory.commands).
+    /// Tell one failure scenario of docs/scenarios.md (1..=21) — what is
+    /// injected, which layer acts, what is checked — and run its test.
+    /// Without a number: list them.
+    Scenario {
+        /// The scenario's number.
+        #[arg(value_parser = clap::value_parser!(u8).range(1..=21))]
+        n: Option<u8>,
+    },
     Dlq {
         #[command(subcommand)]
         action: DlqAction,
@@ -153,6 +163,44 @@ fn build_services() -> anyhow::Result<()> {
     let status = cmd.status().context("running cargo build")?;
     anyhow::ensure!(status.success(), "building the services failed");
     Ok(())
+}
+
+fn run_scenario(n: u8) -> anyhow::Result<i32> {
+    let s = scenario::get(n).context("no such scenario")?;
+    println!("Scenario {n}: {}\n", s.title);
+    println!("  injected: {}", s.injected);
+    println!("  acts:     {}", s.acts);
+    println!("  checked:  {}", s.checked);
+    let test = &s.test;
+    println!(
+        "  test:     {} ({}{})\n",
+        test.name,
+        test.package,
+        test.target
+            .map(|t| format!(", tests/{t}"))
+            .unwrap_or_else(|| ", unit test".into())
+    );
+    let mut cmd = cargo();
+    cmd.args(["test", "--quiet", "-p", test.package]);
+    if test.package == "e2e" {
+        // The stack runs the service binaries, built with their crash points.
+        build_services()?;
+    } else if ["order-api", "inventory-service", "payment-service", "kafka", "outbox"].contains(&test.package) {
+        cmd.args(["--features", "failpoints"]);
+    }
+    match test.target {
+        Some(target) => cmd.args(["--test", target]),
+        None => cmd.arg("--lib"),
+    };
+    cmd.args(["--", test.name, "--nocapture"]);
+    let status = cmd.status().context("running cargo test")?;
+    if status.success() {
+        println!("\nScenario {n} held: {}", s.checked);
+        Ok(0)
+    } else {
+        println!("\nScenario {n} FAILED: see the test output above");
+        Ok(status.code().unwrap_or(1))
+    }
 }
 
 async fn dlq(action: &DlqAction, brokers: &str) -> anyhow::Result<()> {
@@ -282,6 +330,14 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Test { args } => std::process::exit(run_tests(&args)?),
+        Cmd::Scenario { n: None } => {
+            for s in &scenario::ALL {
+                println!("{:>2}  {}", s.n, s.title);
+            }
+            println!("\ncargo xtask scenario N tells one and runs its test.");
+            Ok(())
+        }
+        Cmd::Scenario { n: Some(n) } => std::process::exit(run_scenario(n)?),
         Cmd::Bench {
             window_secs,
             start_rate,

@@ -45,6 +45,13 @@ use crate::{KafkaArgs, Result};
 /// must be absorbed by the inbox.
 pub const CRASH_BEFORE_OFFSET_COMMIT: &str = "consumer::before_offset_commit";
 
+/// Crash point (failpoints builds): the process dies while handling a
+/// message — after it was received, 3 s into the handler, before the
+/// handler's transaction. 3 s is longer than any commit interval a test
+/// sets, so an offset stored *before* handling (ack first) would have been
+/// committed by then and the message lost; stored after, it comes back.
+pub const CRASH_WHILE_HANDLING: &str = "consumer::while_handling";
+
 /// Failpoint (failpoints builds): the consume loop fails as if its broker
 /// session broke for good — the supervisor must turn the service not-ready
 /// and exit non-zero.
@@ -422,6 +429,10 @@ where
         if decoded.is_empty() {
             return true;
         }
+        fail::fail_point!(CRASH_WHILE_HANDLING, |_| {
+            std::thread::sleep(Duration::from_secs(3));
+            telemetry::crash_point(CRASH_WHILE_HANDLING)
+        });
         let single = decoded.len() == 1;
         match handle_with_retry(name, &*self.handler, decoded.clone(), &self.shutdown).await {
             Ok(Some(outcomes)) => {

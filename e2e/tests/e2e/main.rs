@@ -10,6 +10,7 @@ mod metrics;
 mod offsets;
 mod payments;
 mod saga;
+mod scenarios;
 mod supervisor;
 mod traces;
 

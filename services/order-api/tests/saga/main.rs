@@ -1,0 +1,110 @@
+//! The order saga's consumer handler against a real PostgreSQL.
+
+use contract::{Envelope, Message};
+use kafka::consumer::Handled;
+use order_api::orders::{self, NewOrder, Status};
+use testkit::TempDb;
+
+/// Scenario 20 — a payment reply redelivered does not credit twice. The
+/// same PaymentCaptured (one event id) delivered twice confirms the order
+/// once: the second delivery stops at the saga's inbox, and the history has
+/// one CONFIRMED step. A *republished* reply (same fact, new event id) gets
+/// past the inbox and is stopped by the state machine, which records it as
+/// ignored — and as an inbox miss, the evidence the chaos suite counts.
+/// Checked against the removal: with the inbox off (`inbox::unsafe_disable`)
+/// the second delivery returns `Applied` and writes an ignored history row
+/// and a miss, so the first two assertions fail.
+#[tokio::test]
+async fn scenario_20_a_redelivered_payment_reply_confirms_the_order_once() {
+    let db = TempDb::new("eo_saga");
+    let pool = order_api::connect(db.url(), 4).await.unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let order = orders::insert(
+        &mut conn,
+        "test",
+        &NewOrder {
+            sku: "WIDGET".into(),
+            quantity: 1,
+            amount_cents: 500,
+            card: "4242424242424242".into(),
+        },
+    )
+    .await
+    .unwrap();
+    drop(conn);
+    let reserve = Envelope::new(
+        order.id,
+        &Message::ReserveStock {
+            sku: "WIDGET".into(),
+            quantity: 1,
+        },
+        None,
+    );
+    let reserved = Envelope::new(order.id, &Message::StockReserved, Some(&reserve));
+    assert_eq!(
+        order_api::saga::handle(&pool, reserved).await.unwrap(),
+        Handled::Applied
+    );
+    let captured = Envelope::new(
+        order.id,
+        &Message::PaymentCaptured {
+            charge_id: "ch_1".into(),
+        },
+        Some(&reserve),
+    );
+    assert_eq!(
+        order_api::saga::handle(&pool, captured.clone()).await.unwrap(),
+        Handled::Applied
+    );
+    assert_eq!(
+        order_api::saga::handle(&pool, captured.clone()).await.unwrap(),
+        Handled::Duplicate,
+        "the redelivery stops at the inbox"
+    );
+    let mut conn = pool.acquire().await.unwrap();
+    let misses: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox_misses")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!(misses, 0, "no business key had to catch it");
+    let history = orders::history(&mut conn, order.id).await.unwrap();
+    let confirmed = history
+        .iter()
+        .filter(|h| h.to_status == Status::Confirmed && h.applied)
+        .count();
+    assert_eq!(confirmed, 1, "{history:?}");
+    assert!(history.iter().all(|h| h.applied), "nothing ignored: {history:?}");
+    assert_eq!(
+        orders::get(&mut conn, order.id).await.unwrap().unwrap().status,
+        Status::Confirmed
+    );
+
+    // The same fact under a new event id: past the inbox, stopped by the state machine.
+    let republished = Envelope::new(
+        order.id,
+        &Message::PaymentCaptured {
+            charge_id: "ch_1".into(),
+        },
+        Some(&reserve),
+    );
+    assert_eq!(
+        order_api::saga::handle(&pool, republished).await.unwrap(),
+        Handled::Applied
+    );
+    let history = orders::history(&mut conn, order.id).await.unwrap();
+    assert_eq!(
+        history
+            .iter()
+            .filter(|h| h.to_status == Status::Confirmed && h.applied)
+            .count(),
+        1
+    );
+    assert_eq!(history.iter().filter(|h| !h.applied).count(), 1, "recorded as ignored");
+    let misses: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox_misses")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!(misses, 1, "and counted as an inbox miss");
+    drop(conn);
+    pool.close().await;
+}
