@@ -17,6 +17,11 @@ use crate::AppState;
 /// A request under `Idempotency-Key`, refused the way this API refuses.
 pub type Idempotent = idempotency::Idempotent<ApiError>;
 
+/// Largest order total accepted, in cents (one million in currency units).
+pub const MAX_AMOUNT_CENTS: i64 = 100_000_000;
+/// Largest quantity accepted.
+pub const MAX_QUANTITY: i32 = 1_000;
+
 /// Body of `POST /orders`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -25,7 +30,7 @@ pub struct CreateOrder {
     pub sku: String,
     /// Units (1..=1000).
     pub quantity: i32,
-    /// Total in cents (> 0).
+    /// Total in cents (1..=[`MAX_AMOUNT_CENTS`]).
     pub amount_cents: i64,
     /// Card token (12..=19 digits). `4000000000000002` is always declined.
     pub card: String,
@@ -37,11 +42,11 @@ impl CreateOrder {
         if self.sku.is_empty() || self.sku.len() > 64 {
             problems.push("sku must be 1..=64 characters");
         }
-        if !(1..=1000).contains(&self.quantity) {
+        if !(1..=MAX_QUANTITY).contains(&self.quantity) {
             problems.push("quantity must be between 1 and 1000");
         }
-        if self.amount_cents <= 0 {
-            problems.push("amount_cents must be positive");
+        if !(1..=MAX_AMOUNT_CENTS).contains(&self.amount_cents) {
+            problems.push("amount_cents must be between 1 and 100000000");
         }
         if !(12..=19).contains(&self.card.len()) || !self.card.bytes().all(|b| b.is_ascii_digit()) {
             problems.push("card must be 12..=19 digits");
@@ -82,12 +87,15 @@ pub struct OrderView {
 }
 
 /// `POST /orders` — requires `Idempotency-Key`; 201 with the order.
+///
+/// A body that does not parse or validate (400/422) is refused before the
+/// key is claimed: nothing is stored under the key, so the client can fix
+/// the body and retry with the same key (Stripe's rule).
 pub async fn create(State(state): State<AppState>, request: Idempotent) -> Result<Response, ApiError> {
-    let order: CreateOrder = parse_json(&request.body)?;
+    let new = parse_json::<CreateOrder>(&request.body)?.validate()?;
     let client = request.scope.clone();
     let work: idempotency::Work<ApiError> = Box::new(move |conn| {
         Box::pin(async move {
-            let new = order.validate()?;
             let order = orders::insert(conn, &client, &new).await?;
             let first = Message::ReserveStock {
                 sku: order.sku.clone(),

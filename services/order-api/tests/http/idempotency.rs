@@ -107,16 +107,25 @@ async fn expired_keys_behave_as_new_and_are_reaped() {
 }
 
 #[tokio::test]
-async fn validation_failures_are_stored_and_replayed() {
+async fn validation_failures_store_nothing_and_the_key_stays_usable() {
     let api = TestApi::start(Duration::from_secs(3600)).await;
-    let bad = ORDER.replace("\"quantity\":2", "\"quantity\":0");
-    let first = api.post("/orders", "k-bad", None, &bad).await;
-    assert_eq!(first.status, 422);
-    assert_eq!(first.content_type.as_deref(), Some("application/problem+json"));
-    let again = api.post("/orders", "k-bad", None, &bad).await;
-    assert_eq!((again.status, again.replayed), (422, true));
-    assert_eq!(again.body, first.body);
-    assert_eq!(api.counts().await, (0, 0, 1), "the outcome is stored, nothing else");
+    for bad in [
+        ORDER.replace("\"quantity\":2", "\"quantity\":0"),
+        ORDER.replace("\"amount_cents\":2500", "\"amount_cents\":9223372036854775807"),
+        ORDER.replace("\"amount_cents\":2500", "\"amount_cents\":100000001"),
+        "{\"sku\":".to_owned(),
+    ] {
+        let refused = api.post("/orders", "k-fix", None, &bad).await;
+        assert!(matches!(refused.status, 400 | 422), "{bad}: {}", refused.status);
+        assert_eq!(refused.content_type.as_deref(), Some("application/problem+json"));
+        assert!(!refused.replayed);
+        assert_eq!(api.counts().await, (0, 0, 0), "{bad}: nothing written, not even the key");
+    }
+    // The client fixes the body and retries with the same key.
+    let fixed = api.post("/orders", "k-fix", None, ORDER).await;
+    assert_eq!((fixed.status, fixed.replayed), (201, false));
+    let largest = ORDER.replace("\"amount_cents\":2500", "\"amount_cents\":100000000");
+    assert_eq!(api.post("/orders", "k-max", None, &largest).await.status, 201, "the bound is inclusive");
     // Cancelling a PENDING order is a stored 409 too.
     let id = api.post("/orders", "k-ok", None, ORDER).await.json()["id"]
         .as_str()
