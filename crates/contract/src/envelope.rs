@@ -12,9 +12,25 @@ use uuid::Uuid;
 use crate::message::Message;
 use crate::{Error, Result};
 
+/// The envelope's schema version this code writes: `MAJOR.MINOR`. A reader
+/// accepts any minor of its major (a minor only adds optional fields, which
+/// it ignores) and refuses another major.
+pub const VERSION: &str = "1.0";
+/// The major version this code reads.
+pub const MAJOR: u32 = 1;
+
+fn version_1_0() -> String {
+    "1.0".into()
+}
+
 /// One event or command on the wire.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Envelope {
+    /// Schema version of the envelope and its payload, `MAJOR.MINOR`
+    /// ([`VERSION`]); absent in messages written before it existed, which
+    /// are 1.0.
+    #[serde(default = "version_1_0")]
+    pub version: String,
     /// Stable identity of this business fact.
     pub event_id: Uuid,
     /// The message type, e.g. `ReserveStock`.
@@ -42,6 +58,7 @@ impl Envelope {
     pub fn new(order_id: Uuid, message: &Message, cause: Option<&Envelope>) -> Self {
         let (event_type, payload) = message.to_parts();
         Self {
+            version: VERSION.into(),
             event_id: Uuid::now_v7(),
             event_type,
             occurred_at: Utc::now(),
@@ -63,8 +80,17 @@ impl Envelope {
         serde_json::to_vec(self).expect("envelope serialises")
     }
 
-    /// Decodes the typed message carried by this envelope.
+    /// Decodes the typed message carried by this envelope. Another major
+    /// version, an unknown event type or a payload that does not fit its
+    /// type is a decode error naming the reason (the consumer dead-letters it).
     pub fn message(&self) -> Result<Message> {
+        let major = self.version.split('.').next().and_then(|m| m.parse::<u32>().ok());
+        if major != Some(MAJOR) {
+            return Err(Error::Decode(format!(
+                "envelope version {:?} is not readable here: this consumer reads {MAJOR}.x",
+                self.version
+            )));
+        }
         Message::from_parts(&self.event_type, self.payload.clone())
     }
 }
@@ -91,6 +117,39 @@ mod tests {
         assert_eq!(decoded.correlation_id, first.correlation_id);
         assert_ne!(decoded.event_id, first.event_id);
         assert_eq!(decoded.message().unwrap(), Message::StockReserved);
+    }
+
+    #[test]
+    fn the_next_minor_is_read_and_another_major_is_refused_with_its_reason() {
+        let order = Uuid::new_v4();
+        let mut v = serde_json::to_value(Envelope::new(order, &Message::StockReserved, None)).unwrap();
+        assert_eq!(v["version"], VERSION);
+        // 1.1 adds an optional field: read, the field ignored.
+        v["version"] = "1.1".into();
+        v["priority"] = "high".into();
+        let next = Envelope::from_bytes(v.to_string().as_bytes()).unwrap();
+        assert_eq!(next.message().unwrap(), Message::StockReserved);
+        // 2.0: refused, and the reason says why.
+        v["version"] = "2.0".into();
+        let e = Envelope::from_bytes(v.to_string().as_bytes())
+            .unwrap()
+            .message()
+            .unwrap_err();
+        assert!(e.to_string().contains("version \"2.0\""), "{e}");
+        // Written before the field existed: 1.0.
+        v.as_object_mut().unwrap().remove("version");
+        let old = Envelope::from_bytes(v.to_string().as_bytes()).unwrap();
+        assert_eq!(
+            (old.version.as_str(), old.message().unwrap()),
+            ("1.0", Message::StockReserved)
+        );
+        // An unknown type names itself.
+        v["event_type"] = "StockTeleported".into();
+        let e = Envelope::from_bytes(v.to_string().as_bytes())
+            .unwrap()
+            .message()
+            .unwrap_err();
+        assert!(e.to_string().contains("StockTeleported"), "{e}");
     }
 
     #[test]

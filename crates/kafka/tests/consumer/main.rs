@@ -392,3 +392,42 @@ async fn queued_messages_are_applied_in_batches_in_order_and_one_poison_is_isola
     assert!(redeliveries >= 1, "the redelivery was absorbed by the inbox");
     w.drop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_reads_the_next_minor_and_dead_letters_another_major_or_an_unknown_type() {
+    let w = World::new().await;
+    let order = Uuid::new_v4();
+    let as_json = |env: &Envelope| serde_json::to_value(env).unwrap();
+    // 1.1: an added optional field.
+    let mut next_minor = as_json(&Envelope::new(order, &Message::ReleaseStock, None));
+    next_minor["version"] = "1.1".into();
+    next_minor["priority"] = "high".into();
+    // 2.0: a major this code does not read.
+    let mut next_major = as_json(&Envelope::new(order, &Message::ReleaseStock, None));
+    next_major["version"] = "2.0".into();
+    // An event type nobody defined.
+    let mut unknown = as_json(&Envelope::new(order, &Message::ReleaseStock, None));
+    unknown["event_type"] = "StockTeleported".into();
+    for v in [&next_major, &unknown, &next_minor] {
+        w.send_raw(&order.to_string(), v.to_string().as_bytes()).await;
+    }
+    let (token, done) = spawn_consumer(&w, "versions", Arc::default());
+    w.wait_effects(1).await;
+    token.cancel();
+    done.await.unwrap();
+    let applied: Uuid = sqlx::query_scalar("SELECT event_id FROM effects")
+        .fetch_one(&w.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        applied.to_string(),
+        next_minor["event_id"].as_str().unwrap(),
+        "the 1.1 event was applied"
+    );
+    let letters = kafka::dlq::list(&w.broker.addr, &w.topic).unwrap();
+    let reasons: Vec<&str> = letters.iter().filter_map(|l| l.error.as_deref()).collect();
+    assert_eq!(reasons.len(), 2, "{reasons:?}");
+    assert!(reasons[0].contains("version \"2.0\""), "{reasons:?}");
+    assert!(reasons[1].contains("StockTeleported"), "{reasons:?}");
+    w.drop().await;
+}

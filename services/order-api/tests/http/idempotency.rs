@@ -119,13 +119,21 @@ async fn validation_failures_store_nothing_and_the_key_stays_usable() {
         assert!(matches!(refused.status, 400 | 422), "{bad}: {}", refused.status);
         assert_eq!(refused.content_type.as_deref(), Some("application/problem+json"));
         assert!(!refused.replayed);
-        assert_eq!(api.counts().await, (0, 0, 0), "{bad}: nothing written, not even the key");
+        assert_eq!(
+            api.counts().await,
+            (0, 0, 0),
+            "{bad}: nothing written, not even the key"
+        );
     }
     // The client fixes the body and retries with the same key.
     let fixed = api.post("/orders", "k-fix", None, ORDER).await;
     assert_eq!((fixed.status, fixed.replayed), (201, false));
     let largest = ORDER.replace("\"amount_cents\":2500", "\"amount_cents\":100000000");
-    assert_eq!(api.post("/orders", "k-max", None, &largest).await.status, 201, "the bound is inclusive");
+    assert_eq!(
+        api.post("/orders", "k-max", None, &largest).await.status,
+        201,
+        "the bound is inclusive"
+    );
     // Cancelling a PENDING order is a stored 409 too.
     let id = api.post("/orders", "k-ok", None, ORDER).await.json()["id"]
         .as_str()
