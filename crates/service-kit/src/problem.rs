@@ -8,12 +8,14 @@ use serde::Serialize;
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
 /// An RFC 9457 problem document.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Problem {
     /// A URI reference naming the problem type.
     #[serde(rename = "type")]
+    #[schema(value_type = String)]
     pub kind: &'static str,
     /// Short summary of the type.
+    #[schema(value_type = String)]
     pub title: &'static str,
     /// HTTP status.
     pub status: u16,

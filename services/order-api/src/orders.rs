@@ -10,7 +10,7 @@ use uuid::Uuid;
 ///
 /// Stored as text (`PENDING`, `AWAITING_PAYMENT`, …); the transitions
 /// between these states live in `saga::transitions`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, sqlx::Type)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, sqlx::Type, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 #[sqlx(type_name = "text", rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Status {
@@ -43,7 +43,7 @@ impl Status {
 }
 
 /// An order as stored.
-#[derive(Debug, Clone, Serialize, FromRow)]
+#[derive(Debug, Clone, Serialize, FromRow, utoipa::ToSchema)]
 pub struct Order {
     /// Order id (also the saga's correlation id and Kafka key).
     pub id: Uuid,
@@ -57,6 +57,7 @@ pub struct Order {
     pub amount_cents: i64,
     /// Card token, never logged.
     #[serde(skip)]
+    #[schema(ignore)]
     pub card: String,
     /// Saga state.
     pub status: Status,
@@ -69,7 +70,7 @@ pub struct Order {
 }
 
 /// One saga step as shown by `GET /orders/{id}`.
-#[derive(Debug, Clone, Serialize, FromRow)]
+#[derive(Debug, Clone, Serialize, FromRow, utoipa::ToSchema)]
 pub struct HistoryEntry {
     /// Status before.
     pub from_status: Option<Status>,

@@ -9,7 +9,7 @@ use idempotency::{Outcome, StoredResponse};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::http::ApiError;
+use crate::http::{ApiError, Problem};
 use crate::orders::{self, HistoryEntry, NewOrder, Order, Status};
 use crate::saga::{self, Input};
 use crate::AppState;
@@ -23,16 +23,20 @@ pub const MAX_AMOUNT_CENTS: i64 = 100_000_000;
 pub const MAX_QUANTITY: i32 = 1_000;
 
 /// Body of `POST /orders`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateOrder {
     /// Stock keeping unit (1..=64 characters).
+    #[schema(min_length = 1, max_length = 64, example = "WIDGET")]
     pub sku: String,
     /// Units (1..=1000).
+    #[schema(minimum = 1, maximum = 1000, example = 2)]
     pub quantity: i32,
-    /// Total in cents (1..=[`MAX_AMOUNT_CENTS`]).
+    /// Total in cents (1..=100000000).
+    #[schema(minimum = 1, maximum = 100_000_000, example = 2500)]
     pub amount_cents: i64,
-    /// Card token (12..=19 digits). `4000000000000002` is always declined.
+    /// Card number (12..=19 digits). `4000000000000002` is always declined.
+    #[schema(pattern = "^[0-9]{12,19}$", example = "4242424242424242")]
     pub card: String,
 }
 
@@ -77,7 +81,7 @@ fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
 }
 
 /// An order with its saga history.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct OrderView {
     /// The order.
     #[serde(flatten)]
@@ -87,6 +91,24 @@ pub struct OrderView {
 }
 
 /// `POST /orders` — requires `Idempotency-Key`; 201 with the order.
+#[utoipa::path(
+    post,
+    path = "/orders",
+    tag = "orders",
+    request_body = CreateOrder,
+    params(
+        ("Idempotency-Key" = String, Header, description = "1–255 printable ASCII characters; a retry with the same key and body gets the same response"),
+        ("X-Client-Id" = Option<String>, Header, description = "the client the key belongs to (default `anonymous`)"),
+    ),
+    responses(
+        (status = 201, description = "Created (or replayed: `Idempotent-Replayed: true`)", body = Order,
+         headers(("Location" = String, description = "/orders/{id}"))),
+        (status = 400, description = "Malformed JSON or Idempotency-Key", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The same key is still being processed (Retry-After)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid fields, or the key reused with another body", body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal error (nothing stored; retry with the key)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
 ///
 /// A body that does not parse or validate (400/422) is refused before the
 /// key is claimed: nothing is stored under the key, so the client can fix
@@ -144,6 +166,17 @@ async fn respond(
 }
 
 /// `GET /orders/{id}` — the order and its saga history.
+#[utoipa::path(
+    get,
+    path = "/orders/{id}",
+    tag = "orders",
+    params(("id" = String, Path, description = "order id (UUID)")),
+    responses(
+        (status = 200, description = "The order and its saga history", body = OrderView),
+        (status = 404, description = "No such order", body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal error", body = Problem, content_type = "application/problem+json"),
+    )
+)]
 pub async fn show(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
     let mut conn = state.pool.acquire().await?;
@@ -152,6 +185,25 @@ pub async fn show(State(state): State<AppState>, Path(id): Path<String>) -> Resu
     Ok(Json(OrderView { order, history }).into_response())
 }
 
+#[utoipa::path(
+    post,
+    path = "/orders/{id}/cancel",
+    tag = "orders",
+    params(
+        ("id" = String, Path, description = "order id (UUID)"),
+        ("Idempotency-Key" = String, Header, description = "as for POST /orders"),
+        ("X-Client-Id" = Option<String>, Header, description = "the client the key belongs to"),
+    ),
+    responses(
+        (status = 202, description = "Cancel of a CONFIRMED order started: refund, then stock released", body = Order),
+        (status = 200, description = "Already being cancelled or cancelled", body = Order),
+        (status = 400, description = "Malformed Idempotency-Key", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such order", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Not cancellable in its state, or the key in flight", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The key reused with another request", body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal error", body = Problem, content_type = "application/problem+json"),
+    )
+)]
 /// `POST /orders/{id}/cancel` — requires `Idempotency-Key`. A CONFIRMED
 /// order is refunded and its stock released (202); an order already being
 /// cancelled or cancelled answers 200; any other status 409.

@@ -3,6 +3,7 @@
 //! tests are about what one request writes, and the outbox row it leaves.
 
 mod idempotency;
+mod openapi;
 
 use std::net::SocketAddr;
 use std::time::Duration;
