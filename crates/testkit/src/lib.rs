@@ -5,6 +5,7 @@
 //! - [`db`]: throw-away databases that are dropped with their guard;
 //! - [`broker`]: the tansu broker — found or installed, started on a free
 //!   port with a temp data directory, killed and restarted;
+//! - [`openapi`]: a service's OpenAPI document is current and well-formed;
 //! - [`process`]: which process listens on a port (a harness's check that
 //!   the service answering is the one it started);
 //! - [`promtool`]: Prometheus's checker, found or unpacked from Debian's package;
@@ -12,6 +13,7 @@
 
 pub mod broker;
 pub mod db;
+pub mod openapi;
 pub mod process;
 pub mod promtool;
 pub mod publish;

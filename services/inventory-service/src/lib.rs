@@ -44,6 +44,28 @@ pub struct Config {
     pub log: LogArgs,
 }
 
+/// inventory-service's OpenAPI 3.1 document (`utoipa`): the stock
+/// endpoints, served at `/openapi.json`, committed as
+/// docs/openapi/inventory-service.json.
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "inventory-service",
+        description = "Stock levels of the effectively-once saga (seeding and audit); reservations travel over Kafka. Errors are RFC 9457 problem+json."
+    ),
+    paths(stock::list, stock::set),
+    components(schemas(stock::StockLevel, stock::SetStock, service_kit::problem::Problem))
+)]
+pub struct ApiDoc;
+
+/// The document as pretty JSON.
+pub fn openapi_json() -> String {
+    use utoipa::OpenApi as _;
+    ApiDoc::openapi()
+        .to_pretty_json()
+        .expect("the OpenAPI document serialises")
+}
+
 /// A built inventory-service.
 pub struct App {
     pool: PgPool,
@@ -92,6 +114,10 @@ impl App {
         let app = Router::new()
             .route("/stock", get(stock::list))
             .route("/stock/{sku}", put(stock::set))
+            .route(
+                "/openapi.json",
+                get(|| async { ([(axum::http::header::CONTENT_TYPE, "application/json")], openapi_json()) }),
+            )
             .with_state(self.pool.clone())
             .merge(service_kit::admin::router(self.pool.clone(), tasks.health()));
         tasks.serve(self.listener, app);

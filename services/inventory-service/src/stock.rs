@@ -7,6 +7,7 @@ use contract::topics::consumers::INVENTORY;
 use contract::{Envelope, Message};
 use kafka::consumer::{HandleError, Handled, Traced};
 use serde::{Deserialize, Serialize};
+use service_kit::problem::Problem;
 use sqlx::{PgConnection, PgPool};
 use tracing::Instrument as _;
 
@@ -203,7 +204,7 @@ async fn release(conn: &mut PgConnection, env: &Envelope) -> sqlx::Result<Option
 }
 
 /// Stock level of one SKU.
-#[derive(Debug, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Debug, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct StockLevel {
     /// SKU.
     pub sku: String,
@@ -213,8 +214,27 @@ pub struct StockLevel {
     pub reserved: i64,
 }
 
+fn unavailable(e: sqlx::Error) -> Problem {
+    tracing::error!(error = %e, "stock query failed");
+    Problem::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "/problems/unavailable",
+        "Database unavailable",
+        "the stock database did not answer; retry",
+    )
+}
+
 /// `GET /stock` — available and reserved units per SKU.
-pub async fn list(State(pool): State<PgPool>) -> Result<Json<Vec<StockLevel>>, (StatusCode, String)> {
+#[utoipa::path(
+    get,
+    path = "/stock",
+    tag = "stock",
+    responses(
+        (status = 200, description = "Every SKU with its available and reserved units", body = Vec<StockLevel>),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn list(State(pool): State<PgPool>) -> Result<Json<Vec<StockLevel>>, Problem> {
     sqlx::query_as(
         "SELECT s.sku, s.available,
                 COALESCE((SELECT sum(quantity) FROM reservations r WHERE r.sku = s.sku AND r.status = 'RESERVED'), 0)::int8 AS reserved
@@ -223,24 +243,64 @@ pub async fn list(State(pool): State<PgPool>) -> Result<Json<Vec<StockLevel>>, (
     .fetch_all(&pool)
     .await
     .map(Json)
-    .map_err(|e| (StatusCode::SERVICE_UNAVAILABLE, e.to_string()))
+    .map_err(unavailable)
 }
 
 /// Body of `PUT /stock/{sku}`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct SetStock {
-    /// New available count (>= 0).
+    /// New available count (0..=1,000,000,000).
+    #[schema(minimum = 0, maximum = 1_000_000_000)]
     pub available: i32,
 }
 
 /// `PUT /stock/{sku}` — sets the available count (seeding and tests).
+#[utoipa::path(
+    put,
+    path = "/stock/{sku}",
+    tag = "stock",
+    params(("sku" = String, Path, description = "stock keeping unit (1..=64 characters)")),
+    request_body = SetStock,
+    responses(
+        (status = 204, description = "Set"),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid count or SKU", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
+    )
+)]
 pub async fn set(
     State(pool): State<PgPool>,
     Path(sku): Path<String>,
-    Json(body): Json<SetStock>,
-) -> Result<StatusCode, (StatusCode, String)> {
-    if body.available < 0 {
-        return Err((StatusCode::UNPROCESSABLE_ENTITY, "available must be >= 0".into()));
+    body: axum::body::Bytes,
+) -> Result<StatusCode, Problem> {
+    let refuse =
+        |status: StatusCode, kind: &'static str, detail: String| Problem::new(status, kind, "Invalid request", detail);
+    let body: SetStock = serde_json::from_slice(&body).map_err(|e| match e.classify() {
+        serde_json::error::Category::Data => refuse(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "/problems/unprocessable",
+            e.to_string(),
+        ),
+        _ => refuse(
+            StatusCode::BAD_REQUEST,
+            "/problems/bad-request",
+            format!("malformed JSON body: {e}"),
+        ),
+    })?;
+    if !(0..=1_000_000_000).contains(&body.available) {
+        return Err(refuse(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "/problems/unprocessable",
+            "available must be between 0 and 1000000000".into(),
+        ));
+    }
+    if sku.is_empty() || sku.len() > 64 {
+        return Err(refuse(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "/problems/unprocessable",
+            "sku must be 1..=64 characters".into(),
+        ));
     }
     sqlx::query(
         "INSERT INTO stock (sku, available) VALUES ($1, $2)
@@ -250,6 +310,6 @@ pub async fn set(
     .bind(body.available)
     .execute(&pool)
     .await
-    .map_err(|e| (StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    .map_err(unavailable)?;
     Ok(StatusCode::NO_CONTENT)
 }

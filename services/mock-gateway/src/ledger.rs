@@ -74,7 +74,7 @@ impl IntoResponse for GatewayError {
 }
 
 /// What a ledger entry moved (stored and shown as `charge` / `refund`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 #[sqlx(type_name = "text", rename_all = "lowercase")]
 pub enum EntryKind {
@@ -85,7 +85,7 @@ pub enum EntryKind {
 }
 
 /// How a movement ended (stored and shown as `captured`, …).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 #[sqlx(type_name = "text", rename_all = "lowercase")]
 pub enum EntryStatus {
@@ -109,7 +109,7 @@ impl EntryStatus {
 }
 
 /// `POST /v1/charges` body.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChargeRequest {
     /// The merchant's order.
     pub order_id: Uuid,
@@ -120,7 +120,7 @@ pub struct ChargeRequest {
 }
 
 /// `POST /v1/refunds` body.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RefundRequest {
     /// The merchant's order whose charge is refunded.
     pub order_id: Uuid,
@@ -129,7 +129,7 @@ pub struct RefundRequest {
 }
 
 /// The result of a charge or refund.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct Movement {
     /// Ledger entry id.
     pub id: Uuid,
@@ -138,7 +138,7 @@ pub struct Movement {
 }
 
 /// A ledger entry.
-#[derive(Debug, Clone, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct LedgerEntry {
     /// Entry id.
     pub id: Uuid,
@@ -159,6 +159,25 @@ pub struct LedgerEntry {
 }
 
 /// `POST /v1/charges` — captures, or declines card [`crate::DECLINED_CARD`] (402).
+#[utoipa::path(
+    post,
+    path = "/v1/charges",
+    tag = "gateway",
+    request_body = ChargeRequest,
+    params(
+        ("Idempotency-Key" = String, Header, description = "one per operation: a retry with it returns the original movement"),
+        ("X-Client-Id" = Option<String>, Header, description = "the calling service (the key's scope)"),
+    ),
+    responses(
+        (status = 201, description = "Captured (or replayed)", body = Movement),
+        (status = 402, description = "Declined by the issuer (stored under the key)", body = Movement),
+        (status = 400, description = "Malformed body or key", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The same key is still being processed", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid amount, or the key reused with another body", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal error", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Unavailable before commit (injected fault): retry", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+    )
+)]
 pub async fn charge(State(state): State<AppState>, request: Idempotent) -> Result<Response, GatewayError> {
     let req: ChargeRequest = parse(&request.body)?;
     if req.amount_cents <= 0 {
@@ -198,6 +217,24 @@ pub async fn charge(State(state): State<AppState>, request: Idempotent) -> Resul
     .await
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/refunds",
+    tag = "gateway",
+    request_body = RefundRequest,
+    params(
+        ("Idempotency-Key" = String, Header, description = "one per operation: a retry with it returns the original movement"),
+        ("X-Client-Id" = Option<String>, Header, description = "the calling service (the key's scope)"),
+    ),
+    responses(
+        (status = 201, description = "Refunded (or replayed)", body = Movement),
+        (status = 400, description = "Malformed body or key", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The same key is still being processed", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "More than the captured amount, or the key reused with another body", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal error", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Unavailable before commit (injected fault): retry", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+    )
+)]
 /// `POST /v1/refunds` — refunds part or all of an order's captured charges;
 /// refunds beyond what was captured are refused (422).
 pub async fn refund(State(state): State<AppState>, request: Idempotent) -> Result<Response, GatewayError> {
@@ -248,6 +285,15 @@ pub async fn refund(State(state): State<AppState>, request: Idempotent) -> Resul
     .await
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/ledger",
+    tag = "gateway",
+    responses(
+        (status = 200, description = "Every movement, oldest first: the ground truth of money", body = Vec<LedgerEntry>),
+        (status = 500, description = "Internal error", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+    )
+)]
 /// `GET /v1/ledger` — every entry, oldest first.
 pub async fn list(State(state): State<AppState>) -> Result<Json<Vec<LedgerEntry>>, GatewayError> {
     Ok(Json(

@@ -69,6 +69,36 @@ pub struct AppState {
     pub key_ttl: Duration,
 }
 
+/// The gateway's OpenAPI 3.1 document (`utoipa`), served at `/openapi.json`
+/// and committed as docs/openapi/mock-gateway.json. The fault switch
+/// (`/admin/faults`) is a test control and is left out.
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "mock-gateway",
+        description = "A Stripe-like payment provider for the effectively-once saga: every POST needs an Idempotency-Key; errors are RFC 9457 problem+json."
+    ),
+    paths(ledger::charge, ledger::refund, ledger::list),
+    components(schemas(
+        ledger::ChargeRequest,
+        ledger::RefundRequest,
+        ledger::Movement,
+        ledger::LedgerEntry,
+        ledger::EntryKind,
+        ledger::EntryStatus,
+        service_kit::problem::Problem
+    ))
+)]
+pub struct ApiDoc;
+
+/// The document as pretty JSON.
+pub fn openapi_json() -> String {
+    use utoipa::OpenApi as _;
+    ApiDoc::openapi()
+        .to_pretty_json()
+        .expect("the OpenAPI document serialises")
+}
+
 /// A built gateway.
 pub struct App {
     state: AppState,
@@ -111,7 +141,11 @@ impl App {
         let mut api = Router::new()
             .route("/v1/charges", post(ledger::charge))
             .route("/v1/refunds", post(ledger::refund))
-            .route("/v1/ledger", get(ledger::list));
+            .route("/v1/ledger", get(ledger::list))
+            .route(
+                "/openapi.json",
+                get(|| async { ([(axum::http::header::CONTENT_TYPE, "application/json")], openapi_json()) }),
+            );
         if self.admin {
             api = api.route("/admin/faults", get(faults::get).put(faults::put));
         }

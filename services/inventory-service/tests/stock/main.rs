@@ -230,3 +230,13 @@ fn traced(envelopes: Vec<Envelope>) -> Vec<kafka::consumer::Traced<Envelope>> {
         })
         .collect()
 }
+
+#[test]
+fn the_openapi_document_is_the_committed_one() {
+    testkit::openapi::check_committed(
+        "inventory-service",
+        &inventory_service::openapi_json(),
+        &["/stock", "/stock/{sku}"],
+        &[],
+    );
+}

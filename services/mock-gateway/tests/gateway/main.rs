@@ -201,3 +201,28 @@ async fn injected_faults_fail_before_commit_or_commit_then_hang() {
     assert_eq!(gw.ledger().await.len(), 1);
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn the_served_openapi_document_is_the_committed_one() {
+    let generated = mock_gateway::openapi_json();
+    // A declined charge answers 402 with its ledger movement (stored under
+    // the key like a success): an outcome, not a problem.
+    testkit::openapi::check_committed(
+        "mock-gateway",
+        &generated,
+        &["/v1/charges", "/v1/refunds", "/v1/ledger"],
+        &["POST /v1/charges 402"],
+    );
+    let gw = Gateway::start(Default::default()).await;
+    let served = gw
+        .http
+        .get(format!("{}/openapi.json", gw.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(served, generated);
+    gw.stop().await;
+}
