@@ -9,6 +9,7 @@
 //! - [`process`]: which process listens on a port (a harness's check that
 //!   the service answering is the one it started);
 //! - [`promtool`]: Prometheus's checker, found or unpacked from Debian's package;
+//! - [`schemathesis`]: the OpenAPI fuzzer, found or installed in a virtualenv;
 //! - [`publish`]: a saga envelope onto a topic, as the relay would publish it.
 
 pub mod broker;
@@ -17,6 +18,7 @@ pub mod openapi;
 pub mod process;
 pub mod promtool;
 pub mod publish;
+pub mod schemathesis;
 
 pub use broker::Broker;
 pub use db::TempDb;

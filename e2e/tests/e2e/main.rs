@@ -4,6 +4,7 @@ mod api;
 mod chaos;
 mod compose;
 mod crash;
+mod fuzz;
 mod layers;
 mod layout;
 mod metrics;

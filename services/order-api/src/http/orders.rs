@@ -31,19 +31,42 @@ pub struct CreateOrder {
     pub sku: String,
     /// Units (1..=1000).
     #[schema(minimum = 1, maximum = 1000, example = 2)]
+    #[serde(deserialize_with = "whole_number")]
     pub quantity: i32,
     /// Total in cents (1..=100000000).
     #[schema(minimum = 1, maximum = 100_000_000, example = 2500)]
+    #[serde(deserialize_with = "whole_number")]
     pub amount_cents: i64,
     /// Card number (12..=19 digits). `4000000000000002` is always declined.
     #[schema(pattern = "^[0-9]{12,19}$", example = "4242424242424242")]
     pub card: String,
 }
 
+/// An integer field as JSON Schema means it: any number without a fraction,
+/// so `2` and `2.0` are the same quantity; `2.5` or one out of the type's
+/// range is a 422.
+fn whole_number<'de, D, T>(de: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: TryFrom<i64>,
+{
+    use serde::de::Error as _;
+    let n = serde_json::Number::deserialize(de)?;
+    let whole = n
+        .as_i64()
+        .or_else(|| {
+            n.as_f64()
+                .filter(|f| f.fract() == 0.0 && f.abs() < 9.0e15)
+                .map(|f| f as i64)
+        })
+        .ok_or_else(|| D::Error::custom(format!("expected a whole number, got {n}")))?;
+    T::try_from(whole).map_err(|_| D::Error::custom(format!("{whole} is out of range")))
+}
+
 impl CreateOrder {
     fn validate(self) -> Result<NewOrder, ApiError> {
         let mut problems = Vec::new();
-        if self.sku.is_empty() || self.sku.len() > 64 {
+        if self.sku.is_empty() || self.sku.chars().count() > 64 {
             problems.push("sku must be 1..=64 characters");
         }
         if !(1..=MAX_QUANTITY).contains(&self.quantity) {
@@ -97,8 +120,8 @@ pub struct OrderView {
     tag = "orders",
     request_body = CreateOrder,
     params(
-        ("Idempotency-Key" = String, Header, description = "1–255 printable ASCII characters; a retry with the same key and body gets the same response"),
-        ("X-Client-Id" = Option<String>, Header, description = "the client the key belongs to (default `anonymous`)"),
+        ("Idempotency-Key" = String, Header, pattern = "^[!#-~]{1,255}$", description = "1–255 printable ASCII characters, no quote; a retry with the same key and body gets the same response"),
+        ("X-Client-Id" = Option<String>, Header, pattern = "^[!-~]{1,64}$", description = "the client the key belongs to (default `anonymous`)"),
     ),
     responses(
         (status = 201, description = "Created (or replayed: `Idempotent-Replayed: true`)", body = Order,
@@ -170,7 +193,7 @@ async fn respond(
     get,
     path = "/orders/{id}",
     tag = "orders",
-    params(("id" = String, Path, description = "order id (UUID)")),
+    params(("id" = uuid::Uuid, Path, description = "order id")),
     responses(
         (status = 200, description = "The order and its saga history", body = OrderView),
         (status = 404, description = "No such order", body = Problem, content_type = "application/problem+json"),
@@ -190,9 +213,9 @@ pub async fn show(State(state): State<AppState>, Path(id): Path<String>) -> Resu
     path = "/orders/{id}/cancel",
     tag = "orders",
     params(
-        ("id" = String, Path, description = "order id (UUID)"),
-        ("Idempotency-Key" = String, Header, description = "as for POST /orders"),
-        ("X-Client-Id" = Option<String>, Header, description = "the client the key belongs to"),
+        ("id" = uuid::Uuid, Path, description = "order id"),
+        ("Idempotency-Key" = String, Header, pattern = "^[!#-~]{1,255}$", description = "as for POST /orders"),
+        ("X-Client-Id" = Option<String>, Header, pattern = "^[!-~]{1,64}$", description = "the client the key belongs to"),
     ),
     responses(
         (status = 202, description = "Cancel of a CONFIRMED order started: refund, then stock released", body = Order),

@@ -1,0 +1,30 @@
+//! Schemathesis (PyPI), the OpenAPI fuzzer: found on `PATH`, else in a
+//! virtualenv under `target/tools/venv`, created and filled with pip when
+//! missing (a pinned version, so a run today and a run next month agree).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The version installed when missing.
+pub const VERSION: &str = "4.32.5";
+
+/// The path of a working `st`, installing schemathesis when missing.
+pub fn ensure() -> anyhow::Result<PathBuf> {
+    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/tools/venv");
+    let st = venv.join("bin/st");
+    if Command::new(&st)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        return Ok(st);
+    }
+    eprintln!("schemathesis is missing: installing {VERSION} into {}", venv.display());
+    let status = Command::new("python3").args(["-m", "venv"]).arg(&venv).status()?;
+    anyhow::ensure!(status.success(), "python3 -m venv failed with {status}");
+    let status = Command::new(venv.join("bin/pip"))
+        .args(["install", "--quiet", &format!("schemathesis=={VERSION}")])
+        .status()?;
+    anyhow::ensure!(status.success(), "pip install schemathesis failed with {status}");
+    Ok(st)
+}
