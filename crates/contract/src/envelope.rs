@@ -24,7 +24,7 @@ fn version_1_0() -> String {
 }
 
 /// One event or command on the wire.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Envelope {
     /// Schema version of the envelope and its payload, `MAJOR.MINOR`
     /// ([`VERSION`]); absent in messages written before it existed, which

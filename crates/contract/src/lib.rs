@@ -13,6 +13,7 @@
 
 pub mod envelope;
 pub mod message;
+pub mod schema;
 pub mod topics;
 
 pub use envelope::Envelope;

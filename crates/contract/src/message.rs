@@ -7,7 +7,7 @@ use crate::topics::{INVENTORY_COMMANDS, ORDER_EVENTS, PAYMENT_COMMANDS};
 use crate::{Error, Result};
 
 /// A saga message, tagged by `event_type` with its fields in `payload`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "event_type", content = "payload")]
 pub enum Message {
     /// Reserve `quantity` units of `sku` for the order.

@@ -2,6 +2,7 @@
 //! Listed only under `[dev-dependencies]` of the library and service crates
 //! (and as a dependency of `e2e`, which is itself a test harness).
 //!
+//! - [`asyncapi`], [`jsonschema`]: the contract's validators (npm, PyPI), found or installed;
 //! - [`db`]: throw-away databases that are dropped with their guard;
 //! - [`broker`]: the tansu broker — found or installed, started on a free
 //!   port with a temp data directory, killed and restarted;
@@ -12,8 +13,10 @@
 //! - [`schemathesis`]: the OpenAPI fuzzer, found or installed in a virtualenv;
 //! - [`publish`]: a saga envelope onto a topic, as the relay would publish it.
 
+pub mod asyncapi;
 pub mod broker;
 pub mod db;
+pub mod jsonschema;
 pub mod openapi;
 pub mod process;
 pub mod promtool;

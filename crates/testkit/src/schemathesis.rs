@@ -1,12 +1,15 @@
-//! Schemathesis (PyPI), the OpenAPI fuzzer: found on `PATH`, else in a
-//! virtualenv under `target/tools/venv`, created and filled with pip when
-//! missing (a pinned version, so a run today and a run next month agree).
+//! Schemathesis (PyPI), the OpenAPI fuzzer, and `jsonschema`, the JSON Schema
+//! validator: in a virtualenv under `target/tools/venv`, created and filled
+//! with pip when missing (pinned versions, so a run today and a run next
+//! month agree).
 
 use std::path::PathBuf;
 use std::process::Command;
 
 /// The version installed when missing.
 pub const VERSION: &str = "4.32.5";
+/// The `jsonschema` version installed beside it.
+pub const JSONSCHEMA_VERSION: &str = "4.26.0";
 
 /// The path of a working `st`, installing schemathesis when missing.
 pub fn ensure() -> anyhow::Result<PathBuf> {
@@ -23,7 +26,12 @@ pub fn ensure() -> anyhow::Result<PathBuf> {
     let status = Command::new("python3").args(["-m", "venv"]).arg(&venv).status()?;
     anyhow::ensure!(status.success(), "python3 -m venv failed with {status}");
     let status = Command::new(venv.join("bin/pip"))
-        .args(["install", "--quiet", &format!("schemathesis=={VERSION}")])
+        .args([
+            "install",
+            "--quiet",
+            &format!("schemathesis=={VERSION}"),
+            &format!("jsonschema=={JSONSCHEMA_VERSION}"),
+        ])
         .status()?;
     anyhow::ensure!(status.success(), "pip install schemathesis failed with {status}");
     Ok(st)

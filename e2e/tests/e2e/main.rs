@@ -3,6 +3,7 @@
 mod api;
 mod chaos;
 mod compose;
+mod contract;
 mod crash;
 mod fuzz;
 mod layers;

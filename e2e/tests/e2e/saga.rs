@@ -83,5 +83,8 @@ async fn every_ending_of_the_saga_over_real_processes() {
     }
     assert!(outcome.replays > 0, "deliberate retries were not replayed");
     crate::metrics::check_pages(&stack).await;
+    // Every message the run produced matches its type's JSON Schema.
+    let checked = crate::contract::check_topics(&stack).await;
+    assert!(checked >= 4 * 24, "only {checked} messages checked");
     stack.shutdown(true).await.unwrap();
 }

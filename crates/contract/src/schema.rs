@@ -1,0 +1,209 @@
+//! JSON Schemas of the wire format, generated from the Rust types
+//! (`schemars`): one per message type — the envelope with that type's
+//! `event_type` and `payload` — committed under docs/contract/schemas and
+//! referenced by docs/contract/asyncapi.json.
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Value};
+
+use crate::{Envelope, Message};
+
+/// `event_type` → the JSON Schema of an envelope carrying that message.
+pub fn message_schemas() -> BTreeMap<String, Value> {
+    let envelope = serde_json::to_value(schemars::schema_for!(Envelope)).expect("schema is JSON");
+    let messages = serde_json::to_value(schemars::schema_for!(Message)).expect("schema is JSON");
+    let variants = messages["oneOf"].as_array().cloned().unwrap_or_default();
+    let mut out = BTreeMap::new();
+    for variant in variants {
+        let props = &variant["properties"];
+        let Some(event_type) = props["event_type"]["const"].as_str() else {
+            continue;
+        };
+        let mut schema = envelope.clone();
+        schema["title"] = json!(event_type);
+        schema["description"] = variant["description"].clone();
+        schema["properties"]["event_type"] = props["event_type"].clone();
+        schema["properties"]["payload"] = match props.get("payload") {
+            Some(payload) => payload.clone(),
+            None => json!({"type": "null"}),
+        };
+        if let Some(defs) = messages.get("$defs") {
+            schema["$defs"] = defs.clone();
+        }
+        let required = schema["required"].as_array_mut().expect("envelope has required fields");
+        if !required.contains(&json!("payload")) {
+            required.push(json!("payload"));
+        }
+        out.insert(event_type.to_owned(), schema);
+    }
+    out
+}
+
+/// A schema as an AsyncAPI component: without the `$schema` keyword (the
+/// document states its schema format).
+fn component(mut schema: Value) -> Value {
+    if let Some(obj) = schema.as_object_mut() {
+        obj.remove("$schema");
+    }
+    schema
+}
+
+/// Which service sends each topic's messages (through its outbox and the relay).
+const SENDERS: [(&str, &str); 3] = [
+    (crate::topics::INVENTORY_COMMANDS, "order-api"),
+    (crate::topics::PAYMENT_COMMANDS, "order-api"),
+    (crate::topics::ORDER_EVENTS, "inventory-service and payment-service"),
+];
+
+/// The AsyncAPI 3.0 document of the saga: every topic and its dead-letter
+/// topic, every message with its headers and payload schema, who sends and
+/// who receives what.
+pub fn asyncapi() -> Value {
+    let schemas = message_schemas();
+    let mut components_schemas = serde_json::Map::new();
+    let mut components_messages = serde_json::Map::new();
+    let mut channels = serde_json::Map::new();
+    let mut operations = serde_json::Map::new();
+    components_schemas.insert(
+        "Headers".into(),
+        json!({
+            "type": "object",
+            "description": "Kafka headers of every saga message.",
+            "properties": {
+                "event_id": {"type": "string", "format": "uuid", "description": "the envelope's event_id"},
+                "event_type": {"type": "string", "description": "the envelope's event_type"},
+                "traceparent": {"type": "string", "description": "W3C trace context of the relay's publish span"}
+            },
+            "required": ["event_id", "event_type"]
+        }),
+    );
+    components_schemas.insert(
+        "DeadLetterHeaders".into(),
+        json!({
+            "type": "object",
+            "description": "The original message's headers plus why and where it was dead-lettered.",
+            "properties": {
+                "dlq.error": {"type": "string", "description": "the reason (decode error, permanent handler error)"},
+                "dlq.consumer": {"type": "string", "description": "the consumer group that refused it"},
+                "dlq.topic": {"type": "string"},
+                "dlq.partition": {"type": "string"},
+                "dlq.offset": {"type": "string"}
+            },
+            "required": ["dlq.error", "dlq.consumer", "dlq.topic", "dlq.partition", "dlq.offset"]
+        }),
+    );
+    components_messages.insert(
+        "DeadLetter".into(),
+        json!({
+            "name": "DeadLetter",
+            "title": "A message a consumer could never handle",
+            "summary": "The original key and bytes, unchanged; `cargo xtask dlq replay <topic>` puts it back.",
+            "headers": {"$ref": "#/components/schemas/DeadLetterHeaders"},
+            "payload": {}
+        }),
+    );
+    for (event_type, schema) in &schemas {
+        let message: Message = match Message::from_parts(event_type, example_payload(schema)) {
+            Ok(m) => m,
+            Err(_) => continue,
+        };
+        components_schemas.insert(event_type.clone(), component(schema.clone()));
+        components_messages.insert(
+            event_type.clone(),
+            json!({
+                "name": event_type,
+                "title": event_type,
+                "summary": schema["description"],
+                "contentType": "application/json",
+                "headers": {"$ref": "#/components/schemas/Headers"},
+                "payload": {"$ref": format!("#/components/schemas/{event_type}")},
+                "correlationId": {"location": "$message.payload#/correlation_id"},
+                "x-topic": message.topic()
+            }),
+        );
+    }
+    for topic in crate::topics::ALL {
+        let refs: serde_json::Map<String, Value> = components_messages
+            .iter()
+            .filter(|(_, m)| m["x-topic"] == topic)
+            .map(|(name, _)| (name.clone(), json!({"$ref": format!("#/components/messages/{name}")})))
+            .collect();
+        let list: Vec<Value> = refs
+            .keys()
+            .map(|name| json!({"$ref": format!("#/channels/{topic}/messages/{name}")}))
+            .collect();
+        let sender = SENDERS.iter().find(|(t, _)| *t == topic).map_or("", |(_, s)| s);
+        let consumer = crate::topics::consumers::ALL
+            .iter()
+            .find(|c| c.topic == topic)
+            .expect("every topic has a consumer");
+        channels.insert(
+            topic.into(),
+            json!({
+                "address": topic,
+                "description": format!("Sent by {sender} (written to its outbox, published by outbox-relay); read by consumer group {}. Key: the order id.", consumer.name),
+                "messages": refs
+            }),
+        );
+        let dlq = format!("{topic}.dlq");
+        channels.insert(
+            dlq.clone(),
+            json!({
+                "address": dlq,
+                "description": format!("Messages of {topic} that {} could never handle.", consumer.name),
+                "messages": {"DeadLetter": {"$ref": "#/components/messages/DeadLetter"}}
+            }),
+        );
+        let id = topic.replace('.', "_");
+        operations.insert(
+            format!("send_{id}"),
+            json!({"action": "send", "channel": {"$ref": format!("#/channels/{topic}")}, "summary": format!("{sender} sends"), "messages": list}),
+        );
+        operations.insert(
+            format!("receive_{id}"),
+            json!({"action": "receive", "channel": {"$ref": format!("#/channels/{topic}")}, "summary": format!("{} receives (inbox-deduplicated)", consumer.name), "messages": list}),
+        );
+        operations.insert(
+            format!("deadletter_{id}"),
+            json!({"action": "send", "channel": {"$ref": format!("#/channels/{dlq}")}, "summary": format!("{} dead-letters", consumer.name), "messages": [{"$ref": format!("#/channels/{dlq}/messages/DeadLetter")}]}),
+        );
+    }
+    for m in components_messages.values_mut() {
+        if let Some(obj) = m.as_object_mut() {
+            obj.remove("x-topic");
+        }
+    }
+    json!({
+        "asyncapi": "3.0.0",
+        "info": {
+            "title": "effectively-once saga",
+            "version": crate::envelope::VERSION,
+            "description": "The messages between order-api, inventory-service and payment-service. Every message travels in the envelope (docs/contract.md); its event_id is fixed when the sender writes its outbox row, and every consumer deduplicates on it."
+        },
+        "defaultContentType": "application/json",
+        "servers": {
+            "local": {"host": "127.0.0.1:9092", "protocol": "kafka", "description": "tansu, as started by cargo xtask up"}
+        },
+        "channels": channels,
+        "operations": operations,
+        "components": {"schemas": components_schemas, "messages": components_messages}
+    })
+}
+
+/// A payload that fits `schema` well enough to name the message's topic.
+fn example_payload(schema: &Value) -> Value {
+    let payload = &schema["properties"]["payload"];
+    if payload["type"] == "null" {
+        return Value::Null;
+    }
+    let mut out = serde_json::Map::new();
+    for (name, prop) in payload["properties"].as_object().into_iter().flatten() {
+        let v = match prop["type"].as_str() {
+            Some("integer") => json!(1),
+            _ => json!("x"),
+        };
+        out.insert(name.clone(), v);
+    }
+    Value::Object(out)
+}
