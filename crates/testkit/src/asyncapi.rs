@@ -14,6 +14,9 @@ fn dir() -> PathBuf {
 
 /// The path of the `asyncapi` command, installing it when missing.
 pub fn ensure() -> anyhow::Result<PathBuf> {
+    // Tests of one binary run in parallel: one installation at a time.
+    static INSTALLING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = INSTALLING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let bin = dir().join("node_modules/.bin/asyncapi");
     if bin.exists() {
         return Ok(bin);

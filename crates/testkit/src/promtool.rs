@@ -13,6 +13,9 @@ fn tools_dir() -> PathBuf {
 
 /// The path of a working `promtool`, installing it into `target/tools` when missing.
 pub fn ensure() -> anyhow::Result<PathBuf> {
+    // Tests of one binary run in parallel: one installation at a time.
+    static INSTALLING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = INSTALLING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     if Command::new("promtool")
         .arg("--version")
         .output()

@@ -13,6 +13,9 @@ pub const JSONSCHEMA_VERSION: &str = "4.26.0";
 
 /// The path of a working `st`, installing schemathesis when missing.
 pub fn ensure() -> anyhow::Result<PathBuf> {
+    // Tests of one binary run in parallel: one installation at a time.
+    static INSTALLING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = INSTALLING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/tools/venv");
     let st = venv.join("bin/st");
     if Command::new(&st)

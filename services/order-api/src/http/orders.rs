@@ -26,8 +26,13 @@ pub const MAX_QUANTITY: i32 = 1_000;
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateOrder {
-    /// Stock keeping unit (1..=64 characters).
-    #[schema(min_length = 1, max_length = 64, example = "WIDGET")]
+    /// Stock keeping unit (1..=64 characters, no control characters).
+    #[schema(
+        min_length = 1,
+        max_length = 64,
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$",
+        example = "WIDGET"
+    )]
     pub sku: String,
     /// Units (1..=1000).
     #[schema(minimum = 1, maximum = 1000, example = 2)]
@@ -68,6 +73,11 @@ impl CreateOrder {
         let mut problems = Vec::new();
         if self.sku.is_empty() || self.sku.chars().count() > 64 {
             problems.push("sku must be 1..=64 characters");
+        }
+        // PostgreSQL text cannot hold NUL; no control character is a SKU
+        // (schemathesis found the NUL as a 500).
+        if self.sku.chars().any(char::is_control) {
+            problems.push("sku must not contain control characters");
         }
         if !(1..=MAX_QUANTITY).contains(&self.quantity) {
             problems.push("quantity must be between 1 and 1000");

@@ -113,6 +113,7 @@ async fn validation_failures_store_nothing_and_the_key_stays_usable() {
         ORDER.replace("\"quantity\":2", "\"quantity\":0"),
         ORDER.replace("\"amount_cents\":2500", "\"amount_cents\":9223372036854775807"),
         ORDER.replace("\"amount_cents\":2500", "\"amount_cents\":100000001"),
+        ORDER.replace("WIDGET", "WID\\u0000GET"),
         "{\"sku\":".to_owned(),
     ] {
         let refused = api.post("/orders", "k-fix", None, &bad).await;
