@@ -200,6 +200,14 @@ pub struct RetentionArgs {
     /// How long inbox rows are kept, in seconds (must exceed the broker's redelivery window).
     #[arg(long = "inbox-retention-secs", env = "INBOX_RETENTION_SECS", default_value_t = 7 * 86_400)]
     pub secs: u64,
+    /// The longest consumer outage tolerated, in seconds: the inbox must
+    /// outlast the topic's retention by this much.
+    #[arg(
+        long = "redelivery-margin-secs",
+        env = "REDELIVERY_MARGIN_SECS",
+        default_value_t = 86_400
+    )]
+    pub margin_secs: u64,
 }
 
 impl RetentionArgs {

@@ -62,12 +62,27 @@ pub fn idempotent_producer(mut base: ClientConfig, timeout: Duration) -> Result<
 
 /// Creates `topics` (and their dead-letter topics) if they do not exist.
 pub async fn ensure_topics(brokers: &str, topics: &[&str]) -> Result<()> {
+    ensure_topics_retained(brokers, topics, None).await
+}
+
+/// Like [`ensure_topics`], creating missing topics with `retention.ms` set
+/// to `retention` (when given): how long the broker may redeliver a message,
+/// which the inbox's retention must outlast. An existing topic keeps its
+/// settings.
+pub async fn ensure_topics_retained(brokers: &str, topics: &[&str], retention: Option<Duration>) -> Result<()> {
     let admin: AdminClient<DefaultClientContext> = client_config(brokers).create()?;
     let mut names: Vec<String> = topics.iter().map(|t| (*t).to_owned()).collect();
     names.extend(topics.iter().map(|t| dead_letter_topic(t)));
+    let retention_ms = retention.map(|r| r.as_millis().to_string());
     let new: Vec<NewTopic<'_>> = names
         .iter()
-        .map(|n| NewTopic::new(n, PARTITIONS, TopicReplication::Fixed(1)))
+        .map(|n| {
+            let topic = NewTopic::new(n, PARTITIONS, TopicReplication::Fixed(1));
+            match &retention_ms {
+                Some(ms) => topic.set("retention.ms", ms),
+                None => topic,
+            }
+        })
         .collect();
     let opts = AdminOptions::new().operation_timeout(Some(Timeout::After(Duration::from_secs(10))));
     for result in admin.create_topics(&new, &opts).await? {

@@ -60,6 +60,13 @@ pub struct KafkaArgs {
     #[arg(long = "kafka-consumer-max-batch", env = "KAFKA_CONSUMER_MAX_BATCH", default_value_t = 32,
           value_parser = clap::value_parser!(u16).range(1..=1_000))]
     pub consumer_max_batch: u16,
+    /// How long the broker keeps a message, in seconds: set as `retention.ms`
+    /// on the topics a service creates. It bounds how late a message can be
+    /// redelivered, so every inbox must keep its records longer
+    /// (`INBOX_RETENTION_SECS` ≥ this + `REDELIVERY_MARGIN_SECS`).
+    #[arg(long = "kafka-topic-retention-secs", env = "KAFKA_TOPIC_RETENTION_SECS", default_value_t = 3 * 86_400,
+          value_parser = clap::value_parser!(u64).range(60..))]
+    pub topic_retention_secs: u64,
     /// librdkafka debug contexts (e.g. `cgrp,fetch`), for diagnosing a broker.
     #[arg(long = "kafka-debug", env = "KAFKA_DEBUG")]
     pub debug: Option<String>,
@@ -75,6 +82,7 @@ impl KafkaArgs {
             fetch_wait_ms: 25,
             linger_ms: 0,
             consumer_max_batch: 32,
+            topic_retention_secs: 3 * 86_400,
             debug: None,
         }
     }
@@ -86,6 +94,17 @@ impl KafkaArgs {
             c.set("debug", debug).set("log_level", "7");
         }
         c
+    }
+
+    /// The broker's retention of the saga's topics.
+    pub fn topic_retention(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.topic_retention_secs)
+    }
+
+    /// Creates the topics (and their dead-letter topics) that are missing,
+    /// with this retention.
+    pub async fn ensure_topics(&self, topics: &[&str]) -> crate::Result<()> {
+        crate::client::ensure_topics_retained(&self.brokers, topics, Some(self.topic_retention())).await
     }
 
     /// The idempotent producer for these settings (delivery timeout 15 s).

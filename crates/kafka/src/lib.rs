@@ -19,8 +19,8 @@ pub mod dlq;
 pub mod read;
 
 pub use client::{
-    client_config, dead_letter_topic, ensure_topics, headers, idempotent_producer, producer, producer_with_timeout,
-    publish,
+    client_config, dead_letter_topic, ensure_topics, ensure_topics_retained, headers, idempotent_producer, producer,
+    producer_with_timeout, publish,
 };
 pub use config::{Assignment, KafkaArgs};
 pub use read::{read_topic, read_topic_at_most};

@@ -15,6 +15,7 @@
 //! - [`http`]: the server span of every request (W3C `traceparent` in);
 //! - [`problem`]: RFC 9457 `application/problem+json`, the error body of
 //!   every HTTP API here;
+//! - [`retention`]: the retention chain a service refuses to start without;
 //! - [`saga`]: emit a saga message through the outbox;
 //! - [`shutdown`]: SIGTERM / ctrl-c as a cancellation token;
 //! - [`unsafe_switch`]: negative-control switches, refused outside test builds;
@@ -26,6 +27,7 @@ pub mod consumer;
 pub mod db;
 pub mod http;
 pub mod problem;
+pub mod retention;
 pub mod saga;
 pub mod shutdown;
 pub mod supervisor;

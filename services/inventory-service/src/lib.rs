@@ -89,9 +89,10 @@ pub async fn connect(database_url: &str, pool_size: u32) -> anyhow::Result<PgPoo
 
 /// Connects, migrates, creates topics and binds.
 pub async fn build(config: Config) -> anyhow::Result<App> {
+    service_kit::retention::check_consumer(&config.kafka, &config.inbox, None)?;
     config.unsafe_no_inbox.apply()?;
     let pool = connect(&config.db.url, config.db.pool_size).await?;
-    kafka::ensure_topics(&config.kafka.brokers, &topics::ALL).await?;
+    config.kafka.ensure_topics(&topics::ALL).await?;
     let listener = TcpListener::bind(config.http_addr).await?;
     Ok(App { pool, listener, config })
 }

@@ -34,6 +34,9 @@ pub const DECLINED_CARD: &str = "4000000000000002";
     about = "Stripe-like payment gateway with a ledger and fault injection"
 )]
 #[command(mut_arg("url", |a| a.default_value("postgres://postgres@127.0.0.1:5432/gateway")))]
+// A payment command may be redelivered for as long as payment-service's
+// inbox remembers it (7 days by default): the gateway keeps keys longer.
+#[command(mut_arg("ttl_secs", |a| a.default_value("691200")))]
 pub struct Config {
     /// The `gateway` database.
     #[command(flatten)]

@@ -41,6 +41,10 @@ pub struct Config {
     /// Inbox retention.
     #[command(flatten)]
     pub inbox: inbox::RetentionArgs,
+    /// How long the saga history of a finished (CONFIRMED or CANCELLED)
+    /// order is kept, in seconds; the order row itself stays.
+    #[arg(long, env = "ORDER_HISTORY_RETENTION_SECS", default_value_t = 90 * 86_400)]
+    pub history_retention_secs: u64,
     /// Negative control: inbox off (test builds only).
     #[command(flatten)]
     pub unsafe_no_inbox: service_kit::unsafe_switch::NoInbox,
@@ -87,10 +91,11 @@ pub async fn connect(database_url: &str, pool_size: u32) -> anyhow::Result<PgPoo
 /// Connects to the database (creating and migrating it), creates the topics
 /// and binds the HTTP listener.
 pub async fn build(config: Config) -> anyhow::Result<App> {
+    service_kit::retention::check_consumer(&config.kafka, &config.inbox, None)?;
     config.unsafe_no_inbox.apply()?;
     config.unsafe_no_idempotency_key.apply()?;
     let pool = connect(&config.db.url, config.db.pool_size).await?;
-    kafka::ensure_topics(&config.kafka.brokers, &topics::ALL).await?;
+    config.kafka.ensure_topics(&topics::ALL).await?;
     let listener = TcpListener::bind(config.http_addr).await?;
     let state = AppState {
         pool,
@@ -122,6 +127,14 @@ impl App {
         tasks.spawn(
             "idempotency reaper",
             idempotency::run_reaper(self.state.pool.clone(), tasks.token()),
+        );
+        tasks.spawn(
+            "history retention",
+            orders::run_history_retention(
+                self.state.pool.clone(),
+                std::time::Duration::from_secs(config.history_retention_secs),
+                tasks.token(),
+            ),
         );
         let app =
             http::router(self.state.clone()).merge(service_kit::admin::router(self.state.pool.clone(), tasks.health()));

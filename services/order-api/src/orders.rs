@@ -190,3 +190,48 @@ pub async fn history(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<Vec<Hist
     .fetch_all(conn)
     .await
 }
+
+/// Deletes up to `batch` history rows of finished orders (CONFIRMED or
+/// CANCELLED) older than `retention`; returns how many.
+pub async fn purge_history(conn: &mut PgConnection, retention: std::time::Duration, batch: i64) -> sqlx::Result<u64> {
+    Ok(sqlx::query(
+        "DELETE FROM order_history WHERE id IN (
+             SELECT h.id FROM order_history h JOIN orders o ON o.id = h.order_id
+             WHERE h.at < now() - make_interval(secs => $1)
+               AND o.status IN ('CONFIRMED', 'CANCELLED')
+             LIMIT $2)",
+    )
+    .bind(retention.as_secs_f64())
+    .bind(batch)
+    .execute(conn)
+    .await?
+    .rows_affected())
+}
+
+/// Purges old history every hour, in batches of 1,000, until `shutdown`.
+pub async fn run_history_retention(
+    pool: sqlx::PgPool,
+    retention: std::time::Duration,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(std::time::Duration::from_secs(3600)) => {}
+        }
+        let Ok(mut conn) = pool.acquire().await else { continue };
+        loop {
+            match purge_history(&mut conn, retention, 1000).await {
+                Ok(1000) => continue,
+                Ok(n) => {
+                    tracing::info!(rows = n, "order history purged");
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "order history retention failed");
+                    break;
+                }
+            }
+        }
+    }
+}

@@ -78,7 +78,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         sources.push((name, pool));
     }
     anyhow::ensure!(!sources.is_empty(), "OUTBOX_DATABASE_URLS names no database");
-    kafka::ensure_topics(&config.kafka.brokers, &topics::ALL).await?;
+    config.kafka.ensure_topics(&topics::ALL).await?;
     let listener = TcpListener::bind(config.http_addr).await?;
     Ok(App {
         sources,

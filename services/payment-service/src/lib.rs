@@ -36,6 +36,11 @@ pub struct Config {
     /// Gateway request timeout in milliseconds.
     #[arg(long, env = "GATEWAY_TIMEOUT_MS", default_value_t = 2_000)]
     pub gateway_timeout_ms: u64,
+    /// How long the gateway remembers an Idempotency-Key, in seconds (the
+    /// provider's documented key lifetime; the mock gateway's
+    /// `IDEMPOTENCY_TTL_SECS`). Must be at least `INBOX_RETENTION_SECS`.
+    #[arg(long, env = "GATEWAY_KEY_TTL_SECS", default_value_t = 8 * 86_400)]
+    pub gateway_key_ttl_secs: u64,
     /// Inbox retention.
     #[command(flatten)]
     pub inbox: inbox::RetentionArgs,
@@ -72,6 +77,7 @@ pub struct App {
 
 /// Connects, migrates, creates topics and binds.
 pub async fn build(config: Config) -> anyhow::Result<App> {
+    service_kit::retention::check_consumer(&config.kafka, &config.inbox, Some(config.gateway_key_ttl_secs))?;
     let pool = service_kit::db::connect(
         &config.db.url,
         config.db.pool_size,
@@ -82,7 +88,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         ],
     )
     .await?;
-    kafka::ensure_topics(&config.kafka.brokers, &topics::ALL).await?;
+    config.kafka.ensure_topics(&topics::ALL).await?;
     let gateway = gateway::Client::new(&config.gateway_url, Duration::from_millis(config.gateway_timeout_ms))?;
     let listener = TcpListener::bind(config.http_addr).await?;
     config.unsafe_no_inbox.apply()?;
@@ -116,5 +122,43 @@ impl App {
             service_kit::admin::router(self.deps.pool.clone(), tasks.health()),
         );
         tasks.wait().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_configuration_that_breaks_the_retention_chain_refuses_to_start() {
+        // Checked before anything is connected: no database or broker needed.
+        let short_inbox = Config::try_parse_from([
+            "payment-service",
+            "--database-url",
+            "postgres://unused",
+            "--inbox-retention-secs",
+            "3600",
+        ])
+        .unwrap();
+        let e = build(short_inbox).await.err().expect("refused").to_string();
+        assert!(
+            e.contains("INBOX_RETENTION_SECS") && e.contains("KAFKA_TOPIC_RETENTION_SECS"),
+            "{e}"
+        );
+        let short_keys = Config::try_parse_from([
+            "payment-service",
+            "--database-url",
+            "postgres://unused",
+            "--gateway-key-ttl-secs",
+            "86400",
+        ])
+        .unwrap();
+        let e = build(short_keys).await.err().expect("refused").to_string();
+        assert!(
+            e.contains("GATEWAY_KEY_TTL_SECS") && e.contains("INBOX_RETENTION_SECS"),
+            "{e}"
+        );
     }
 }

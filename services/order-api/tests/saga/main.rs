@@ -108,3 +108,41 @@ async fn scenario_20_a_redelivered_payment_reply_confirms_the_order_once() {
     drop(conn);
     pool.close().await;
 }
+
+/// History retention keeps the steps of orders still in flight and of
+/// recent ones; it deletes only old steps of finished orders.
+#[tokio::test]
+async fn history_retention_deletes_only_old_steps_of_finished_orders() {
+    let db = TempDb::new("eo_hist");
+    let pool = order_api::connect(db.url(), 2).await.unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let new = NewOrder {
+        sku: "WIDGET".into(),
+        quantity: 1,
+        amount_cents: 500,
+        card: "4242424242424242".into(),
+    };
+    let finished = orders::insert(&mut conn, "test", &new).await.unwrap();
+    let in_flight = orders::insert(&mut conn, "test", &new).await.unwrap();
+    orders::set_status(&mut conn, finished.id, Status::Confirmed, None)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE order_history SET at = now() - interval '100 days'")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let window = std::time::Duration::from_secs(90 * 86_400);
+    assert_eq!(orders::purge_history(&mut conn, window, 1000).await.unwrap(), 1);
+    assert!(orders::history(&mut conn, finished.id).await.unwrap().is_empty());
+    assert_eq!(
+        orders::history(&mut conn, in_flight.id).await.unwrap().len(),
+        1,
+        "in flight: kept"
+    );
+    assert!(
+        orders::get(&mut conn, finished.id).await.unwrap().is_some(),
+        "the order itself stays"
+    );
+    drop(conn);
+    pool.close().await;
+}
