@@ -69,5 +69,29 @@ async fn bad_requests_get_problem_json_and_write_nothing() {
     };
     let posted = client.post_order("k-ok", &req).await.unwrap();
     assert_eq!(posted.status, 201, "{}", posted.body);
+
+    // Inventory's stock endpoint: the bench's two-billion seed is fine, a
+    // negative count or a malformed body is a problem+json 422/400.
+    client.seed_stock("BIG", 2_000_000_000).await.unwrap();
+    let stock = format!("{}/stock/BIG", stack.url(Service::Inventory));
+    for (body, status) in [(r#"{"available":-1}"#, 422), (r#"{"available":"#, 400)] {
+        let resp = http
+            .put(&stock)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), status, "{body}");
+        assert_eq!(
+            resp.headers().get("content-type").and_then(|v| v.to_str().ok()),
+            Some("application/problem+json")
+        );
+    }
+    assert_eq!(
+        client.stock().await.unwrap()["BIG"].0,
+        2_000_000_000,
+        "refusals changed nothing"
+    );
     stack.shutdown(true).await.unwrap();
 }
