@@ -191,7 +191,10 @@ async fn settle(
         // Another instance handled this very event meanwhile.
         return Ok(Handled::Duplicate);
     };
-    if let Some((status, reply)) = result {
+    // Whether this delivery settled the payment; if not, the command was new
+    // to the inbox yet its payment was settled already: a miss the business
+    // key caught.
+    let settled_here = if let Some((status, reply)) = result {
         let gateway_ref = match &reply {
             Message::PaymentCaptured { charge_id } => Some(charge_id.clone()),
             Message::PaymentRefunded { refund_id } => Some(refund_id.clone()),
@@ -212,17 +215,6 @@ async fn settle(
         .rows_affected();
         // Only the delivery that settles the payment replies; a concurrent
         // one that lost the race (different event id) stays silent.
-        if moved == 0 {
-            inbox::note_miss(
-                &mut tx,
-                PAYMENT.name,
-                envelope.event_id,
-                envelope.order_id,
-                "payment per operation",
-            )
-            .await
-            .map_err(HandleError::transient)?;
-        }
         if moved == 1 {
             service_kit::saga::emit(&mut tx, envelope.order_id, &reply, Some(envelope))
                 .await
@@ -230,8 +222,11 @@ async fn settle(
             telemetry::metrics::incr("payment_settled_total", &[("status", status.as_str())]);
             tracing::info!(status = status.as_str(), reply = %reply.to_parts().0, "payment settled");
         }
+        moved == 1
     } else {
-        // The command was new to the inbox, yet its payment was settled.
+        false
+    };
+    if !settled_here {
         inbox::note_miss(
             &mut tx,
             PAYMENT.name,
