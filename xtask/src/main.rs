@@ -72,12 +72,12 @@ enum Cmd {
         /// Only the ceilings and the sustained-rate search (to try settings).
         #[arg(long)]
         quick: bool,
-        /// Instead: what exporting traces costs, one paired run (off, then on)
-        /// at this many orders/s; figures to target/bench-results/trace-cost.*.
+        /// Instead: what tracing costs, one run in three modes (OpenTelemetry
+        /// disabled, spans without export, spans exported) at this many
+        /// orders/s; figures to target/bench-results/trace-cost.*.
         #[arg(long, value_name = "RATE")]
         trace_cost: Option<f64>,
     },
-    /// List or replay the dead letters of a topic (e.g. inventory.commands).
     /// Tell one failure scenario of docs/scenarios.md (1..=21) — what is
     /// injected, which layer acts, what is checked — and run its test.
     /// Without a number: list them.
@@ -86,6 +86,7 @@ enum Cmd {
         #[arg(value_parser = clap::value_parser!(u8).range(1..=21))]
         n: Option<u8>,
     },
+    /// List or replay the dead letters of a topic (e.g. inventory.commands).
     Dlq {
         #[command(subcommand)]
         action: DlqAction,
