@@ -64,8 +64,8 @@ pub struct Client {
     orders: String,
     inventory: String,
     gateway: String,
-    /// Client scope sent as `X-Client-Id`.
-    pub client_id: String,
+    /// The client's API key (`Authorization: Bearer`).
+    pub api_key: String,
 }
 
 impl Client {
@@ -76,7 +76,7 @@ impl Client {
             orders: stack.url(Service::OrderApi),
             inventory: stack.url(Service::Inventory),
             gateway: stack.url(Service::Gateway),
-            client_id: "e2e-driver".into(),
+            api_key: stack.api_key().to_owned(),
         })
     }
 
@@ -96,7 +96,7 @@ impl Client {
             .http
             .post(url)
             .header("idempotency-key", key)
-            .header("x-client-id", &self.client_id)
+            .bearer_auth(&self.api_key)
             .json(body)
             .send()
             .await?;
@@ -133,6 +133,7 @@ impl Client {
         Ok(self
             .http
             .get(format!("{}/orders/{id}", self.orders))
+            .bearer_auth(&self.api_key)
             .send()
             .await?
             .error_for_status()?

@@ -139,7 +139,12 @@ pub struct Stack {
     /// How the processes that ended on their own ended, last one per service.
     exits: BTreeMap<Service, std::process::ExitStatus>,
     proxy: Option<FaultProxy>,
+    /// The API key the drivers use (client [`DRIVER_CLIENT`]).
+    api_key: String,
 }
+
+/// The client the stack provisions an API key for at start.
+pub const DRIVER_CLIENT: &str = "e2e-driver";
 
 impl Drop for Stack {
     /// A test that panics still leaves no databases behind: processes die
@@ -180,6 +185,7 @@ impl Stack {
             extras: Vec::new(),
             exits: BTreeMap::new(),
             proxy: None,
+            api_key: String::new(),
         };
         for s in Service::ALL {
             if s == Service::Payment && stack.opts.gateway_proxy {
@@ -187,7 +193,21 @@ impl Stack {
             }
             stack.start_service(s).await?;
         }
+        stack.api_key = stack.create_api_key(DRIVER_CLIENT).await?;
         Ok(stack)
+    }
+
+    /// Provisions an API key for `client` (as `order-api keys create` does).
+    pub async fn create_api_key(&self, client: &str) -> anyhow::Result<String> {
+        let pool = sqlx::PgPool::connect(&self.db_url("orders")).await?;
+        let (_, key) = order_api::auth::create_key(&pool, client).await?;
+        pool.close().await;
+        Ok(key)
+    }
+
+    /// The API key of [`DRIVER_CLIENT`].
+    pub fn api_key(&self) -> &str {
+        &self.api_key
     }
 
     /// The options this stack was started with.
@@ -239,7 +259,11 @@ impl Stack {
                 ),
                 brokers,
             ]),
-            Service::OrderApi => env.extend([("DATABASE_URL".into(), self.db_url("orders")), brokers]),
+            Service::OrderApi => env.extend([
+                ("DATABASE_URL".into(), self.db_url("orders")),
+                ("GATEWAY_URL".into(), self.url(Service::Gateway)),
+                brokers,
+            ]),
             Service::Relay => env.extend([
                 (
                     "OUTBOX_DATABASE_URLS".into(),

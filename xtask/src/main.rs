@@ -78,12 +78,12 @@ enum Cmd {
         #[arg(long, value_name = "RATE")]
         trace_cost: Option<f64>,
     },
-    /// Tell one failure scenario of docs/scenarios.md (1..=21) — what is
+    /// Tell one failure scenario of docs/scenarios.md (1..=25) — what is
     /// injected, which layer acts, what is checked — and run its test.
     /// Without a number: list them.
     Scenario {
         /// The scenario's number.
-        #[arg(value_parser = clap::value_parser!(u8).range(1..=21))]
+        #[arg(value_parser = clap::value_parser!(u8).range(1..=25))]
         n: Option<u8>,
     },
     /// List or replay the dead letters of a topic (e.g. inventory.commands).
@@ -403,6 +403,9 @@ async fn main() -> anyhow::Result<()> {
             opts.fixed_ports = true;
             opts.echo = true;
             let stack = Stack::start(opts).await?;
+            let key = stack.create_api_key("shop-1").await?;
+            std::fs::write(workspace_root().join(".data/api-key"), &key)?;
+            eprintln!("API key of client shop-1 (also in .data/api-key): {key}");
             eprintln!(
                 "stack up: order-api http://127.0.0.1:8080, inventory :8081, payment :8082, gateway :8083, relay :8084, broker 127.0.0.1:9092; logs in .data/logs. ctrl-c stops."
             );

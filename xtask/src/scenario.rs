@@ -32,8 +32,9 @@ const fn t(package: &'static str, target: Option<&'static str>, name: &'static s
     Test { package, target, name }
 }
 
-/// The 21 scenarios.
-pub const ALL: [Scenario; 21] = [
+/// The 21 scenarios of the seeds, then the paths added by deadlines,
+/// reconciliation and tokenisation (22–25).
+pub const ALL: [Scenario; 25] = [
     Scenario {
         n: 1,
         title: "the relay publishes, the ack is lost (it crashes before marking): the broker holds the event twice",
@@ -201,6 +202,38 @@ pub const ALL: [Scenario; 21] = [
         acts: "layer 3 — the inbox keyed by event id",
         checked: "two effects",
         test: t("kafka", Some("consumer"), "same_event_twice_is_one_effect_equal_payloads_are_two"),
+    },
+    Scenario {
+        n: 22,
+        title: "a command is dead-lettered and its saga would wait forever",
+        injected: "payment-service dead-letters the first ChargePayment (fault point payment::dead_letter_command)",
+        acts: "deadlines — past SAGA_DEADLINE_AWAITING_PAYMENT_SECS order-api finds no charge at the gateway and re-sends the command under its first event id (services/order-api/src/saga/reconcile.rs)",
+        checked: "the order is CONFIRMED, one capture in the ledger, no inbox miss",
+        test: t("e2e", Some("e2e"), "a_dead_lettered_charge_is_resent_at_its_deadline_and_the_order_ends_charged_once"),
+    },
+    Scenario {
+        n: 23,
+        title: "the gateway charged, and payment-service stays down past the deadline",
+        injected: "payment-service aborts after the charge, before recording it, and is not restarted until the order is confirmed",
+        acts: "reconciliation — order-api asks the gateway by the operation's key (GET /v1/operations/{key}) and confirms from its record; the late reply is set aside",
+        checked: "CONFIRMED while payment-service is down; after its restart one capture, the payment CAPTURED, no inbox miss",
+        test: t("e2e", Some("e2e"), "the_gateway_charged_and_payment_service_stayed_down_the_order_is_reconciled_charged_once"),
+    },
+    Scenario {
+        n: 24,
+        title: "the gateway refuses a refund: the order would stay REFUNDING",
+        injected: "the gateway's refuse_refunds fault during a cancel",
+        acts: "RefundFailed → MANUAL_REVIEW; the operator's `order-api review retry-refund` makes a new attempt under a new key",
+        checked: "MANUAL_REVIEW, then CANCELLED with one refund and the stock released",
+        test: t("e2e", Some("e2e"), "a_refused_refund_goes_to_manual_review_and_the_operators_retry_ends_it"),
+    },
+    Scenario {
+        n: 25,
+        title: "card numbers kept in databases and on topics",
+        injected: "a run with good, declined and refunded orders, plus an order written before tokenisation",
+        acts: "the gateway's vault (POST /v1/tokens) — orders keep a token and the last four digits; ChargePayment carries the token; a start-up backfill tokenises old rows",
+        checked: "no table of any database and no message of any topic holds a test card number",
+        test: t("e2e", Some("e2e"), "no_database_or_topic_holds_a_card_number_after_a_run"),
     },
 ];
 

@@ -15,7 +15,7 @@ use crate::{Error, Result};
 /// The envelope's schema version this code writes: `MAJOR.MINOR`. A reader
 /// accepts any minor of its major (a minor only adds optional fields, which
 /// it ignores) and refuses another major.
-pub const VERSION: &str = "1.0";
+pub const VERSION: &str = "1.1";
 /// The major version this code reads.
 pub const MAJOR: u32 = 1;
 
@@ -124,8 +124,8 @@ mod tests {
         let order = Uuid::new_v4();
         let mut v = serde_json::to_value(Envelope::new(order, &Message::StockReserved, None)).unwrap();
         assert_eq!(v["version"], VERSION);
-        // 1.1 adds an optional field: read, the field ignored.
-        v["version"] = "1.1".into();
+        // 1.9 adds an optional field: read, the field ignored.
+        v["version"] = "1.9".into();
         v["priority"] = "high".into();
         let next = Envelope::from_bytes(v.to_string().as_bytes()).unwrap();
         assert_eq!(next.message().unwrap(), Message::StockReserved);

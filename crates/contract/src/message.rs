@@ -39,6 +39,10 @@ pub enum Message {
     RefundPayment {
         /// Amount in cents.
         amount_cents: i64,
+        /// 1 for the saga's refund; an operator's retry after a failed refund
+        /// counts up (each attempt is its own gateway operation). Absent = 1.
+        #[serde(default = "first_attempt")]
+        attempt: u32,
     },
     /// The gateway captured the charge.
     PaymentCaptured {
@@ -55,6 +59,27 @@ pub enum Message {
         /// The gateway's refund id.
         refund_id: String,
     },
+    /// The gateway refused the refund for good: the order needs a person.
+    RefundFailed {
+        /// The gateway's reason.
+        reason: String,
+    },
+}
+
+fn first_attempt() -> u32 {
+    1
+}
+
+/// The gateway's Idempotency-Key of a payment operation: derived from the
+/// operation (the order, the kind, the attempt), never from a message, so
+/// every delivery of every command for one operation — and the
+/// reconciliation that asks the gateway about it — uses the same key.
+/// `kind` is `charge` or `refund`; attempt 1 has no suffix.
+pub fn payment_key(kind: &str, order_id: uuid::Uuid, attempt: u32) -> String {
+    match attempt {
+        0 | 1 => format!("{kind}-{order_id}"),
+        n => format!("{kind}-{order_id}-{n}"),
+    }
 }
 
 impl Message {
@@ -68,7 +93,8 @@ impl Message {
             | Self::StockReleased
             | Self::PaymentCaptured { .. }
             | Self::PaymentDeclined { .. }
-            | Self::PaymentRefunded { .. } => ORDER_EVENTS,
+            | Self::PaymentRefunded { .. }
+            | Self::RefundFailed { .. } => ORDER_EVENTS,
         }
     }
 
@@ -111,6 +137,25 @@ mod tests {
             let (t, p) = m.to_parts();
             assert_eq!(Message::from_parts(&t, p).unwrap(), m);
         }
+    }
+
+    #[test]
+    fn a_refund_without_an_attempt_is_the_first() {
+        let m = Message::from_parts("RefundPayment", serde_json::json!({"amount_cents": 5})).unwrap();
+        assert_eq!(
+            m,
+            Message::RefundPayment {
+                amount_cents: 5,
+                attempt: 1
+            }
+        );
+    }
+
+    #[test]
+    fn payment_keys_name_the_operation_and_retries_get_their_own() {
+        let id = uuid::Uuid::nil();
+        assert_eq!(payment_key("charge", id, 1), format!("charge-{id}"));
+        assert_eq!(payment_key("refund", id, 2), format!("refund-{id}-2"));
     }
 
     #[test]

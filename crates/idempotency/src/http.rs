@@ -113,6 +113,12 @@ pub fn client_scope(headers: &HeaderMap) -> Result<String, String> {
     }
 }
 
+/// The authenticated client of a request, put in its extensions by the
+/// service's authentication: when present it is the key's scope and
+/// `X-Client-Id` is ignored (a caller cannot borrow another client's keys).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scope(pub String);
+
 /// A request under `Idempotency-Key`: who asked, with which key, what it
 /// looks like (fingerprint) and its body.
 #[derive(Debug, Clone)]
@@ -138,7 +144,10 @@ where
     async fn from_request(req: Request, state: &S) -> Result<Self, E> {
         let bad = |detail: String| E::from(Refused::BadRequest(detail));
         let key = IdempotencyKey::from_headers(req.headers()).map_err(|e| bad(e.to_string()))?;
-        let scope = client_scope(req.headers()).map_err(bad)?;
+        let scope = match req.extensions().get::<Scope>() {
+            Some(Scope(authenticated)) => authenticated.clone(),
+            None => client_scope(req.headers()).map_err(bad)?,
+        };
         let (method, path) = (req.method().clone(), req.uri().path().to_owned());
         let body = Bytes::from_request(req, state)
             .await

@@ -30,7 +30,7 @@ use sqlx::migrate::Migrator;
 use sqlx::{PgConnection, PgPool, Row};
 
 pub use execute::{execute, Keyed, Outcome, Work};
-pub use http::{client_scope, respond, Idempotent, KeyArgs, Refused};
+pub use http::{client_scope, respond, Idempotent, KeyArgs, Refused, Scope};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
 
 /// Header set on replayed responses.

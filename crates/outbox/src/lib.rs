@@ -82,17 +82,35 @@ impl<'a> OutboxEvent<'a> {
 /// The `event_id` is the one every publish of this row will carry, however
 /// often the relay retries: it is fixed here, at insert, never at publish.
 pub async fn enqueue(conn: &mut PgConnection, event: &OutboxEvent<'_>) -> Result<()> {
-    sqlx::query(
-        "INSERT INTO outbox (event_id, topic, message_key, envelope, event_type, traceparent)
-         VALUES ($1, $2, $3, $4::json, $5, $6)",
-    )
-    .bind(event.event_id)
-    .bind(event.topic)
-    .bind(&event.key)
-    .bind(&event.body)
-    .bind(event.event_type)
-    .bind(event.traceparent)
-    .execute(conn)
-    .await?;
+    insert(conn, event, INSERT).await
+}
+
+const INSERT: &str = "INSERT INTO outbox (event_id, topic, message_key, envelope, event_type, traceparent)
+                      VALUES ($1, $2, $3, $4::json, $5, $6)";
+const INSERT_AGAIN: &str = "INSERT INTO outbox (event_id, topic, message_key, envelope, event_type, traceparent)
+                            VALUES ($1, $2, $3, $4::json, $5, $6)
+                            ON CONFLICT (event_id) DO UPDATE
+                            SET published_at = NULL, parked_at = NULL, attempts = 0, last_error = NULL";
+
+/// Enqueues `event` again under the same event id: publishes it once more,
+/// whether its row is still here (published or parked: it becomes pending
+/// again) or was purged (it is inserted again). A reader whose inbox has the
+/// event absorbs the copy; one that never got it (the first copy was
+/// dead-lettered, say) handles it. For a deadline's re-send, never for a new
+/// fact.
+pub async fn enqueue_again(conn: &mut PgConnection, event: &OutboxEvent<'_>) -> Result<()> {
+    insert(conn, event, INSERT_AGAIN).await
+}
+
+async fn insert(conn: &mut PgConnection, event: &OutboxEvent<'_>, sql: &'static str) -> Result<()> {
+    sqlx::query(sql)
+        .bind(event.event_id)
+        .bind(event.topic)
+        .bind(&event.key)
+        .bind(&event.body)
+        .bind(event.event_type)
+        .bind(event.traceparent)
+        .execute(conn)
+        .await?;
     Ok(())
 }

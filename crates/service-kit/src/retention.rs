@@ -44,6 +44,34 @@ pub fn check(gateway_key: Option<Link>, inbox: Link, topic: Link, margin: Link) 
     Ok(())
 }
 
+
+/// The chain for a consumer service: its inbox against its topics, and, for
+/// one that calls a gateway, the gateway's key lifetime against its inbox.
+pub fn check_consumer(
+    kafka: &kafka::KafkaArgs,
+    inbox: &inbox::RetentionArgs,
+    gateway_key_secs: Option<u64>,
+) -> anyhow::Result<()> {
+    check(
+        gateway_key_secs.map(|secs| Link {
+            secs,
+            var: "GATEWAY_KEY_TTL_SECS",
+        }),
+        Link {
+            secs: inbox.secs,
+            var: "INBOX_RETENTION_SECS",
+        },
+        Link {
+            secs: kafka.topic_retention_secs,
+            var: "KAFKA_TOPIC_RETENTION_SECS",
+        },
+        Link {
+            secs: inbox.margin_secs,
+            var: "REDELIVERY_MARGIN_SECS",
+        },
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -80,31 +108,4 @@ mod tests {
         // Just inside the window holds.
         check(None, l(4 * 86_400, "INBOX_RETENTION_SECS"), topic, margin).unwrap();
     }
-}
-
-/// The chain for a consumer service: its inbox against its topics, and, for
-/// one that calls a gateway, the gateway's key lifetime against its inbox.
-pub fn check_consumer(
-    kafka: &kafka::KafkaArgs,
-    inbox: &inbox::RetentionArgs,
-    gateway_key_secs: Option<u64>,
-) -> anyhow::Result<()> {
-    check(
-        gateway_key_secs.map(|secs| Link {
-            secs,
-            var: "GATEWAY_KEY_TTL_SECS",
-        }),
-        Link {
-            secs: inbox.secs,
-            var: "INBOX_RETENTION_SECS",
-        },
-        Link {
-            secs: kafka.topic_retention_secs,
-            var: "KAFKA_TOPIC_RETENTION_SECS",
-        },
-        Link {
-            secs: inbox.margin_secs,
-            var: "REDELIVERY_MARGIN_SECS",
-        },
-    )
 }

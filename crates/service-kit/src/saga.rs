@@ -23,6 +23,22 @@ pub async fn emit(
     Ok(envelope)
 }
 
+/// Enqueues `message` about `order_id` again under `event_id` — the id it
+/// was first sent with — so every reader that has it absorbs the copy (a
+/// deadline's re-send; see `outbox::enqueue_again`). Returns the envelope.
+pub async fn emit_again(
+    conn: &mut PgConnection,
+    order_id: Uuid,
+    message: &Message,
+    event_id: Uuid,
+) -> outbox::Result<Envelope> {
+    let mut envelope = Envelope::new(order_id, message, None);
+    envelope.event_id = event_id;
+    envelope.traceparent = telemetry::propagation::current();
+    outbox::enqueue_again(conn, &outbox_event(message.topic(), &envelope)).await?;
+    Ok(envelope)
+}
+
 /// The outbox row of `envelope` on `topic`: keyed by its order id, its
 /// identity and trace context as the Kafka headers, the envelope as the body.
 pub fn outbox_event<'a>(topic: &'a str, envelope: &'a Envelope) -> outbox::OutboxEvent<'a> {

@@ -226,6 +226,39 @@ fn describe() {
         "gateway_injected_faults_total",
         "Faults the mock gateway injected on purpose."
     );
+    c!(
+        "gateway_tokens_issued_total",
+        "Card tokens the vault answered (new or existing)."
+    );
+    c!(
+        "gateway_operation_lookups_total",
+        "Reconciliation lookups of an operation by its key, by whether one was found."
+    );
+    c!(
+        "saga_deadline_actions_total",
+        "What the deadline scan did to an overdue order: reconciled, resent, manual_review or skipped."
+    );
+    c!(
+        "saga_replies_after_reconciliation_total",
+        "Participant replies that arrived after reconciliation had taken the gateway's answer (set aside)."
+    );
+    g!("orders_manual_review", "Orders in MANUAL_REVIEW, waiting for a person.");
+    c!(
+        "payment_reconciliations_total",
+        "Overdue PENDING operations looked up at the gateway, by result (settled, absent, skipped)."
+    );
+    g!(
+        "payments_pending",
+        "Payment operations PENDING (the gateway's answer not recorded yet)."
+    );
+    g!(
+        "payments_oldest_pending_seconds",
+        "Age of the oldest PENDING payment operation (0 when none)."
+    );
+    c!(
+        "api_refusals_total",
+        "Requests refused before a handler: unauthenticated, too_large or rate_limited."
+    );
 }
 
 #[cfg(test)]

@@ -79,3 +79,17 @@ pub fn check_metrics(promtool: &std::path::Path, page: &str) -> anyhow::Result<S
         Ok(report)
     }
 }
+
+/// Runs `promtool check rules` on a rule file; its report, and whether the
+/// file is valid.
+pub fn check_rules(promtool: &std::path::Path, file: &std::path::Path) -> anyhow::Result<(bool, String)> {
+    let out = Command::new(promtool).args(["check", "rules"]).arg(file).output()?;
+    Ok((
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    ))
+}

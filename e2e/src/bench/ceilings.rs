@@ -161,7 +161,8 @@ pub async fn database(clients: usize, duration: Duration) -> anyhow::Result<Data
                         sku: "WIDGET".into(),
                         quantity: 1,
                         amount_cents: 1_000,
-                        card: "4242424242424242".into(),
+                        card_token: "tok_bench".into(),
+                        card_last4: "4242".into(),
                     };
                     let order = order_api::orders::insert(conn, "bench", &new).await?;
                     let first = Message::ReserveStock {

@@ -32,6 +32,7 @@ async fn bad_requests_get_problem_json_and_write_nothing() {
     for (key, body, want) in cases {
         let mut req = http
             .post(&url)
+            .bearer_auth(stack.api_key())
             .header("content-type", "application/json")
             .body(body.to_owned());
         if let Some(k) = key {
@@ -56,6 +57,7 @@ async fn bad_requests_get_problem_json_and_write_nothing() {
     // Unknown order → 404 problem; a valid order → 201 with Location.
     let resp = http
         .get(format!("{url}/{}", uuid::Uuid::new_v4()))
+        .bearer_auth(stack.api_key())
         .send()
         .await
         .unwrap();

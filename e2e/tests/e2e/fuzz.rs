@@ -7,6 +7,8 @@
 //! schema-valid request to succeed, and here some must not: a valid body
 //! under an Idempotency-Key already used with another body is a 422, and a
 //! valid cancel of an order that is not CONFIRMED is a 409 — both documented.
+//! Requests carry the stack's API key; `ignored_auth` (in "all") checks that
+//! the same requests without it are refused.
 
 use std::process::Command;
 
@@ -16,9 +18,11 @@ async fn schemathesis_finds_nothing_wrong_with_order_api() {
     let stack = crate::stack("fuzz").await;
     let schema = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/openapi/order-api.json");
     let url = stack.url(e2e::stack::Service::OrderApi);
+    let auth = format!("Authorization: Bearer {}", stack.api_key());
     let out = tokio::task::spawn_blocking(move || {
         Command::new(st)
             .args(["run", schema, "--url", &url, "--checks", "all"])
+            .args(["--header", &auth])
             .args(["--exclude-checks", "positive_data_acceptance"])
             .args(["--max-examples", "400", "--seed", "20261130", "--no-color"])
             .output()

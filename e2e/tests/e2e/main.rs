@@ -1,16 +1,19 @@
 //! End-to-end tests over real processes: tansu, PostgreSQL, the five services.
 
 mod api;
+mod cards;
 mod chaos;
 mod compose;
 mod contract;
 mod crash;
+mod docs;
 mod fuzz;
 mod layers;
 mod layout;
 mod metrics;
 mod offsets;
 mod payments;
+mod reconcile;
 mod saga;
 mod scenarios;
 mod supervisor;

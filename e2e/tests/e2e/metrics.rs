@@ -33,7 +33,11 @@ const MOVED: [(Service, &[&str]); 5] = [
     ),
     (
         Service::Gateway,
-        &["gateway_charges_total", "http_server_request_duration_seconds_count"],
+        &[
+            "gateway_charges_total",
+            "gateway_tokens_issued_total",
+            "http_server_request_duration_seconds_count",
+        ],
     ),
     (
         Service::Relay,
@@ -41,13 +45,40 @@ const MOVED: [(Service, &[&str]); 5] = [
     ),
 ];
 
-/// Gauges that must be present (they may be 0).
-const PRESENT: [(Service, &str); 4] = [
+/// Gauges that must be present (they may be 0): each one an alert of
+/// docker/alerts.yml reads.
+const PRESENT: [(Service, &str); 6] = [
     (Service::OrderApi, "consumer_lag"),
+    (Service::OrderApi, "orders_manual_review"),
     (Service::Inventory, "consumer_lag"),
     (Service::Payment, "dead_letter_depth"),
+    (Service::Payment, "payments_oldest_pending_seconds"),
     (Service::Relay, "outbox_oldest_pending_seconds"),
 ];
+
+/// docker/alerts.yml is valid for Prometheus (`promtool check rules`), and
+/// every metric its expressions read is one the services describe.
+#[test]
+fn the_alert_rules_are_valid_and_read_metrics_that_exist() {
+    let promtool = testkit::promtool::ensure().expect("promtool available");
+    let rules = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docker/alerts.yml");
+    let (ok, report) = testkit::promtool::check_rules(&promtool, &rules).unwrap();
+    assert!(ok, "promtool check rules:\n{report}");
+    assert!(report.contains("7 rules found"), "{report}");
+    let described = include_str!("../../../crates/telemetry/src/metrics.rs");
+    let text = std::fs::read_to_string(&rules).unwrap();
+    for expr in text.lines().filter_map(|l| l.trim().strip_prefix("expr: ")) {
+        let names = expr
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| w.contains('_') && w.chars().all(|c| c.is_ascii_lowercase() || c == '_'));
+        for name in names {
+            assert!(
+                described.contains(&format!("\"{name}\"")),
+                "{expr}: {name} is not a metric"
+            );
+        }
+    }
+}
 
 pub async fn check_pages(stack: &Stack) {
     let promtool = testkit::promtool::ensure().expect("promtool available");

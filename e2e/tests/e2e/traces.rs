@@ -43,6 +43,7 @@ async fn one_order_is_one_trace_across_all_five_services() {
     let response = reqwest::Client::new()
         .post(format!("{}/orders", stack.url(Service::OrderApi)))
         .header("idempotency-key", new_key())
+        .bearer_auth(stack.api_key())
         .header("traceparent", format!("00-{trace_id}-{caller_span}-01"))
         .json(&OrderRequest {
             sku: "WIDGET".into(),

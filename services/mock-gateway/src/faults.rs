@@ -30,6 +30,11 @@ pub struct Faults {
     #[arg(long, env = "GATEWAY_TIMEOUT_AFTER_COMMIT_RATE", default_value_t = 0.0)]
     #[serde(default)]
     pub timeout_after_commit_rate: f64,
+    /// Refuse every refund (422, stored under its key): the refund that
+    /// cannot be made, which sends an order to manual review.
+    #[arg(long, env = "GATEWAY_REFUSE_REFUNDS", default_value_t = false, action = clap::ArgAction::Set)]
+    #[serde(default)]
+    pub refuse_refunds: bool,
     /// How long a "timeout after commit" hangs, in milliseconds.
     #[arg(long, env = "GATEWAY_HANG_MS", default_value_t = 30_000)]
     #[serde(default = "default_hang")]

@@ -115,8 +115,8 @@ pub struct ChargeRequest {
     pub order_id: Uuid,
     /// Amount in cents.
     pub amount_cents: i64,
-    /// Card number.
-    pub card: String,
+    /// The card's token from `POST /v1/tokens` (never a card number).
+    pub card_token: String,
 }
 
 /// `POST /v1/refunds` body.
@@ -158,7 +158,8 @@ pub struct LedgerEntry {
     pub created_at: DateTime<Utc>,
 }
 
-/// `POST /v1/charges` — captures, or declines card [`crate::DECLINED_CARD`] (402).
+/// `POST /v1/charges` — captures, or declines the token of card
+/// [`crate::DECLINED_CARD`] (402); an unknown token is a 422.
 #[utoipa::path(
     post,
     path = "/v1/charges",
@@ -173,7 +174,7 @@ pub struct LedgerEntry {
         (status = 402, description = "Declined by the issuer (stored under the key)", body = Movement),
         (status = 400, description = "Malformed body or key", body = service_kit::problem::Problem, content_type = "application/problem+json"),
         (status = 409, description = "The same key is still being processed", body = service_kit::problem::Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid amount, or the key reused with another body", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid amount, unknown card token, or the key reused with another body", body = service_kit::problem::Problem, content_type = "application/problem+json"),
         (status = 500, description = "Internal error", body = service_kit::problem::Problem, content_type = "application/problem+json"),
         (status = 503, description = "Unavailable before commit (injected fault): retry", body = service_kit::problem::Problem, content_type = "application/problem+json"),
     )
@@ -188,7 +189,10 @@ pub async fn charge(State(state): State<AppState>, request: Idempotent) -> Resul
         &request,
         Box::new(move |conn, client, key| {
             Box::pin(async move {
-                let declined = req.card == crate::DECLINED_CARD;
+                let Some(card) = crate::vault::card(&mut *conn, &req.card_token).await? else {
+                    return Err(GatewayError::Unprocessable("unknown card token".into()));
+                };
+                let declined = card.declines;
                 let status = if declined {
                     EntryStatus::Declined
                 } else {
@@ -230,7 +234,7 @@ pub async fn charge(State(state): State<AppState>, request: Idempotent) -> Resul
         (status = 201, description = "Refunded (or replayed)", body = Movement),
         (status = 400, description = "Malformed body or key", body = service_kit::problem::Problem, content_type = "application/problem+json"),
         (status = 409, description = "The same key is still being processed", body = service_kit::problem::Problem, content_type = "application/problem+json"),
-        (status = 422, description = "More than the captured amount, or the key reused with another body", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "More than the captured amount, refused by the issuer, or the key reused with another body", body = service_kit::problem::Problem, content_type = "application/problem+json"),
         (status = 500, description = "Internal error", body = service_kit::problem::Problem, content_type = "application/problem+json"),
         (status = 503, description = "Unavailable before commit (injected fault): retry", body = service_kit::problem::Problem, content_type = "application/problem+json"),
     )
@@ -239,11 +243,16 @@ pub async fn charge(State(state): State<AppState>, request: Idempotent) -> Resul
 /// refunds beyond what was captured are refused (422).
 pub async fn refund(State(state): State<AppState>, request: Idempotent) -> Result<Response, GatewayError> {
     let req: RefundRequest = parse(&request.body)?;
+    let refuse = state.faults.current().refuse_refunds;
     keyed(
         &state,
         &request,
         Box::new(move |conn, client, key| {
             Box::pin(async move {
+                if refuse {
+                    telemetry::metrics::incr("gateway_injected_faults_total", &[("fault", "refuse_refund")]);
+                    return Err(GatewayError::Unprocessable("refund refused by the issuer".into()));
+                }
                 // Lock the order's ledger rows so concurrent refunds cannot overdraw.
                 let (captured, refunded): (i64, i64) = sqlx::query_as(
                 "SELECT COALESCE(sum(amount_cents) FILTER (WHERE kind = 'charge' AND status = 'captured'), 0)::int8,
@@ -304,6 +313,55 @@ pub async fn list(State(state): State<AppState>) -> Result<Json<Vec<LedgerEntry>
         .fetch_all(&state.pool)
         .await?,
     ))
+}
+
+/// `GET /v1/operations/{key}` — what the gateway did under Idempotency-Key
+/// `key` for the calling client: the movement, or 404 when nothing was
+/// committed under it (never asked, refused before commit, or still in
+/// flight). Reconciliation asks this instead of guessing.
+#[utoipa::path(
+    get,
+    path = "/v1/operations/{key}",
+    tag = "gateway",
+    params(
+        ("key" = String, Path, description = "the Idempotency-Key the operation was made with"),
+        ("X-Client-Id" = Option<String>, Header, description = "the calling service (the key's scope)"),
+    ),
+    responses(
+        (status = 200, description = "The movement made under the key", body = LedgerEntry),
+        (status = 400, description = "Bad client header", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        (status = 404, description = "Nothing committed under the key", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal error", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn operation(
+    State(state): State<AppState>,
+    axum::extract::Path(key): axum::extract::Path<String>,
+    headers: axum::http::HeaderMap,
+) -> Result<Response, GatewayError> {
+    let client = idempotency::client_scope(&headers).map_err(GatewayError::BadRequest)?;
+    let entry: Option<LedgerEntry> = sqlx::query_as(
+        "SELECT id, kind, order_id, amount_cents, status, client_id, idempotency_key, created_at
+         FROM ledger WHERE client_id = $1 AND idempotency_key = $2 ORDER BY created_at, id LIMIT 1",
+    )
+    .bind(&client)
+    .bind(&key)
+    .fetch_optional(&state.pool)
+    .await?;
+    telemetry::metrics::incr(
+        "gateway_operation_lookups_total",
+        &[("found", if entry.is_some() { "true" } else { "false" })],
+    );
+    Ok(match entry {
+        Some(e) => Json(e).into_response(),
+        None => Problem::new(
+            StatusCode::NOT_FOUND,
+            "/problems/not-found",
+            "No such operation",
+            format!("nothing was committed under key {key:?} for client {client:?}"),
+        )
+        .into_response(),
+    })
 }
 
 fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, GatewayError> {

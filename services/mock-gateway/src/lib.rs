@@ -9,6 +9,7 @@
 
 pub mod faults;
 pub mod ledger;
+pub mod vault;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -50,6 +51,15 @@ pub struct Config {
     /// Idempotency-Key lifetime.
     #[command(flatten)]
     pub keys: idempotency::KeyArgs,
+    /// Key of the vault's card fingerprints (HMAC-SHA256). Set a secret one
+    /// outside development; changing it gives known cards new tokens.
+    #[arg(
+        long,
+        env = "GATEWAY_VAULT_KEY",
+        default_value = "development-vault-key",
+        hide_default_value = true
+    )]
+    pub vault_key: String,
     /// Initial faults.
     #[command(flatten)]
     pub faults: faults::Faults,
@@ -70,6 +80,8 @@ pub struct AppState {
     pub faults: Arc<faults::FaultSwitch>,
     /// How long a completed Idempotency-Key is remembered.
     pub key_ttl: Duration,
+    /// Key of the vault's card fingerprints.
+    pub vault_key: Arc<[u8]>,
 }
 
 /// The gateway's OpenAPI 3.1 document (`utoipa`), served at `/openapi.json`
@@ -81,8 +93,10 @@ pub struct AppState {
         title = "mock-gateway",
         description = "A Stripe-like payment provider for the effectively-once saga: every POST needs an Idempotency-Key; errors are RFC 9457 problem+json."
     ),
-    paths(ledger::charge, ledger::refund, ledger::list),
+    paths(vault::create, ledger::charge, ledger::refund, ledger::operation, ledger::list),
     components(schemas(
+        vault::TokenRequest,
+        vault::CardToken,
         ledger::ChargeRequest,
         ledger::RefundRequest,
         ledger::Movement,
@@ -123,6 +137,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         pool,
         faults: Arc::new(faults::FaultSwitch::new(config.faults)),
         key_ttl: config.keys.ttl(),
+        vault_key: Arc::from(config.vault_key.as_bytes()),
     };
     Ok(App {
         state,
@@ -145,6 +160,8 @@ impl App {
             .route("/v1/charges", post(ledger::charge))
             .route("/v1/refunds", post(ledger::refund))
             .route("/v1/ledger", get(ledger::list))
+            .route("/v1/tokens", post(vault::create))
+            .route("/v1/operations/{key}", get(ledger::operation))
             .route(
                 "/openapi.json",
                 get(|| async { ([(axum::http::header::CONTENT_TYPE, "application/json")], openapi_json()) }),
@@ -162,4 +179,22 @@ impl App {
         tasks.serve(self.listener, app);
         tasks.wait().await
     }
+}
+
+/// Starts a gateway on an ephemeral port over database `database_url`, with
+/// the default settings, for tests and benches of its clients. Returns its
+/// base URL; the gateway stops when `shutdown` is cancelled.
+pub async fn start_local(database_url: &str, shutdown: CancellationToken) -> anyhow::Result<String> {
+    use clap::Parser as _;
+    let config = Config::try_parse_from([
+        "mock-gateway",
+        "--database-url",
+        database_url,
+        "--http-addr",
+        "127.0.0.1:0",
+    ])?;
+    let app = build(config).await?;
+    let base = format!("http://{}", app.local_addr());
+    tokio::spawn(app.run(shutdown));
+    Ok(base)
 }

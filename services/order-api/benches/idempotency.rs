@@ -28,11 +28,15 @@ const BODY: &str = r#"{"sku":"WIDGET","quantity":2,"amount_cents":2500,"card":"4
 
 /// The baseline: what POST /orders does, minus the idempotency layer.
 async fn plain_insert(State(state): State<AppState>, Json(body): Json<serde_json::Value>) -> StatusCode {
+    // The same card vault call as POST /orders makes, so the two differ by
+    // the idempotency layer only.
+    let token = state.gateway.tokenise(body["card"].as_str().unwrap()).await.unwrap();
     let new = NewOrder {
         sku: body["sku"].as_str().unwrap().to_owned(),
         quantity: body["quantity"].as_i64().unwrap() as i32,
         amount_cents: body["amount_cents"].as_i64().unwrap(),
-        card: body["card"].as_str().unwrap().to_owned(),
+        card_token: token.token,
+        card_last4: token.last4,
     };
     let mut tx = state.pool.begin().await.unwrap();
     let order = orders::insert(&mut tx, "bench", &new).await.unwrap();
@@ -115,9 +119,15 @@ async fn measure(http: &reqwest::Client, base: &str, mode: Mode) -> Figures {
 async fn main() {
     let db = testkit::TempDb::new("eo_bench_idem");
     let pool = order_api::connect(db.url(), 16).await.expect("database");
+    let gateway_db = testkit::TempDb::new("eo_bench_idem_gw");
+    let gateway_url = mock_gateway::start_local(gateway_db.url(), Default::default())
+        .await
+        .expect("gateway");
     let state = AppState {
         pool: pool.clone(),
         idempotency_ttl: Duration::from_secs(86_400),
+        gateway: order_api::gateway::Client::new(&gateway_url, Duration::from_secs(5)).unwrap(),
+        auth: order_api::auth::Auth::new(pool.clone(), Default::default()),
     };
     let app: Router = order_api::http::router(state.clone()).merge(
         Router::new()

@@ -5,6 +5,9 @@
 //! server, the saga consumer and the reapers until the shutdown token is
 //! cancelled or one of them dies. Tests start the real service on port 0.
 
+pub mod admin;
+pub mod auth;
+pub mod gateway;
 pub mod http;
 pub mod orders;
 pub mod saga;
@@ -35,6 +38,19 @@ pub struct Config {
     /// Address of the HTTP API (also serves /health and /metrics).
     #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8080")]
     pub http_addr: SocketAddr,
+    /// The payment gateway: its card vault (every new order's card number
+    /// becomes a token there) and its record of operations (reconciliation).
+    #[arg(long, env = "GATEWAY_URL", default_value = "http://127.0.0.1:8083")]
+    pub gateway_url: String,
+    /// Timeout of one gateway call, in milliseconds.
+    #[arg(long, env = "GATEWAY_TIMEOUT_MS", default_value_t = 2_000)]
+    pub gateway_timeout_ms: u64,
+    /// Deadlines per saga state and the reconciler.
+    #[command(flatten)]
+    pub deadlines: saga::reconcile::DeadlineArgs,
+    /// API keys and per-client limits.
+    #[command(flatten)]
+    pub auth: auth::AuthArgs,
     /// Idempotency-Key lifetime.
     #[command(flatten)]
     pub keys: idempotency::KeyArgs,
@@ -63,6 +79,10 @@ pub struct AppState {
     pub pool: PgPool,
     /// Idempotency-Key lifetime.
     pub idempotency_ttl: Duration,
+    /// The gateway (card vault, operation lookups).
+    pub gateway: gateway::Client,
+    /// API keys and per-client limits.
+    pub auth: std::sync::Arc<auth::Auth>,
 }
 
 /// A built, not yet running, order-api.
@@ -97,9 +117,12 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     let pool = connect(&config.db.url, config.db.pool_size).await?;
     config.kafka.ensure_topics(&topics::ALL).await?;
     let listener = TcpListener::bind(config.http_addr).await?;
+    let auth = auth::Auth::new(pool.clone(), config.auth.clone());
     let state = AppState {
         pool,
         idempotency_ttl: config.keys.ttl(),
+        gateway: gateway::Client::new(&config.gateway_url, Duration::from_millis(config.gateway_timeout_ms))?,
+        auth,
     };
     Ok(App {
         state,
@@ -135,6 +158,19 @@ impl App {
                 std::time::Duration::from_secs(config.history_retention_secs),
                 tasks.token(),
             ),
+        );
+        tasks.spawn(
+            "deadlines",
+            saga::reconcile::run(
+                self.state.pool.clone(),
+                self.state.gateway.clone(),
+                config.deadlines.clone(),
+                tasks.token(),
+            ),
+        );
+        tasks.spawn(
+            "card backfill",
+            orders::run_legacy_card_backfill(self.state.pool.clone(), self.state.gateway.clone(), tasks.token()),
         );
         let app =
             http::router(self.state.clone()).merge(service_kit::admin::router(self.state.pool.clone(), tasks.health()));

@@ -26,6 +26,10 @@ pub enum Status {
     Cancelling,
     /// Terminal: nothing charged (net), nothing reserved.
     Cancelled,
+    /// Terminal until a person acts: a refund the gateway refused, or a
+    /// state that stayed overdue after every re-send. `order-api review`
+    /// lists them; `order-api review retry-refund ID` tries the refund again.
+    ManualReview,
 }
 
 impl Status {
@@ -38,8 +42,17 @@ impl Status {
             Status::Refunding => "REFUNDING",
             Status::Cancelling => "CANCELLING",
             Status::Cancelled => "CANCELLED",
+            Status::ManualReview => "MANUAL_REVIEW",
         }
     }
+
+    /// The states a participant's reply moves on, each with a deadline.
+    pub const OPEN: [Status; 4] = [
+        Status::Pending,
+        Status::AwaitingPayment,
+        Status::Refunding,
+        Status::Cancelling,
+    ];
 }
 
 /// An order as stored.
@@ -47,7 +60,7 @@ impl Status {
 pub struct Order {
     /// Order id (also the saga's correlation id and Kafka key).
     pub id: Uuid,
-    /// The client that placed it (X-Client-Id).
+    /// The client that placed it (its API key's client).
     pub client_id: String,
     /// Stock keeping unit.
     pub sku: String,
@@ -55,10 +68,12 @@ pub struct Order {
     pub quantity: i32,
     /// Total in cents.
     pub amount_cents: i64,
-    /// Card token, never logged.
+    /// The gateway's token of the card (the number is never stored).
     #[serde(skip)]
     #[schema(ignore)]
-    pub card: String,
+    pub card_token: Option<String>,
+    /// The card number's last four digits.
+    pub card_last4: Option<String>,
     /// Saga state.
     pub status: Status,
     /// Why it was cancelled, when it was.
@@ -67,6 +82,21 @@ pub struct Order {
     pub created_at: DateTime<Utc>,
     /// Last transition time.
     pub updated_at: DateTime<Utc>,
+    /// The command the current state waits on (re-sent under this event id
+    /// when the state is overdue).
+    #[serde(skip)]
+    #[schema(ignore)]
+    pub last_command_id: Option<Uuid>,
+    /// Re-sends of that command since the last transition.
+    #[serde(skip)]
+    #[schema(ignore)]
+    pub reconcile_attempts: i32,
+    /// The current refund attempt (1, or more after an operator's retry).
+    #[serde(skip)]
+    #[schema(ignore)]
+    pub refund_attempt: i32,
+    /// When the gateway's answer was taken without the participant's reply.
+    pub reconciled_at: Option<DateTime<Utc>>,
 }
 
 /// One saga step as shown by `GET /orders/{id}`.
@@ -95,26 +125,41 @@ pub struct NewOrder {
     pub quantity: i32,
     /// Total in cents.
     pub amount_cents: i64,
-    /// Card token.
-    pub card: String,
+    /// The gateway's token of the card.
+    pub card_token: String,
+    /// The card number's last four digits.
+    pub card_last4: String,
 }
 
-const COLUMNS: &str = "id, client_id, sku, quantity, amount_cents, card, status, cancel_reason, created_at, updated_at";
+const COLUMNS: &str = "id, client_id, sku, quantity, amount_cents, card_token, card_last4, status, cancel_reason, \
+                       created_at, updated_at, last_command_id, reconcile_attempts, refund_attempt, reconciled_at";
 
 /// Inserts a PENDING order and its first history entry.
 pub async fn insert(conn: &mut PgConnection, client_id: &str, new: &NewOrder) -> sqlx::Result<Order> {
-    let id = Uuid::now_v7();
+    insert_with(conn, Uuid::now_v7(), client_id, new, None).await
+}
+
+/// Inserts PENDING order `id`, waiting on `command`, and its first history entry.
+pub async fn insert_with(
+    conn: &mut PgConnection,
+    id: Uuid,
+    client_id: &str,
+    new: &NewOrder,
+    command: Option<Uuid>,
+) -> sqlx::Result<Order> {
     let order: Order = sqlx::query_as(&format!(
-        "INSERT INTO orders (id, client_id, sku, quantity, amount_cents, card, status)
-         VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING {COLUMNS}"
+        "INSERT INTO orders (id, client_id, sku, quantity, amount_cents, card_token, card_last4, status, last_command_id)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING {COLUMNS}"
     ))
     .bind(id)
     .bind(client_id)
     .bind(&new.sku)
     .bind(new.quantity)
     .bind(new.amount_cents)
-    .bind(&new.card)
+    .bind(&new.card_token)
+    .bind(&new.card_last4)
     .bind(Status::Pending)
+    .bind(command)
     .fetch_one(&mut *conn)
     .await?;
     record_history(conn, id, None, Status::Pending, "OrderPlaced", None, true).await?;
@@ -137,21 +182,45 @@ pub async fn lock(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<Option<Orde
         .await
 }
 
-/// Sets the status (and cancel reason, when given).
+/// Sets the status (and cancel reason, when given), the command the new
+/// state waits on, and restarts the state's deadline.
 pub async fn set_status(
     conn: &mut PgConnection,
     id: Uuid,
     status: Status,
     cancel_reason: Option<&str>,
+    command: Option<Uuid>,
 ) -> sqlx::Result<()> {
     sqlx::query(
-        "UPDATE orders SET status = $2, cancel_reason = COALESCE($3, cancel_reason), updated_at = now() WHERE id = $1",
+        "UPDATE orders SET status = $2, cancel_reason = COALESCE($3, cancel_reason), last_command_id = $4,
+                           reconcile_attempts = 0, updated_at = now()
+         WHERE id = $1",
     )
     .bind(id)
     .bind(status)
     .bind(cancel_reason)
+    .bind(command)
     .execute(conn)
     .await?;
+    Ok(())
+}
+
+/// Notes that the gateway's answer was taken for a participant's reply.
+pub async fn mark_reconciled(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<()> {
+    sqlx::query("UPDATE orders SET reconciled_at = now() WHERE id = $1")
+        .bind(id)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Records `command` as the one the order's current state waits on.
+pub async fn set_last_command(conn: &mut PgConnection, id: Uuid, command: Uuid) -> sqlx::Result<()> {
+    sqlx::query("UPDATE orders SET last_command_id = $2 WHERE id = $1")
+        .bind(id)
+        .bind(command)
+        .execute(conn)
+        .await?;
     Ok(())
 }
 
@@ -232,6 +301,57 @@ pub async fn run_history_retention(
                     break;
                 }
             }
+        }
+    }
+}
+
+/// Tokenises the card numbers of orders written before orders kept tokens
+/// (the `card` column), a batch at a time, and clears the numbers. Returns
+/// how many rows it converted; stops at the first gateway error.
+pub async fn tokenise_legacy_cards(pool: &sqlx::PgPool, gateway: &crate::gateway::Client) -> anyhow::Result<u64> {
+    let mut done = 0;
+    loop {
+        let rows: Vec<(Uuid, String)> =
+            sqlx::query_as("SELECT id, card FROM orders WHERE card IS NOT NULL ORDER BY id LIMIT 100")
+                .fetch_all(pool)
+                .await?;
+        if rows.is_empty() {
+            return Ok(done);
+        }
+        for (id, card) in rows {
+            let token = gateway.tokenise(&card).await?;
+            sqlx::query("UPDATE orders SET card_token = $2, card_last4 = $3, card = NULL WHERE id = $1")
+                .bind(id)
+                .bind(&token.token)
+                .bind(&token.last4)
+                .execute(pool)
+                .await?;
+            done += 1;
+        }
+    }
+}
+
+/// Runs [`tokenise_legacy_cards`] until it succeeds (every 5 s while the
+/// gateway is unavailable), then idles until `shutdown` (a supervised task
+/// must not end early).
+pub async fn run_legacy_card_backfill(
+    pool: sqlx::PgPool,
+    gateway: crate::gateway::Client,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    loop {
+        match tokenise_legacy_cards(&pool, &gateway).await {
+            Ok(n) => {
+                if n > 0 {
+                    tracing::info!(rows = n, "card numbers of earlier orders replaced by tokens");
+                }
+                return shutdown.cancelled().await;
+            }
+            Err(e) => tracing::warn!(error = %e, "card backfill failed; retrying"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(std::time::Duration::from_secs(5)) => {}
         }
     }
 }

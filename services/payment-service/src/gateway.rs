@@ -14,6 +14,8 @@ pub enum Reply {
     Done(String),
     /// Declined by the issuer.
     Declined(String),
+    /// Refused for good (a 4xx the key stores: the same key always gets it).
+    Refused(String),
 }
 
 /// Why a call did not produce a definite answer.
@@ -32,7 +34,7 @@ pub enum CallError {
 struct ChargeBody<'a> {
     order_id: Uuid,
     amount_cents: i64,
-    card: &'a str,
+    card_token: &'a str,
 }
 
 #[derive(Serialize)]
@@ -63,18 +65,56 @@ impl Client {
         })
     }
 
-    /// Charges `amount_cents` on `card` for `order_id` under `key`.
-    pub async fn charge(&self, key: &str, order_id: Uuid, amount_cents: i64, card: &str) -> Result<Reply, CallError> {
+    /// Charges `amount_cents` on the card of `card_token` for `order_id` under `key`.
+    pub async fn charge(
+        &self,
+        key: &str,
+        order_id: Uuid,
+        amount_cents: i64,
+        card_token: &str,
+    ) -> Result<Reply, CallError> {
         self.post(
             "/v1/charges",
             key,
             &ChargeBody {
                 order_id,
                 amount_cents,
-                card,
+                card_token,
             },
         )
         .await
+    }
+
+    /// What the gateway committed under `key` (`GET /v1/operations/{key}`):
+    /// `None` when nothing was.
+    pub async fn lookup(&self, key: &str) -> Result<Option<Reply>, CallError> {
+        #[derive(Deserialize)]
+        struct Entry {
+            id: String,
+            status: String,
+        }
+        let resp = self
+            .http
+            .get(format!("{}/v1/operations/{key}", self.base))
+            .header("x-client-id", crate::NAME)
+            .send()
+            .await
+            .map_err(|e| CallError::Retry(e.to_string()))?;
+        let status = resp.status().as_u16();
+        let text = resp.text().await.map_err(|e| CallError::Retry(e.to_string()))?;
+        match status {
+            200 => {
+                let e: Entry =
+                    serde_json::from_str(&text).map_err(|e| CallError::Retry(format!("unreadable entry: {e}")))?;
+                Ok(Some(if e.status == "declined" {
+                    Reply::Declined(e.id)
+                } else {
+                    Reply::Done(e.id)
+                }))
+            }
+            404 => Ok(None),
+            _ => Err(CallError::Retry(format!("{status}: {text}"))),
+        }
     }
 
     /// Refunds `amount_cents` of `order_id`'s charge under `key`.

@@ -3,6 +3,7 @@
 
 pub mod gateway;
 pub mod payments;
+pub mod reconcile;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -41,6 +42,13 @@ pub struct Config {
     /// `IDEMPOTENCY_TTL_SECS`). Must be at least `INBOX_RETENTION_SECS`.
     #[arg(long, env = "GATEWAY_KEY_TTL_SECS", default_value_t = 8 * 86_400)]
     pub gateway_key_ttl_secs: u64,
+    /// Seconds an operation may stay PENDING before the gateway is asked
+    /// what it did under the operation's key.
+    #[arg(long, env = "PAYMENT_PENDING_DEADLINE_SECS", default_value_t = 60)]
+    pub pending_deadline_secs: u64,
+    /// Seconds between scans for overdue PENDING operations.
+    #[arg(long, env = "RECONCILE_INTERVAL_SECS", default_value_t = 5)]
+    pub reconcile_interval_secs: u64,
     /// Inbox retention.
     #[command(flatten)]
     pub inbox: inbox::RetentionArgs,
@@ -117,6 +125,15 @@ impl App {
         tasks.spawn_consumer(consumer, self.deps.clone(), |deps, env| async move {
             payments::handle(&deps, env).await
         });
+        tasks.spawn(
+            "pending payments",
+            reconcile::run(
+                self.deps.clone(),
+                Duration::from_secs(config.pending_deadline_secs),
+                Duration::from_secs(config.reconcile_interval_secs.max(1)),
+                tasks.token(),
+            ),
+        );
         tasks.serve(
             self.listener,
             service_kit::admin::router(self.deps.pool.clone(), tasks.health()),

@@ -20,6 +20,11 @@ use uuid::Uuid;
 use crate::gateway::{CallError, Reply};
 use crate::Deps;
 
+/// Fault point (failpoints builds): refuse the command as if it could never
+/// be handled, so it goes to the dead-letter topic — the saga's deadline
+/// must still end the order (it re-sends the command under its event id).
+pub const DEAD_LETTER_COMMAND: &str = "payment::dead_letter_command";
+
 /// Crash point (failpoints builds): abort after the gateway answered,
 /// before the result is recorded — the redelivery must ask the gateway again
 /// with the same key and get the same charge back.
@@ -59,6 +64,9 @@ pub enum Status {
     Declined,
     /// The refund was made.
     Refunded,
+    /// The gateway refused the refund for good (the order goes to manual
+    /// review; an operator's retry is a new attempt under a new key).
+    Failed,
 }
 
 impl Status {
@@ -69,6 +77,7 @@ impl Status {
             Status::Captured => "CAPTURED",
             Status::Declined => "DECLINED",
             Status::Refunded => "REFUNDED",
+            Status::Failed => "FAILED",
         }
     }
 }
@@ -76,15 +85,21 @@ impl Status {
 /// What a payment command asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Operation {
-    Charge { amount_cents: i64, card: String },
-    Refund { amount_cents: i64 },
+    Charge { amount_cents: i64, card_token: String },
+    Refund { amount_cents: i64, attempt: u32 },
 }
 
 impl Operation {
     fn from_message(message: Message) -> Result<Self, HandleError> {
         match message {
-            Message::ChargePayment { amount_cents, card } => Ok(Self::Charge { amount_cents, card }),
-            Message::RefundPayment { amount_cents } => Ok(Self::Refund { amount_cents }),
+            Message::ChargePayment { amount_cents, card } => Ok(Self::Charge {
+                amount_cents,
+                card_token: card,
+            }),
+            Message::RefundPayment { amount_cents, attempt } => Ok(Self::Refund {
+                amount_cents,
+                attempt: attempt.max(1),
+            }),
             other => Err(HandleError::Permanent(format!(
                 "unexpected message {other:?} on payment.commands"
             ))),
@@ -100,13 +115,20 @@ impl Operation {
 
     fn amount_cents(&self) -> i64 {
         match self {
-            Self::Charge { amount_cents, .. } | Self::Refund { amount_cents } => *amount_cents,
+            Self::Charge { amount_cents, .. } | Self::Refund { amount_cents, .. } => *amount_cents,
+        }
+    }
+
+    fn attempt(&self) -> u32 {
+        match self {
+            Self::Charge { .. } => 1,
+            Self::Refund { attempt, .. } => *attempt,
         }
     }
 
     /// The gateway key: derived from the operation, never from the message.
     fn key(&self, order_id: Uuid) -> String {
-        format!("{}-{order_id}", self.kind().as_str())
+        contract::message::payment_key(self.kind().as_str(), order_id, self.attempt())
     }
 }
 
@@ -114,6 +136,9 @@ impl Operation {
 #[tracing::instrument(skip_all, fields(order_id = %envelope.order_id, event_type = %envelope.event_type, event_id = %envelope.event_id))]
 pub async fn handle(deps: &Deps, envelope: Envelope) -> Result<Handled, HandleError> {
     let operation = Operation::from_message(envelope.message().map_err(HandleError::permanent)?)?;
+    fail::fail_point!(DEAD_LETTER_COMMAND, |_| Err(HandleError::Permanent(format!(
+        "injected: {DEAD_LETTER_COMMAND}"
+    ))));
     let (order_id, kind) = (envelope.order_id, operation.kind());
     if !deps.dedup {
         return handle_without_dedup(deps, &envelope, &operation).await;
@@ -129,23 +154,29 @@ pub async fn handle(deps: &Deps, envelope: Envelope) -> Result<Handled, HandleEr
         return Ok(Handled::Duplicate);
     }
 
-    // Step 1: the operation, recorded before money moves.
+    // Step 1: the operation, recorded before money moves. A later attempt
+    // of a FAILED refund (an operator's retry) reopens the row under its key.
     let key = operation.key(order_id);
     sqlx::query(
-        "INSERT INTO payments (order_id, kind, idempotency_key, amount_cents, status)
-         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (order_id, kind) DO NOTHING",
+        "INSERT INTO payments (order_id, kind, idempotency_key, amount_cents, status, attempt)
+         VALUES ($1, $2, $3, $4, $5, $6)
+         ON CONFLICT (order_id, kind) DO UPDATE
+         SET status = EXCLUDED.status, attempt = EXCLUDED.attempt,
+             idempotency_key = EXCLUDED.idempotency_key, updated_at = now()
+         WHERE payments.status = 'FAILED' AND payments.attempt < EXCLUDED.attempt",
     )
     .bind(order_id)
     .bind(kind)
     .bind(&key)
     .bind(operation.amount_cents())
     .bind(Status::Pending)
+    .bind(operation.attempt() as i32)
     .execute(&mut *conn)
     .await
     .map_err(HandleError::transient)?;
-    let status: Status = sqlx::query_scalar(
+    let (status, attempt): (Status, i32) = sqlx::query_as(
         "UPDATE payments SET attempts = attempts + 1, updated_at = now()
-         WHERE order_id = $1 AND kind = $2 RETURNING status",
+         WHERE order_id = $1 AND kind = $2 RETURNING status, attempt",
     )
     .bind(order_id)
     .bind(kind)
@@ -153,7 +184,7 @@ pub async fn handle(deps: &Deps, envelope: Envelope) -> Result<Handled, HandleEr
     .await
     .map_err(HandleError::transient)?;
     drop(conn);
-    if status != Status::Pending {
+    if status != Status::Pending || attempt != operation.attempt() as i32 {
         // Settled by an earlier command for the same operation (a new event
         // id for the same charge): its reply was sent then. Nothing to do.
         tracing::info!(status = status.as_str(), "payment already settled; command is a no-op");
@@ -161,11 +192,15 @@ pub async fn handle(deps: &Deps, envelope: Envelope) -> Result<Handled, HandleEr
         return settle(deps, &envelope, kind, None).await;
     }
 
-    // Step 2: the external effect, made safe to repeat by the key.
+    // Step 2: the external effect, made safe to repeat by the key. A
+    // refusal is as definite as a decline: the same key always gets it.
     let reply = match call_gateway(deps, &operation, &key, order_id).await {
         Ok(r) => r,
         Err(CallError::Retry(e)) => return Err(HandleError::Transient(e)),
-        Err(CallError::Refused(e)) => return Err(HandleError::Permanent(e)),
+        Err(CallError::Refused(e)) => {
+            tracing::warn!(error = %e, "gateway refused the operation");
+            Reply::Refused(e)
+        }
     };
     fail::fail_point!(CRASH_AFTER_GATEWAY_BEFORE_RECORD, |_| telemetry::crash_point(
         CRASH_AFTER_GATEWAY_BEFORE_RECORD
@@ -195,38 +230,13 @@ async fn settle(
     // to the inbox yet its payment was settled already: a miss the business
     // key caught.
     let settled_here = if let Some((status, reply)) = result {
-        let gateway_ref = match &reply {
-            Message::PaymentCaptured { charge_id } => Some(charge_id.clone()),
-            Message::PaymentRefunded { refund_id } => Some(refund_id.clone()),
-            _ => None,
-        };
-        let moved = sqlx::query(
-            "UPDATE payments SET status = $3, gateway_ref = $4, updated_at = now()
-             WHERE order_id = $1 AND kind = $2 AND status = $5",
-        )
-        .bind(envelope.order_id)
-        .bind(kind)
-        .bind(status)
-        .bind(gateway_ref)
-        .bind(Status::Pending)
-        .execute(&mut *tx)
-        .await
-        .map_err(HandleError::transient)?
-        .rows_affected();
-        // Only the delivery that settles the payment replies; a concurrent
-        // one that lost the race (different event id) stays silent.
-        if moved == 1 {
-            service_kit::saga::emit(&mut tx, envelope.order_id, &reply, Some(envelope))
-                .await
-                .map_err(HandleError::transient)?;
-            telemetry::metrics::incr("payment_settled_total", &[("status", status.as_str())]);
-            tracing::info!(status = status.as_str(), reply = %reply.to_parts().0, "payment settled");
-        }
-        moved == 1
+        record(&mut tx, envelope.order_id, kind, status, &reply, Some(envelope))
+            .await
+            .map_err(HandleError::transient)?
     } else {
         false
     };
-    if !settled_here {
+    if !settled_here && !settled_by_reconciliation(&mut tx, envelope.order_id, kind).await? {
         inbox::note_miss(
             &mut tx,
             PAYMENT.name,
@@ -239,6 +249,59 @@ async fn settle(
     }
     tx.commit().await.map_err(HandleError::transient)?;
     Ok(Handled::Applied)
+}
+
+/// Moves payment `(order_id, kind)` out of PENDING to `status` and enqueues
+/// `reply`, in the caller's transaction. Only the caller that moves it
+/// replies (a concurrent delivery or the reconciler that lost the race
+/// stays silent); returns whether this one did.
+pub(crate) async fn record(
+    tx: &mut sqlx::PgConnection,
+    order_id: Uuid,
+    kind: Kind,
+    status: Status,
+    reply: &Message,
+    cause: Option<&Envelope>,
+) -> outbox::Result<bool> {
+    let gateway_ref = match reply {
+        Message::PaymentCaptured { charge_id } => Some(charge_id.clone()),
+        Message::PaymentRefunded { refund_id } => Some(refund_id.clone()),
+        _ => None,
+    };
+    let moved = sqlx::query(
+        "UPDATE payments SET status = $3, gateway_ref = $4, updated_at = now()
+         WHERE order_id = $1 AND kind = $2 AND status = $5",
+    )
+    .bind(order_id)
+    .bind(kind)
+    .bind(status)
+    .bind(gateway_ref)
+    .bind(Status::Pending)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    if moved == 1 {
+        service_kit::saga::emit(tx, order_id, reply, cause).await?;
+        telemetry::metrics::incr("payment_settled_total", &[("status", status.as_str())]);
+        tracing::info!(status = status.as_str(), reply = %reply.to_parts().0, "payment settled");
+    }
+    Ok(moved == 1)
+}
+
+/// Whether the reconciler settled payment `(order_id, kind)` from the
+/// gateway's record (a command arriving after that is expected, not a miss).
+async fn settled_by_reconciliation(
+    tx: &mut sqlx::PgConnection,
+    order_id: Uuid,
+    kind: Kind,
+) -> Result<bool, HandleError> {
+    sqlx::query_scalar("SELECT reconciled_at IS NOT NULL FROM payments WHERE order_id = $1 AND kind = $2")
+        .bind(order_id)
+        .bind(kind)
+        .fetch_optional(&mut *tx)
+        .await
+        .map(|r| r.unwrap_or(false))
+        .map_err(HandleError::transient)
 }
 
 /// The negative control: what payment handling looks like without layers 3
@@ -261,13 +324,16 @@ async fn handle_without_dedup(deps: &Deps, envelope: &Envelope, operation: &Oper
 /// Charges or refunds through the gateway, as `operation` asks, under `key`.
 async fn call_gateway(deps: &Deps, operation: &Operation, key: &str, order_id: Uuid) -> Result<Reply, CallError> {
     match operation {
-        Operation::Charge { amount_cents, card } => deps.gateway.charge(key, order_id, *amount_cents, card).await,
-        Operation::Refund { amount_cents } => deps.gateway.refund(key, order_id, *amount_cents).await,
+        Operation::Charge {
+            amount_cents,
+            card_token,
+        } => deps.gateway.charge(key, order_id, *amount_cents, card_token).await,
+        Operation::Refund { amount_cents, .. } => deps.gateway.refund(key, order_id, *amount_cents).await,
     }
 }
 
 /// The payment's new status and the reply to send for the gateway's answer.
-fn outcome(kind: Kind, reply: Reply) -> Result<(Status, Message), HandleError> {
+pub fn outcome(kind: Kind, reply: Reply) -> Result<(Status, Message), HandleError> {
     Ok(match (kind, reply) {
         (Kind::Charge, Reply::Done(id)) => (Status::Captured, Message::PaymentCaptured { charge_id: id }),
         (Kind::Charge, Reply::Declined(_)) => (
@@ -276,7 +342,19 @@ fn outcome(kind: Kind, reply: Reply) -> Result<(Status, Message), HandleError> {
                 reason: "card_declined".into(),
             },
         ),
+        (Kind::Charge, Reply::Refused(why)) => (
+            Status::Declined,
+            Message::PaymentDeclined {
+                reason: format!("refused: {why}"),
+            },
+        ),
         (Kind::Refund, Reply::Done(id)) => (Status::Refunded, Message::PaymentRefunded { refund_id: id }),
-        (Kind::Refund, Reply::Declined(id)) => return Err(HandleError::Permanent(format!("refund {id} declined"))),
+        (Kind::Refund, Reply::Declined(id)) => (
+            Status::Failed,
+            Message::RefundFailed {
+                reason: format!("refund {id} declined"),
+            },
+        ),
+        (Kind::Refund, Reply::Refused(why)) => (Status::Failed, Message::RefundFailed { reason: why }),
     })
 }

@@ -400,7 +400,7 @@ async fn a_consumer_reads_the_next_minor_and_dead_letters_another_major_or_an_un
     let as_json = |env: &Envelope| serde_json::to_value(env).unwrap();
     // 1.1: an added optional field.
     let mut next_minor = as_json(&Envelope::new(order, &Message::ReleaseStock, None));
-    next_minor["version"] = "1.1".into();
+    next_minor["version"] = "1.9".into();
     next_minor["priority"] = "high".into();
     // 2.0: a major this code does not read.
     let mut next_major = as_json(&Envelope::new(order, &Message::ReleaseStock, None));

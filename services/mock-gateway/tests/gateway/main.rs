@@ -25,6 +25,7 @@ impl Gateway {
             http_addr: "127.0.0.1:0".parse().unwrap(),
             admin: true,
             keys: idempotency::KeyArgs { ttl_secs: 86_400 },
+            vault_key: "test-vault-key".into(),
             faults,
             unsafe_no_idempotency_key: Default::default(),
             log: service_kit::LogArgs::default(),
@@ -57,6 +58,32 @@ impl Gateway {
         (status, replayed, r.json().await.unwrap())
     }
 
+    /// The vault's token of `card`.
+    async fn token(&self, card: &str) -> String {
+        let r = self
+            .http
+            .post(format!("{}/v1/tokens", self.base))
+            .json(&json!({ "card": card }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 201);
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["last4"], card[card.len() - 4..]);
+        body["token"].as_str().unwrap().to_owned()
+    }
+
+    async fn get(&self, path: &str, client: &str) -> (u16, Value) {
+        let r = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .header("x-client-id", client)
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json().await.unwrap())
+    }
+
     async fn ledger(&self) -> Vec<Value> {
         self.http
             .get(format!("{}/v1/ledger", self.base))
@@ -75,8 +102,8 @@ impl Gateway {
     }
 }
 
-fn charge(order: Uuid, amount: i64, card: &str) -> Value {
-    json!({"order_id": order, "amount_cents": amount, "card": card})
+fn charge(order: Uuid, amount: i64, card_token: &str) -> Value {
+    json!({"order_id": order, "amount_cents": amount, "card_token": card_token})
 }
 
 #[tokio::test]
@@ -84,17 +111,29 @@ async fn same_key_returns_the_original_and_other_parameters_are_refused() {
     let gw = Gateway::start(Default::default()).await;
     let order = Uuid::new_v4();
     let (s1, r1, b1) = gw
-        .post("/v1/charges", "charge-1", &charge(order, 500, "4242424242424242"))
+        .post(
+            "/v1/charges",
+            "charge-1",
+            &charge(order, 500, &gw.token("4242424242424242").await),
+        )
         .await;
     assert_eq!((s1, r1), (201, false));
     assert_eq!(b1["status"], "captured");
     let (s2, r2, b2) = gw
-        .post("/v1/charges", "charge-1", &charge(order, 500, "4242424242424242"))
+        .post(
+            "/v1/charges",
+            "charge-1",
+            &charge(order, 500, &gw.token("4242424242424242").await),
+        )
         .await;
     assert_eq!((s2, r2), (201, true));
     assert_eq!(b2, b1, "the original charge, not a new one");
     let (s3, _, b3) = gw
-        .post("/v1/charges", "charge-1", &charge(order, 900, "4242424242424242"))
+        .post(
+            "/v1/charges",
+            "charge-1",
+            &charge(order, 900, &gw.token("4242424242424242").await),
+        )
         .await;
     assert_eq!(s3, 422, "{b3}");
     assert_eq!(gw.ledger().await.len(), 1);
@@ -108,13 +147,17 @@ async fn declines_by_card_and_refunds_only_what_was_captured() {
         .post(
             "/v1/charges",
             "d-1",
-            &charge(Uuid::new_v4(), 500, mock_gateway::DECLINED_CARD),
+            &charge(Uuid::new_v4(), 500, &gw.token(mock_gateway::DECLINED_CARD).await),
         )
         .await;
     assert_eq!((s, b["status"].as_str()), (402, Some("declined")));
     let order = Uuid::new_v4();
-    gw.post("/v1/charges", "c-1", &charge(order, 500, "4242424242424242"))
-        .await;
+    gw.post(
+        "/v1/charges",
+        "c-1",
+        &charge(order, 500, &gw.token("4242424242424242").await),
+    )
+    .await;
     let (s, _, _) = gw
         .post("/v1/refunds", "r-1", &json!({"order_id": order, "amount_cents": 500}))
         .await;
@@ -142,12 +185,10 @@ async fn concurrent_requests_with_one_key_charge_once() {
         .await,
     );
     let order = Uuid::new_v4();
+    let card = gw.token("4242424242424242").await;
     let replies = futures::future::join_all((0..10).map(|_| {
-        let gw = gw.clone();
-        async move {
-            gw.post("/v1/charges", "same", &charge(order, 100, "4242424242424242"))
-                .await
-        }
+        let (gw, card) = (gw.clone(), card.clone());
+        async move { gw.post("/v1/charges", "same", &charge(order, 100, &card)).await }
     }))
     .await;
     let fresh = replies.iter().filter(|r| r.0 == 201 && !r.1).count();
@@ -168,7 +209,11 @@ async fn injected_faults_fail_before_commit_or_commit_then_hang() {
     let gw = Gateway::start(faults).await;
     let order = Uuid::new_v4();
     let (s, _, _) = gw
-        .post("/v1/charges", "k", &charge(order, 100, "4242424242424242"))
+        .post(
+            "/v1/charges",
+            "k",
+            &charge(order, 100, &gw.token("4242424242424242").await),
+        )
         .await;
     assert_eq!(s, 503);
     assert!(gw.ledger().await.is_empty(), "a 503 charged nothing");
@@ -184,14 +229,18 @@ async fn injected_faults_fail_before_commit_or_commit_then_hang() {
         .post(format!("{}/v1/charges", gw.base))
         .header("idempotency-key", "k")
         .header("x-client-id", "tests")
-        .json(&charge(order, 100, "4242424242424242"))
+        .json(&charge(order, 100, &gw.token("4242424242424242").await))
         .timeout(Duration::from_secs(1))
         .send()
         .await;
     assert!(timed_out.is_err(), "the client saw a timeout");
     assert_eq!(gw.ledger().await.len(), 1, "but the charge committed");
     let (s, replayed, _) = gw
-        .post("/v1/charges", "k", &charge(order, 100, "4242424242424242"))
+        .post(
+            "/v1/charges",
+            "k",
+            &charge(order, 100, &gw.token("4242424242424242").await),
+        )
         .await;
     assert_eq!(
         (s, replayed),
@@ -224,5 +273,93 @@ async fn the_served_openapi_document_is_the_committed_one() {
         .await
         .unwrap();
     assert_eq!(served, generated);
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn one_token_per_card_and_charges_take_tokens_only() {
+    let gw = Gateway::start(Default::default()).await;
+    let a = gw.token("4242424242424242").await;
+    assert!(a.starts_with("tok_"), "{a}");
+    assert_eq!(gw.token("4242424242424242").await, a, "one token per card");
+    assert_ne!(gw.token("5555555555554444").await, a);
+    // A card number where a token belongs is refused, not charged.
+    let (s, _, b) = gw
+        .post("/v1/charges", "raw", &charge(Uuid::new_v4(), 500, "4242424242424242"))
+        .await;
+    assert_eq!(s, 422, "{b}");
+    assert_eq!(b["detail"], "unknown card token");
+    // Not a card number: 422 problem+json.
+    let r = gw
+        .http
+        .post(format!("{}/v1/tokens", gw.base))
+        .json(&json!({"card": "42"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 422);
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn an_operation_is_looked_up_by_its_key_within_its_clients_scope() {
+    let gw = Gateway::start(Default::default()).await;
+    let order = Uuid::new_v4();
+    let (_, _, charged) = gw
+        .post(
+            "/v1/charges",
+            "charge-x",
+            &charge(order, 700, &gw.token("4242424242424242").await),
+        )
+        .await;
+    let (s, entry) = gw.get("/v1/operations/charge-x", "tests").await;
+    assert_eq!(s, 200, "{entry}");
+    assert_eq!(entry["id"], charged["id"]);
+    assert_eq!(
+        (entry["kind"].as_str(), entry["status"].as_str()),
+        (Some("charge"), Some("captured"))
+    );
+    assert_eq!(entry["order_id"], order.to_string());
+    // Another client's key space, and a key never used: 404 problem+json.
+    let (s, _) = gw.get("/v1/operations/charge-x", "someone-else").await;
+    assert_eq!(s, 404);
+    let (s, problem) = gw.get("/v1/operations/never", "tests").await;
+    assert_eq!(s, 404);
+    assert_eq!(problem["status"], 404);
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_refused_refund_is_stored_under_its_key_and_a_new_key_can_succeed() {
+    let gw = Gateway::start(mock_gateway::faults::Faults {
+        refuse_refunds: true,
+        ..Default::default()
+    })
+    .await;
+    let order = Uuid::new_v4();
+    gw.post(
+        "/v1/charges",
+        "c",
+        &charge(order, 500, &gw.token("4242424242424242").await),
+    )
+    .await;
+    let refund = json!({"order_id": order, "amount_cents": 500});
+    let (s, _, b) = gw.post("/v1/refunds", "refund-1", &refund).await;
+    assert_eq!(s, 422, "{b}");
+    // The fault switched off, the same key still answers the refusal…
+    let r = gw
+        .http
+        .put(format!("{}/admin/faults", gw.base))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+    let (s, replayed, _) = gw.post("/v1/refunds", "refund-1", &refund).await;
+    assert_eq!((s, replayed), (422, true));
+    // …and a new attempt under a new key refunds.
+    let (s, _, b) = gw.post("/v1/refunds", "refund-2", &refund).await;
+    assert_eq!((s, b["status"].as_str()), (201, Some("refunded")));
     gw.stop().await;
 }

@@ -18,12 +18,18 @@ pub enum ApiError {
     /// Refused by the Idempotency-Key layer (bad key, in flight, reused).
     #[error(transparent)]
     Refused(#[from] idempotency::Refused),
+    /// Another client's order.
+    #[error("this order belongs to another client")]
+    Forbidden,
     /// Not in a state that allows the action.
     #[error("{0}")]
     Conflict(String),
     /// No such resource.
     #[error("not found")]
     NotFound,
+    /// A dependency (the card vault) is down: nothing stored, retry later.
+    #[error("{0}")]
+    Unavailable(String),
     /// Anything else: logged, not shown.
     #[error("internal error")]
     Internal(#[from] anyhow::Error),
@@ -65,7 +71,13 @@ impl ApiError {
             ),
             Self::Refused(r) => (r.status(), r.problem_type(), r.title()),
             Self::Conflict(_) => (StatusCode::CONFLICT, "/problems/conflict", "Conflict"),
+            Self::Forbidden => (StatusCode::FORBIDDEN, "/problems/forbidden", "Forbidden"),
             Self::NotFound => (StatusCode::NOT_FOUND, "/problems/not-found", "Not found"),
+            Self::Unavailable(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "/problems/unavailable",
+                "Temporarily unavailable",
+            ),
             Self::Internal(_) => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "/problems/internal",
@@ -105,6 +117,7 @@ impl IntoResponse for ApiError {
 fn retry_after(e: &ApiError) -> Option<HeaderValue> {
     match e {
         ApiError::Refused(r) => r.retry_after().map(HeaderValue::from),
+        ApiError::Unavailable(_) => Some(HeaderValue::from(1)),
         _ => None,
     }
 }

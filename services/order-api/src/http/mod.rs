@@ -19,6 +19,8 @@ pub use error::{ApiError, Problem};
         description = "Orders of the effectively-once saga. Every POST needs an Idempotency-Key; errors are RFC 9457 problem+json."
     ),
     paths(orders::create, orders::show, orders::cancel),
+    modifiers(&BearerAuth),
+    security(("api_key" = [])),
     components(schemas(
         orders::CreateOrder,
         orders::OrderView,
@@ -30,6 +32,25 @@ pub use error::{ApiError, Problem};
 )]
 pub struct ApiDoc;
 
+/// The API key scheme: `Authorization: Bearer <key>` on every `/orders` route.
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "api_key",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some("An API key from `order-api keys create --client <id>`"))
+                    .build(),
+            ),
+        );
+    }
+}
+
 /// The document as pretty JSON.
 pub fn openapi_json() -> String {
     use utoipa::OpenApi as _;
@@ -38,12 +59,14 @@ pub fn openapi_json() -> String {
         .expect("the OpenAPI document serialises")
 }
 
-/// The API router.
+/// The API router: `/orders` behind API keys and per-client limits.
 pub fn router(state: AppState) -> Router {
+    let auth = axum::middleware::from_fn_with_state(state.auth.clone(), crate::auth::middleware);
     Router::new()
         .route("/orders", post(orders::create))
         .route("/orders/{id}", get(orders::show))
         .route("/orders/{id}/cancel", post(orders::cancel))
+        .route_layer(auth)
         .route(
             "/openapi.json",
             get(|| async { ([(axum::http::header::CONTENT_TYPE, "application/json")], openapi_json()) }),

@@ -69,7 +69,8 @@ where
 }
 
 impl CreateOrder {
-    fn validate(self) -> Result<NewOrder, ApiError> {
+    /// Checks every field; the card number is still in `self.card`.
+    fn validate(&self) -> Result<(), ApiError> {
         let mut problems = Vec::new();
         if self.sku.is_empty() || self.sku.chars().count() > 64 {
             problems.push("sku must be 1..=64 characters");
@@ -91,11 +92,22 @@ impl CreateOrder {
         if !problems.is_empty() {
             return Err(ApiError::Unprocessable(problems.join("; ")));
         }
+        Ok(())
+    }
+
+    /// The order to store: the card number replaced by the gateway's token
+    /// and its last four digits.
+    async fn tokenise(self, gateway: &crate::gateway::Client) -> Result<NewOrder, ApiError> {
+        let token = gateway.tokenise(&self.card).await.map_err(|e| match e {
+            crate::gateway::Error::Unavailable(e) => ApiError::Unavailable(format!("card vault: {e}")),
+            crate::gateway::Error::Refused(e) => ApiError::Unprocessable(format!("card refused by the vault: {e}")),
+        })?;
         Ok(NewOrder {
             sku: self.sku,
             quantity: self.quantity,
             amount_cents: self.amount_cents,
-            card: self.card,
+            card_token: token.token,
+            card_last4: token.last4,
         })
     }
 }
@@ -131,15 +143,18 @@ pub struct OrderView {
     request_body = CreateOrder,
     params(
         ("Idempotency-Key" = String, Header, pattern = "^[!#-~]{1,255}$", description = "1–255 printable ASCII characters, no quote; a retry with the same key and body gets the same response"),
-        ("X-Client-Id" = Option<String>, Header, pattern = "^[!-~]{1,64}$", description = "the client the key belongs to (default `anonymous`)"),
     ),
     responses(
         (status = 201, description = "Created (or replayed: `Idempotent-Replayed: true`)", body = Order,
          headers(("Location" = String, description = "/orders/{id}"))),
         (status = 400, description = "Malformed JSON or Idempotency-Key", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No API key, or an unknown or revoked one", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over the size limit", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Over the client's request rate (Retry-After)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The same key is still being processed (Retry-After)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid fields, or the key reused with another body", body = Problem, content_type = "application/problem+json"),
         (status = 500, description = "Internal error (nothing stored; retry with the key)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The card vault is unavailable (nothing stored; retry with the key after Retry-After)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 ///
@@ -147,16 +162,20 @@ pub struct OrderView {
 /// key is claimed: nothing is stored under the key, so the client can fix
 /// the body and retry with the same key (Stripe's rule).
 pub async fn create(State(state): State<AppState>, request: Idempotent) -> Result<Response, ApiError> {
-    let new = parse_json::<CreateOrder>(&request.body)?.validate()?;
+    let body = parse_json::<CreateOrder>(&request.body)?;
+    body.validate()?;
+    // The number goes to the vault and no further: the order keeps the token.
+    let new = body.tokenise(&state.gateway).await?;
     let client = request.scope.clone();
     let work: idempotency::Work<ApiError> = Box::new(move |conn| {
         Box::pin(async move {
-            let order = orders::insert(conn, &client, &new).await?;
+            let id = Uuid::now_v7();
             let first = Message::ReserveStock {
-                sku: order.sku.clone(),
-                quantity: order.quantity,
+                sku: new.sku.clone(),
+                quantity: new.quantity,
             };
-            service_kit::saga::emit(conn, order.id, &first, None).await?;
+            let sent = service_kit::saga::emit(conn, id, &first, None).await?;
+            let order = orders::insert_with(conn, id, &client, &new, Some(sent.event_id)).await?;
             fail::fail_point!(CRASH_BEFORE_COMMIT, |_| telemetry::crash_point(CRASH_BEFORE_COMMIT));
             telemetry::metrics::incr("orders_created_total", &[]);
             tracing::info!(order_id = %order.id, "order placed");
@@ -206,14 +225,24 @@ async fn respond(
     params(("id" = uuid::Uuid, Path, description = "order id")),
     responses(
         (status = 200, description = "The order and its saga history", body = OrderView),
+        (status = 401, description = "No API key, or an unknown or revoked one", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Another client's order", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such order", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Over the client's request rate (Retry-After)", body = Problem, content_type = "application/problem+json"),
         (status = 500, description = "Internal error", body = Problem, content_type = "application/problem+json"),
     )
 )]
-pub async fn show(State(state): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+pub async fn show(
+    State(state): State<AppState>,
+    axum::Extension(client): axum::Extension<idempotency::Scope>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
     let mut conn = state.pool.acquire().await?;
     let order = orders::get(&mut conn, id).await?.ok_or(ApiError::NotFound)?;
+    if order.client_id != client.0 {
+        return Err(ApiError::Forbidden);
+    }
     let history = orders::history(&mut conn, id).await?;
     Ok(Json(OrderView { order, history }).into_response())
 }
@@ -225,13 +254,16 @@ pub async fn show(State(state): State<AppState>, Path(id): Path<String>) -> Resu
     params(
         ("id" = uuid::Uuid, Path, description = "order id"),
         ("Idempotency-Key" = String, Header, pattern = "^[!#-~]{1,255}$", description = "as for POST /orders"),
-        ("X-Client-Id" = Option<String>, Header, pattern = "^[!-~]{1,64}$", description = "the client the key belongs to"),
     ),
     responses(
         (status = 202, description = "Cancel of a CONFIRMED order started: refund, then stock released", body = Order),
         (status = 200, description = "Already being cancelled or cancelled", body = Order),
         (status = 400, description = "Malformed Idempotency-Key", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No API key, or an unknown or revoked one", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Another client's order", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such order", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over the size limit", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Over the client's request rate (Retry-After)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Not cancellable in its state, or the key in flight", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "The key reused with another request", body = Problem, content_type = "application/problem+json"),
         (status = 500, description = "Internal error", body = Problem, content_type = "application/problem+json"),
@@ -246,16 +278,20 @@ pub async fn cancel(
     request: Idempotent,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
+    let client = request.scope.clone();
     let work: idempotency::Work<ApiError> = Box::new(move |conn| {
         Box::pin(async move {
             let order = orders::lock(conn, id).await?.ok_or(ApiError::NotFound)?;
+            if order.client_id != client {
+                return Err(ApiError::Forbidden);
+            }
             let status = match order.status {
                 Status::Refunding | Status::Cancelling | Status::Cancelled => StatusCode::OK,
                 Status::Confirmed => {
                     saga::apply(conn, &order, Input::CancelRequested, None).await?;
                     StatusCode::ACCEPTED
                 }
-                other @ (Status::Pending | Status::AwaitingPayment) => {
+                other @ (Status::Pending | Status::AwaitingPayment | Status::ManualReview) => {
                     return Err(ApiError::Conflict(format!(
                         "order is {}; only CONFIRMED orders can be cancelled",
                         other.as_str()

@@ -7,6 +7,7 @@
 //! (stale, reordered, or a second reply with a new event id) is recorded as
 //! ignored and counted, never applied.
 
+pub mod reconcile;
 pub mod transitions;
 
 use contract::topics::consumers::ORDER_SAGA;
@@ -117,9 +118,15 @@ pub async fn apply(
                 false,
             )
             .await?;
-            if let Some(event_id) = event_id {
+            match (event_id, order.reconciled_at) {
                 // A reply new to the inbox that the state machine had to stop.
-                inbox::note_miss(conn, ORDER_SAGA.name, event_id, order.id, "saga state machine").await?;
+                (Some(event_id), None) => {
+                    inbox::note_miss(conn, ORDER_SAGA.name, event_id, order.id, "saga state machine").await?
+                }
+                // The participant's reply, arriving after reconciliation took
+                // the gateway's answer for it: expected, not a miss.
+                (Some(_), Some(_)) => telemetry::metrics::incr("saga_replies_after_reconciliation_total", &[]),
+                (None, _) => {}
             }
             Ok(false)
         }
@@ -128,16 +135,24 @@ pub async fn apply(
             emit,
             cancel_reason,
         } => {
-            orders::set_status(conn, order.id, to, cancel_reason).await?;
-            orders::record_history(conn, order.id, Some(order.status), to, &event_type, event_id, true).await?;
+            // The command the new state waits on (at most one per transition).
+            let mut command = None;
             for next in &emit {
-                service_kit::saga::emit(conn, order.id, next, cause).await?;
+                command = Some(service_kit::saga::emit(conn, order.id, next, cause).await?.event_id);
+            }
+            orders::set_status(conn, order.id, to, cancel_reason, command).await?;
+            orders::record_history(conn, order.id, Some(order.status), to, &event_type, event_id, true).await?;
+            if matches!(input, Input::Reconciled(_)) {
+                orders::mark_reconciled(conn, order.id).await?;
             }
             telemetry::metrics::incr(
                 "saga_transitions_total",
                 &[("from", order.status.as_str()), ("to", to.as_str())],
             );
-            if matches!(to, orders::Status::Confirmed | orders::Status::Cancelled) {
+            if matches!(
+                to,
+                orders::Status::Confirmed | orders::Status::Cancelled | orders::Status::ManualReview
+            ) {
                 let took = (chrono::Utc::now() - order.created_at).to_std().unwrap_or_default();
                 telemetry::metrics::observe("saga_duration_seconds", &[("status", to.as_str())], took);
             }

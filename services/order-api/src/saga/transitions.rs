@@ -9,8 +9,13 @@
 //! CONFIRMED ──CancelRequested──► REFUNDING (+RefundPayment)
 //! REFUNDING ──PaymentRefunded──► CANCELLING (+ReleaseStock)
 //! CANCELLING ──StockReleased──► CANCELLED
+//! REFUNDING ──RefundFailed──► MANUAL_REVIEW
+//! MANUAL_REVIEW ──RetryRefund (operator)──► REFUNDING (+RefundPayment, next attempt)
+//! any open state ──DeadlineExceeded (re-sends exhausted)──► MANUAL_REVIEW
 //! ```
-//! Anything else is ignored: never applied twice, never applied backwards.
+//! A reconciled answer (the gateway's record, taken when the participant's
+//! reply is overdue) moves the order exactly as that reply would. Anything
+//! else is ignored: never applied twice, never applied backwards.
 
 use contract::Message;
 
@@ -39,6 +44,13 @@ pub enum Input<'a> {
     Reply(&'a Message),
     /// `POST /orders/{id}/cancel`.
     CancelRequested,
+    /// The gateway's record of an overdue payment operation, as the reply
+    /// payment-service would have sent.
+    Reconciled(&'a Message),
+    /// The state stayed overdue after every re-send of its command.
+    DeadlineExceeded,
+    /// An operator retries a refund the gateway refused.
+    RetryRefund,
 }
 
 impl Input<'_> {
@@ -47,6 +59,9 @@ impl Input<'_> {
         match self {
             Input::Reply(m) => m.to_parts().0,
             Input::CancelRequested => "CancelRequested".into(),
+            Input::Reconciled(m) => format!("Reconciled:{}", m.to_parts().0),
+            Input::DeadlineExceeded => "DeadlineExceeded".into(),
+            Input::RetryRefund => "RetryRefund".into(),
         }
     }
 }
@@ -59,25 +74,34 @@ pub fn decide(order: &Order, input: Input<'_>) -> Decision {
         emit,
         cancel_reason,
     };
+    let refund = || Message::RefundPayment {
+        amount_cents: order.amount_cents,
+        attempt: order.refund_attempt.max(1) as u32,
+    };
     let message = match input {
         Input::CancelRequested if order.status == Confirmed => {
-            return apply(
-                Refunding,
-                vec![Message::RefundPayment {
-                    amount_cents: order.amount_cents,
-                }],
-                Some("customer_cancelled"),
-            )
+            return apply(Refunding, vec![refund()], Some("customer_cancelled"))
         }
         Input::CancelRequested => return Decision::Ignore,
-        Input::Reply(m) => m,
+        Input::DeadlineExceeded if Status::OPEN.contains(&order.status) => {
+            return apply(ManualReview, vec![], Some("deadline_exceeded"))
+        }
+        Input::DeadlineExceeded => return Decision::Ignore,
+        Input::RetryRefund
+            if order.status == ManualReview && order.cancel_reason.as_deref() == Some("refund_failed") =>
+        {
+            // The refund is a customer's cancel, retried.
+            return apply(Refunding, vec![refund()], Some("customer_cancelled"));
+        }
+        Input::RetryRefund => return Decision::Ignore,
+        Input::Reply(m) | Input::Reconciled(m) => m,
     };
     match (order.status, message) {
         (Pending, Message::StockReserved) => apply(
             AwaitingPayment,
             vec![Message::ChargePayment {
                 amount_cents: order.amount_cents,
-                card: order.card.clone(),
+                card: order.card_token.clone().unwrap_or_default(),
             }],
             None,
         ),
@@ -87,6 +111,7 @@ pub fn decide(order: &Order, input: Input<'_>) -> Decision {
             apply(Cancelling, vec![Message::ReleaseStock], Some("payment_declined"))
         }
         (Refunding, Message::PaymentRefunded { .. }) => apply(Cancelling, vec![Message::ReleaseStock], None),
+        (Refunding, Message::RefundFailed { .. }) => apply(ManualReview, vec![], Some("refund_failed")),
         (Cancelling, Message::StockReleased) => apply(Cancelled, vec![], None),
         _ => Decision::Ignore,
     }
@@ -105,11 +130,16 @@ mod tests {
             sku: "A".into(),
             quantity: 1,
             amount_cents: 500,
-            card: "4242424242424242".into(),
+            card_token: Some("tok_test".into()),
+            card_last4: Some("4242".into()),
             status,
             cancel_reason: None,
             created_at: Utc::now(),
             updated_at: Utc::now(),
+            last_command_id: None,
+            reconcile_attempts: 0,
+            refund_attempt: 1,
+            reconciled_at: None,
         }
     }
 
@@ -118,7 +148,7 @@ mod tests {
         let d = decide(&order(Status::Pending), Input::Reply(&Message::StockReserved));
         assert!(
             matches!(d, Decision::Apply { to: Status::AwaitingPayment, ref emit, .. }
-            if emit == &vec![Message::ChargePayment { amount_cents: 500, card: "4242424242424242".into() }])
+            if emit == &vec![Message::ChargePayment { amount_cents: 500, card: "tok_test".into() }])
         );
         let d = decide(
             &order(Status::AwaitingPayment),
@@ -166,7 +196,7 @@ mod tests {
     fn cancel_of_confirmed_refunds_then_releases() {
         let d = decide(&order(Status::Confirmed), Input::CancelRequested);
         assert!(matches!(d, Decision::Apply { to: Status::Refunding, ref emit, .. }
-            if emit == &vec![Message::RefundPayment { amount_cents: 500 }]));
+            if emit == &vec![Message::RefundPayment { amount_cents: 500, attempt: 1 }]));
         let d = decide(
             &order(Status::Refunding),
             Input::Reply(&Message::PaymentRefunded { refund_id: "r".into() }),
@@ -182,5 +212,62 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn a_refused_refund_goes_to_manual_review_and_only_an_operator_retries_it() {
+        let d = decide(
+            &order(Status::Refunding),
+            Input::Reply(&Message::RefundFailed { reason: "no".into() }),
+        );
+        assert!(matches!(
+            d,
+            Decision::Apply {
+                to: Status::ManualReview,
+                cancel_reason: Some("refund_failed"),
+                ..
+            }
+        ));
+        let mut review = order(Status::ManualReview);
+        review.cancel_reason = Some("refund_failed".into());
+        review.refund_attempt = 2;
+        let d = decide(&review, Input::RetryRefund);
+        assert!(matches!(d, Decision::Apply { to: Status::Refunding, ref emit, .. }
+            if emit == &vec![Message::RefundPayment { amount_cents: 500, attempt: 2 }]));
+        // Nothing else leaves manual review, and a deadline never retries a refund.
+        review.cancel_reason = Some("deadline_exceeded".into());
+        assert_eq!(decide(&review, Input::RetryRefund), Decision::Ignore);
+        assert_eq!(
+            decide(
+                &review,
+                Input::Reply(&Message::PaymentRefunded { refund_id: "r".into() })
+            ),
+            Decision::Ignore
+        );
+    }
+
+    #[test]
+    fn a_reconciled_answer_moves_the_order_as_the_reply_would_and_deadlines_end_open_states_only() {
+        let captured = Message::PaymentCaptured { charge_id: "c".into() };
+        assert_eq!(
+            decide(&order(Status::AwaitingPayment), Input::Reconciled(&captured)),
+            decide(&order(Status::AwaitingPayment), Input::Reply(&captured))
+        );
+        assert_eq!(
+            decide(&order(Status::Confirmed), Input::Reconciled(&captured)),
+            Decision::Ignore
+        );
+        for st in Status::OPEN {
+            assert!(matches!(
+                decide(&order(st), Input::DeadlineExceeded),
+                Decision::Apply {
+                    to: Status::ManualReview,
+                    ..
+                }
+            ));
+        }
+        for st in [Status::Confirmed, Status::Cancelled, Status::ManualReview] {
+            assert_eq!(decide(&order(st), Input::DeadlineExceeded), Decision::Ignore);
+        }
     }
 }

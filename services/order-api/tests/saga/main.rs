@@ -26,7 +26,8 @@ async fn scenario_20_a_redelivered_payment_reply_confirms_the_order_once() {
             sku: "WIDGET".into(),
             quantity: 1,
             amount_cents: 500,
-            card: "4242424242424242".into(),
+            card_token: "tok_test".into(),
+            card_last4: "4242".into(),
         },
     )
     .await
@@ -120,11 +121,12 @@ async fn history_retention_deletes_only_old_steps_of_finished_orders() {
         sku: "WIDGET".into(),
         quantity: 1,
         amount_cents: 500,
-        card: "4242424242424242".into(),
+        card_token: "tok_test".into(),
+        card_last4: "4242".into(),
     };
     let finished = orders::insert(&mut conn, "test", &new).await.unwrap();
     let in_flight = orders::insert(&mut conn, "test", &new).await.unwrap();
-    orders::set_status(&mut conn, finished.id, Status::Confirmed, None)
+    orders::set_status(&mut conn, finished.id, Status::Confirmed, None, None)
         .await
         .unwrap();
     sqlx::query("UPDATE order_history SET at = now() - interval '100 days'")

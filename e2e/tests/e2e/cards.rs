@@ -1,0 +1,153 @@
+//! No card number kept (issue 15): after a run — payable, declined and
+//! refunded orders, plus one order written before tokenisation with its
+//! number in clear — no database table and no topic message holds a test
+//! card number. The vault keeps an HMAC fingerprint, the orders a token and
+//! the last four digits, `ChargePayment` the token.
+
+use std::time::{Duration, Instant};
+
+use e2e::driver::{new_key, Client, OrderRequest, DECLINED_CARD, GOOD_CARD};
+use e2e::stack::Service;
+use sqlx::Connection as _;
+
+/// Every row of every table of `db`, as text.
+async fn dump(stack: &e2e::Stack, db: &str) -> String {
+    let mut c = sqlx::PgConnection::connect(&stack.db_url(db)).await.unwrap();
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT quote_ident(table_name) FROM information_schema.tables
+         WHERE table_schema = 'public' AND table_type = 'BASE TABLE'",
+    )
+    .fetch_all(&mut c)
+    .await
+    .unwrap();
+    assert!(!tables.is_empty(), "{db} has tables");
+    let mut text = String::new();
+    for t in tables {
+        // bytea columns (stored responses) as text, so a number inside shows.
+        let rows: Vec<String> = sqlx::query_scalar(&format!(
+            "SELECT convert_from(convert_to(t::text, 'UTF8'), 'UTF8') FROM {t} t"
+        ))
+        .fetch_all(&mut c)
+        .await
+        .unwrap();
+        text.push_str(&rows.join("\n"));
+    }
+    let bodies: Vec<Vec<u8>> = sqlx::query_scalar("SELECT body FROM idempotency_keys")
+        .fetch_all(&mut c)
+        .await
+        .unwrap_or_default();
+    for b in bodies {
+        text.push_str(&String::from_utf8_lossy(&b));
+    }
+    text
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_database_or_topic_holds_a_card_number_after_a_run() {
+    let mut stack = crate::stack("cards").await;
+    // An order from before tokenisation, its number in clear.
+    let legacy = uuid::Uuid::now_v7();
+    let mut orders = sqlx::PgConnection::connect(&stack.db_url("orders")).await.unwrap();
+    sqlx::query(
+        "INSERT INTO orders (id, client_id, sku, quantity, amount_cents, card, status)
+         VALUES ($1, 'legacy', 'WIDGET', 1, 100, $2, 'CONFIRMED')",
+    )
+    .bind(legacy)
+    .bind(GOOD_CARD)
+    .execute(&mut orders)
+    .await
+    .unwrap();
+    // The start-up backfill tokenises it.
+    stack.restart(Service::OrderApi).await.unwrap();
+    let started = Instant::now();
+    loop {
+        let (card, last4): (Option<String>, Option<String>) =
+            sqlx::query_as("SELECT card, card_last4 FROM orders WHERE id = $1")
+                .bind(legacy)
+                .fetch_one(&mut orders)
+                .await
+                .unwrap();
+        if card.is_none() {
+            assert_eq!(last4.as_deref(), Some("4242"));
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "legacy card not tokenised");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let client = Client::new(&stack, Duration::from_secs(5)).unwrap();
+    client.seed_stock("WIDGET", 100).await.unwrap();
+    let mut ids = Vec::new();
+    for card in [GOOD_CARD, GOOD_CARD, DECLINED_CARD] {
+        let req = OrderRequest {
+            sku: "WIDGET".into(),
+            quantity: 1,
+            amount_cents: 300,
+            card: card.into(),
+        };
+        let order = client
+            .place_order(&new_key(), &req, Duration::from_secs(10))
+            .await
+            .unwrap();
+        let shown: serde_json::Value =
+            serde_json::from_str(&client.post_order(&new_key(), &req).await.unwrap().body).unwrap();
+        assert_eq!(
+            shown["card_last4"],
+            card[card.len() - 4..],
+            "the API shows the last four only"
+        );
+        assert!(shown.get("card").is_none() && shown.get("card_token").is_none());
+        ids.push(order.id);
+        ids.push(shown["id"].as_str().unwrap().parse().unwrap());
+    }
+    client.wait_terminal(&ids, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(client.cancel(&new_key(), ids[0]).await.unwrap().status, 202);
+    client.wait_terminal(&ids, Duration::from_secs(60)).await.unwrap();
+
+    for db in ["orders", "inventory", "payments", "gateway"] {
+        let text = dump(&stack, db).await;
+        for card in [GOOD_CARD, DECLINED_CARD] {
+            assert!(!text.contains(card), "database {db} holds card number {card}");
+        }
+    }
+    let mut messages = 0;
+    for topic in contract::topics::ALL
+        .into_iter()
+        .flat_map(|t| [t.to_owned(), kafka::dead_letter_topic(t)])
+    {
+        let brokers = stack.brokers();
+        let group = format!("cards-{}", uuid::Uuid::new_v4());
+        let topic2 = topic.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            kafka::read_topic(
+                &brokers,
+                &topic2,
+                &group,
+                rdkafka::Offset::Beginning,
+                Duration::from_secs(2),
+            )
+            .map(|(messages, _)| messages)
+        })
+        .await
+        .unwrap()
+        .unwrap_or_default();
+        for m in &read {
+            use rdkafka::message::{Headers as _, Message as _};
+            let mut text = String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
+            if let Some(h) = m.headers() {
+                for header in h.iter() {
+                    text.push_str(&String::from_utf8_lossy(header.value.unwrap_or_default()));
+                }
+            }
+            for card in [GOOD_CARD, DECLINED_CARD] {
+                assert!(!text.contains(card), "a message on {topic} holds card number {card}");
+            }
+            if text.contains("ChargePayment") {
+                assert!(text.contains("tok_"), "ChargePayment carries a token: {text}");
+            }
+            messages += 1;
+        }
+    }
+    assert!(messages >= 6 * 4, "only {messages} messages scanned");
+    stack.shutdown(true).await.unwrap();
+}

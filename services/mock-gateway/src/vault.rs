@@ -1,0 +1,130 @@
+//! The card vault: `POST /v1/tokens` turns a card number into a token, and
+//! charges name the token. Merchants (order-api) keep the token and the
+//! last four digits; the number itself is stored nowhere — not here either:
+//! the vault keeps an HMAC fingerprint (to give a card its existing token)
+//! and the mock issuer's decision for the card.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use hmac::{Hmac, Mac};
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+use sqlx::PgPool;
+
+use crate::ledger::GatewayError;
+use crate::AppState;
+
+/// What a token stands for, as a charge needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Card {
+    /// The issuer declines every charge on it.
+    pub declines: bool,
+}
+
+/// `POST /v1/tokens` body.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+pub struct TokenRequest {
+    /// The card number, 12..=19 digits.
+    #[schema(pattern = "^[0-9]{12,19}$")]
+    pub card: String,
+}
+
+/// A card's token.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+pub struct CardToken {
+    /// Names the card in charges (`tok_…`).
+    pub token: String,
+    /// The card number's last four digits.
+    pub last4: String,
+}
+
+fn fingerprint(vault_key: &[u8], card: &str) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(vault_key).expect("HMAC takes a key of any length");
+    mac.update(card.as_bytes());
+    mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Whether `card` looks like a card number (12..=19 ASCII digits).
+pub fn is_card_number(card: &str) -> bool {
+    (12..=19).contains(&card.len()) && card.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// The token of `card`, minted on first sight (one per card).
+pub async fn tokenise(pool: &PgPool, vault_key: &[u8], card: &str) -> Result<CardToken, GatewayError> {
+    if !is_card_number(card) {
+        return Err(GatewayError::Unprocessable("card must be 12..=19 digits".into()));
+    }
+    let fp = fingerprint(vault_key, card);
+    let last4 = card[card.len() - 4..].to_owned();
+    let minted = format!("tok_{}", uuid::Uuid::new_v4().simple());
+    // Insert-or-read in one statement: concurrent first sights get one token.
+    let (token,): (String,) = sqlx::query_as(
+        "WITH ins AS (
+             INSERT INTO card_tokens (token, fingerprint, last4, declines) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (fingerprint) DO NOTHING RETURNING token)
+         SELECT token FROM ins UNION ALL SELECT token FROM card_tokens WHERE fingerprint = $2
+         LIMIT 1",
+    )
+    .bind(&minted)
+    .bind(&fp)
+    .bind(&last4)
+    .bind(card == crate::DECLINED_CARD)
+    .fetch_one(pool)
+    .await?;
+    Ok(CardToken { token, last4 })
+}
+
+/// The card behind `token`, if the vault issued it.
+pub async fn card(conn: &mut sqlx::PgConnection, token: &str) -> Result<Option<Card>, GatewayError> {
+    let row: Option<(bool,)> = sqlx::query_as("SELECT declines FROM card_tokens WHERE token = $1")
+        .bind(token)
+        .fetch_optional(conn)
+        .await?;
+    Ok(row.map(|(declines,)| Card { declines }))
+}
+
+/// `POST /v1/tokens` — the card's token and last four digits (the same
+/// token every time for one card).
+#[utoipa::path(
+    post,
+    path = "/v1/tokens",
+    tag = "gateway",
+    request_body = TokenRequest,
+    responses(
+        (status = 201, description = "The card's token", body = CardToken),
+        (status = 400, description = "Malformed body", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Not a card number", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        (status = 500, description = "Internal error", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn create(State(state): State<AppState>, body: axum::body::Bytes) -> Result<Response, GatewayError> {
+    let req: TokenRequest =
+        serde_json::from_slice(&body).map_err(|e| GatewayError::BadRequest(format!("invalid body: {e}")))?;
+    let token = tokenise(&state.pool, &state.vault_key, &req.card).await?;
+    telemetry::metrics::incr("gateway_tokens_issued_total", &[]);
+    Ok((StatusCode::CREATED, Json(token)).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fingerprint_depends_on_the_key_and_is_not_the_number() {
+        let a = fingerprint(b"k1", "4242424242424242");
+        assert_eq!(a, fingerprint(b"k1", "4242424242424242"));
+        assert_ne!(a, fingerprint(b"k2", "4242424242424242"));
+        assert!(!a.contains("4242424242424242"));
+        assert_eq!(a.len(), 64);
+    }
+
+    #[test]
+    fn card_numbers_are_twelve_to_nineteen_digits() {
+        assert!(is_card_number("424242424242"));
+        assert!(!is_card_number("42424242424"));
+        assert!(!is_card_number("tok_abc"));
+        assert!(!is_card_number("42424242424242424242"));
+    }
+}

@@ -1,0 +1,101 @@
+//! Operator commands (`order-api <command>`), run against the service's
+//! database with the service's own configuration.
+
+use uuid::Uuid;
+
+use crate::auth;
+use crate::saga::reconcile;
+
+/// An operator's action.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Orders a person must look at.
+    Review {
+        #[command(subcommand)]
+        action: Option<Review>,
+    },
+    /// Clients' API keys.
+    Keys {
+        #[command(subcommand)]
+        action: Keys,
+    },
+}
+
+/// `order-api keys …`
+#[derive(Debug, clap::Subcommand)]
+pub enum Keys {
+    /// Provision a key for a client: printed once, stored as its hash.
+    Create {
+        /// The client (the scope of its Idempotency-Keys and owner of its orders).
+        #[arg(long)]
+        client: String,
+    },
+    /// Every key: id, client, created, revoked.
+    List,
+    /// Revoke a key (it stops working within API_KEY_CACHE_SECS).
+    Revoke {
+        /// The key's id (from `list`).
+        id: Uuid,
+    },
+}
+
+/// `order-api review …`
+#[derive(Debug, clap::Subcommand)]
+pub enum Review {
+    /// List the orders in MANUAL_REVIEW (the default).
+    List,
+    /// Retry the refund of an order in MANUAL_REVIEW after a refused refund:
+    /// a new refund attempt under its own gateway key.
+    RetryRefund {
+        /// The order.
+        id: Uuid,
+    },
+}
+
+/// Runs `command`.
+pub async fn run(command: Command, config: &crate::Config) -> anyhow::Result<()> {
+    let pool = crate::connect(&config.db.url, 2).await?;
+    match command {
+        Command::Review {
+            action: None | Some(Review::List),
+        } => {
+            let orders = reconcile::manual_review(&pool).await?;
+            if orders.is_empty() {
+                println!("no order in MANUAL_REVIEW");
+            }
+            for (id, reason, since) in orders {
+                println!("{id}  {:<18}  since {since}", reason.as_deref().unwrap_or("-"));
+            }
+        }
+        Command::Review {
+            action: Some(Review::RetryRefund { id }),
+        } => {
+            let order = reconcile::retry_refund(&pool, id).await?;
+            println!(
+                "order {id} is {} again: refund attempt {} sent",
+                order.status.as_str(),
+                order.refund_attempt
+            );
+        }
+        Command::Keys {
+            action: Keys::Create { client },
+        } => {
+            let (id, key) = auth::create_key(&pool, &client).await?;
+            eprintln!("key {id} for client {client:?} (shown once; keep it secret):");
+            println!("{key}");
+        }
+        Command::Keys { action: Keys::List } => {
+            for (id, client, created, revoked) in auth::list_keys(&pool).await? {
+                let state = revoked.map_or("active".to_owned(), |r| format!("revoked {r}"));
+                println!("{id}  {client:<24}  created {created}  {state}");
+            }
+        }
+        Command::Keys {
+            action: Keys::Revoke { id },
+        } => {
+            anyhow::ensure!(auth::revoke_key(&pool, id).await?, "no active key {id}");
+            println!("key {id} revoked");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,298 @@
+//! Who is calling, and how much: API keys and per-client limits.
+//!
+//! Every `/orders` request carries `Authorization: Bearer <key>`. The key's
+//! SHA-256 is looked up in `api_keys` (cached for `API_KEY_CACHE_SECS`, so a
+//! revoked key stops working within that time); the client it belongs to
+//! becomes the request's [`idempotency::Scope`] — the Idempotency-Key's
+//! scope and the owner of the orders it creates. `X-Client-Id` is ignored.
+//! Then the client's limits: a body larger than `API_MAX_BODY_BYTES` is a
+//! 413, more than `API_RATE_LIMIT_PER_SEC` requests per second (bursts up
+//! to `API_RATE_BURST`) a 429 with `Retry-After`. The limits are per
+//! instance of order-api.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use rand::RngCore as _;
+use service_kit::problem::Problem;
+use sha2::{Digest as _, Sha256};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// Authentication and limits, from the environment.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AuthArgs {
+    /// Requests per second one client may make (per order-api instance).
+    #[arg(long, env = "API_RATE_LIMIT_PER_SEC", default_value_t = 2_000.0)]
+    pub rate_per_sec: f64,
+    /// Requests one client may make at once above that rate.
+    #[arg(long, env = "API_RATE_BURST", default_value_t = 4_000.0)]
+    pub burst: f64,
+    /// Largest request body accepted, in bytes.
+    #[arg(long, env = "API_MAX_BODY_BYTES", default_value_t = 16 * 1024)]
+    pub max_body_bytes: usize,
+    /// Seconds a looked-up key is trusted before it is looked up again (a
+    /// revoked key works at most this long).
+    #[arg(long, env = "API_KEY_CACHE_SECS", default_value_t = 30)]
+    pub key_cache_secs: u64,
+}
+
+impl Default for AuthArgs {
+    fn default() -> Self {
+        Self {
+            rate_per_sec: 2_000.0,
+            burst: 4_000.0,
+            max_body_bytes: 16 * 1024,
+            key_cache_secs: 30,
+        }
+    }
+}
+
+/// The authentication state shared by every request.
+pub struct Auth {
+    pool: PgPool,
+    args: AuthArgs,
+    /// key hash → (client, looked up at)
+    keys: Mutex<HashMap<String, (String, Instant)>>,
+    /// client → (tokens, last refill)
+    buckets: Mutex<HashMap<String, (f64, Instant)>>,
+}
+
+/// Why a request is refused before it reaches a handler.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Refusal {
+    /// No usable `Authorization: Bearer` header, or an unknown or revoked key.
+    #[error("{0}")]
+    Unauthenticated(&'static str),
+    /// The body is larger than the limit.
+    #[error("request body larger than {0} bytes")]
+    TooLarge(usize),
+    /// Over the client's request rate.
+    #[error("more than {0} requests per second")]
+    TooMany(f64),
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        let (status, kind, title) = match self {
+            Self::Unauthenticated(_) => (StatusCode::UNAUTHORIZED, "/problems/unauthenticated", "Unauthenticated"),
+            Self::TooLarge(_) => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "/problems/too-large",
+                "Request too large",
+            ),
+            Self::TooMany(_) => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "/problems/rate-limited",
+                "Too many requests",
+            ),
+        };
+        let mut resp = Problem::new(status, kind, title, self.to_string()).into_response();
+        match self {
+            Self::Unauthenticated(_) => {
+                resp.headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            Self::TooMany(_) => {
+                resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(1));
+            }
+            Self::TooLarge(_) => {}
+        }
+        resp
+    }
+}
+
+/// SHA-256 of `key`, hex: what `api_keys` stores.
+pub fn hash(key: &str) -> String {
+    Sha256::digest(key.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+impl Auth {
+    /// Authentication over `pool`'s `api_keys`.
+    pub fn new(pool: PgPool, args: AuthArgs) -> Arc<Self> {
+        Arc::new(Self {
+            pool,
+            args,
+            keys: Mutex::default(),
+            buckets: Mutex::default(),
+        })
+    }
+
+    /// The client of the request's bearer key.
+    async fn client(&self, headers: &axum::http::HeaderMap) -> Result<String, Refusal> {
+        let key = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
+            .filter(|k| !k.is_empty())
+            .ok_or(Refusal::Unauthenticated(
+                "an API key is required: Authorization: Bearer <key>",
+            ))?;
+        let digest = hash(key);
+        let ttl = Duration::from_secs(self.args.key_cache_secs);
+        if let Some((client, at)) = self.keys.lock().expect("keys lock").get(&digest) {
+            if at.elapsed() < ttl {
+                return Ok(client.clone());
+            }
+        }
+        let client: Option<String> =
+            sqlx::query_scalar("SELECT client_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL")
+                .bind(&digest)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| {
+                    tracing::error!(error = %e, "API key lookup failed");
+                    Refusal::Unauthenticated("the API key could not be checked; retry")
+                })?;
+        let client = client.ok_or(Refusal::Unauthenticated("unknown or revoked API key"))?;
+        let mut keys = self.keys.lock().expect("keys lock");
+        if keys.len() > 10_000 {
+            keys.retain(|_, (_, at)| at.elapsed() < ttl);
+        }
+        keys.insert(digest, (client.clone(), Instant::now()));
+        Ok(client)
+    }
+
+    /// Takes one request from `client`'s token bucket.
+    fn admit(&self, client: &str) -> Result<(), Refusal> {
+        let (rate, burst) = (self.args.rate_per_sec, self.args.burst.max(1.0));
+        let mut buckets = self.buckets.lock().expect("buckets lock");
+        let now = Instant::now();
+        let (tokens, last) = buckets.entry(client.to_owned()).or_insert((burst, now));
+        *tokens = (*tokens + now.duration_since(*last).as_secs_f64() * rate).min(burst);
+        *last = now;
+        if *tokens < 1.0 {
+            return Err(Refusal::TooMany(rate));
+        }
+        *tokens -= 1.0;
+        Ok(())
+    }
+}
+
+/// The middleware: authenticate, apply the client's limits, and hand the
+/// handler the client as the request's [`idempotency::Scope`].
+pub async fn middleware(State(auth): State<Arc<Auth>>, mut req: Request, next: Next) -> Response {
+    let client = match auth.client(req.headers()).await {
+        Ok(c) => c,
+        Err(refusal) => {
+            telemetry::metrics::incr("api_refusals_total", &[("reason", "unauthenticated")]);
+            return refusal.into_response();
+        }
+    };
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > auth.args.max_body_bytes) {
+        telemetry::metrics::incr("api_refusals_total", &[("reason", "too_large")]);
+        return Refusal::TooLarge(auth.args.max_body_bytes).into_response();
+    }
+    if let Err(refusal) = auth.admit(&client) {
+        telemetry::metrics::incr("api_refusals_total", &[("reason", "rate_limited")]);
+        return refusal.into_response();
+    }
+    // A body without a length (chunked) is cut at the limit as it is read.
+    let max = auth.args.max_body_bytes;
+    let (parts, body) = req.into_parts();
+    let body = match axum::body::to_bytes(body, max).await {
+        Ok(bytes) => bytes,
+        Err(_) => {
+            telemetry::metrics::incr("api_refusals_total", &[("reason", "too_large")]);
+            return Refusal::TooLarge(max).into_response();
+        }
+    };
+    req = Request::from_parts(parts, axum::body::Body::from(body));
+    req.extensions_mut().insert(idempotency::Scope(client));
+    next.run(req).await
+}
+
+/// A new API key for `client`: its id and the key itself, which is shown
+/// once and stored only as its hash.
+pub async fn create_key(pool: &PgPool, client: &str) -> anyhow::Result<(Uuid, String)> {
+    anyhow::ensure!(
+        !client.is_empty() && client.len() <= 64 && client.bytes().all(|b| (0x21..=0x7e).contains(&b)),
+        "a client id is 1..=64 printable ASCII characters"
+    );
+    let mut secret = [0u8; 20];
+    rand::rngs::OsRng.fill_bytes(&mut secret);
+    let key = format!("eo_{}", secret.iter().map(|b| format!("{b:02x}")).collect::<String>());
+    let id = Uuid::now_v7();
+    sqlx::query("INSERT INTO api_keys (id, client_id, key_hash) VALUES ($1, $2, $3)")
+        .bind(id)
+        .bind(client)
+        .bind(hash(&key))
+        .execute(pool)
+        .await?;
+    Ok((id, key))
+}
+
+/// Revokes key `id`; whether it was active.
+pub async fn revoke_key(pool: &PgPool, id: Uuid) -> sqlx::Result<bool> {
+    Ok(
+        sqlx::query("UPDATE api_keys SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL")
+            .bind(id)
+            .execute(pool)
+            .await?
+            .rows_affected()
+            == 1,
+    )
+}
+
+/// Every key: (id, client, created, revoked).
+pub async fn list_keys(
+    pool: &PgPool,
+) -> sqlx::Result<
+    Vec<(
+        Uuid,
+        String,
+        chrono::DateTime<chrono::Utc>,
+        Option<chrono::DateTime<chrono::Utc>>,
+    )>,
+> {
+    sqlx::query_as("SELECT id, client_id, created_at, revoked_at FROM api_keys ORDER BY created_at")
+        .fetch_all(pool)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stored_hash_is_not_the_key() {
+        let h = hash("eo_secret");
+        assert_eq!(h.len(), 64);
+        assert!(!h.contains("secret"));
+        assert_eq!(h, hash("eo_secret"));
+    }
+
+    #[tokio::test]
+    async fn a_bucket_admits_its_burst_then_refuses_until_it_refills() {
+        let pool = sqlx::PgPool::connect_lazy("postgres://unused").unwrap();
+        let auth = Auth::new(
+            pool,
+            AuthArgs {
+                rate_per_sec: 10.0,
+                burst: 3.0,
+                ..AuthArgs::default()
+            },
+        );
+        for _ in 0..3 {
+            auth.admit("a").unwrap();
+        }
+        assert_eq!(auth.admit("a"), Err(Refusal::TooMany(10.0)));
+        auth.admit("b").expect("another client has its own bucket");
+        std::thread::sleep(Duration::from_millis(150));
+        auth.admit("a").expect("refilled at 10/s");
+    }
+}

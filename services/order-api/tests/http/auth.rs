@@ -1,0 +1,141 @@
+//! API keys, the client as the key scope, and per-client limits.
+
+use std::time::Duration;
+
+use order_api::auth::AuthArgs;
+
+use crate::{Reply, TestApi, ORDER};
+
+fn assert_problem(r: &Reply, status: u16) {
+    assert_eq!(r.status, status, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.content_type.as_deref(), Some("application/problem+json"));
+    assert_eq!(r.json()["status"], status);
+}
+
+#[tokio::test]
+async fn no_key_or_an_unknown_key_is_a_401_and_nothing_is_stored() {
+    let api = TestApi::start(Duration::from_secs(3600)).await;
+    let bare = api
+        .http
+        .post(api.url("/orders"))
+        .header("idempotency-key", "k")
+        .header("content-type", "application/json")
+        .body(ORDER)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bare.headers()["www-authenticate"], "Bearer");
+    assert_problem(&Reply::of(bare).await, 401);
+    let forged = api
+        .http
+        .post(api.url("/orders"))
+        .header("idempotency-key", "k")
+        .header("x-client-id", "test-client")
+        .bearer_auth("eo_0000000000000000000000000000000000000000")
+        .body(ORDER)
+        .send()
+        .await
+        .unwrap();
+    assert_problem(&Reply::of(forged).await, 401);
+    assert_eq!(api.counts().await, (0, 0, 0));
+    // The key works; only its hash is stored.
+    let key = api.key("test-client").await;
+    let (hash,): (String,) = sqlx::query_as("SELECT key_hash FROM api_keys")
+        .fetch_one(&api.pool)
+        .await
+        .unwrap();
+    assert_ne!(hash, key);
+    assert_eq!(hash, order_api::auth::hash(&key));
+    assert_eq!(api.post("/orders", "k", None, ORDER).await.status, 201);
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn the_key_scope_is_the_authenticated_client_whatever_x_client_id_says() {
+    let api = TestApi::start(Duration::from_secs(3600)).await;
+    let a = api.post("/orders", "shared", Some("client-a"), ORDER).await;
+    assert_eq!(a.status, 201);
+    // B names A in X-Client-Id with A's key: B's own scope, a new order.
+    let b_key = api.key("client-b").await;
+    let b = Reply::of(
+        api.http
+            .post(api.url("/orders"))
+            .header("idempotency-key", "shared")
+            .header("x-client-id", "client-a")
+            .header("content-type", "application/json")
+            .bearer_auth(b_key)
+            .body(ORDER)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!((b.status, b.replayed), (201, false));
+    assert_ne!(a.json()["id"], b.json()["id"]);
+    assert_eq!(b.json()["client_id"], "client-b");
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn another_clients_order_is_a_403() {
+    let api = TestApi::start(Duration::from_secs(3600)).await;
+    let a = api.post("/orders", "a-1", Some("client-a"), ORDER).await;
+    let id = a.json()["id"].as_str().unwrap().to_owned();
+    assert_eq!(api.get(&format!("/orders/{id}"), "client-a").await.status, 200);
+    assert_problem(&api.get(&format!("/orders/{id}"), "client-b").await, 403);
+    let cancel = api
+        .post(&format!("/orders/{id}/cancel"), "b-1", Some("client-b"), "{}")
+        .await;
+    assert_problem(&cancel, 403);
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn a_body_over_the_limit_is_a_413_and_a_client_over_its_rate_a_429() {
+    let api = TestApi::start_with(
+        Duration::from_secs(3600),
+        AuthArgs {
+            rate_per_sec: 0.5,
+            burst: 3.0,
+            max_body_bytes: 256,
+            ..AuthArgs::default()
+        },
+    )
+    .await;
+    let big = format!(
+        r#"{{"sku":"{}","quantity":1,"amount_cents":1,"card":"4242424242424242"}}"#,
+        "W".repeat(300)
+    );
+    assert_problem(&api.post("/orders", "big", None, &big).await, 413);
+    // The bucket holds three: three are admitted, the fourth is a 429.
+    for key in ["r-1", "r-2", "r-3"] {
+        assert_eq!(api.post("/orders", key, None, ORDER).await.status, 201);
+    }
+    let limited = api.post("/orders", "r-4", None, ORDER).await;
+    assert_problem(&limited, 429);
+    assert!(limited.retry_after, "429 says when to come back");
+    // Another client has its own bucket.
+    assert_eq!(api.post("/orders", "o-1", Some("other"), ORDER).await.status, 201);
+    assert_eq!(api.counts().await.0, 4);
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn a_revoked_key_stops_working() {
+    let api = TestApi::start_with(
+        Duration::from_secs(3600),
+        AuthArgs {
+            key_cache_secs: 0,
+            ..AuthArgs::default()
+        },
+    )
+    .await;
+    assert_eq!(api.post("/orders", "k-1", None, ORDER).await.status, 201);
+    let (id,): (uuid::Uuid,) = sqlx::query_as("SELECT id FROM api_keys")
+        .fetch_one(&api.pool)
+        .await
+        .unwrap();
+    assert!(order_api::auth::revoke_key(&api.pool, id).await.unwrap());
+    assert_problem(&api.post("/orders", "k-2", None, ORDER).await, 401);
+    api.stop().await;
+}
