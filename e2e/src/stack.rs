@@ -8,11 +8,14 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 
 use crate::proxy::FaultProxy;
+
+mod options;
+pub use options::{default_bin_dir, StackOptions};
 
 /// One process of the stack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -65,63 +68,6 @@ impl Service {
             Service::Relay => 8084,
         }
     }
-}
-
-/// How to start a stack.
-#[derive(Debug, Clone)]
-pub struct StackOptions {
-    /// Logs (one file per process) and the broker's data live here.
-    pub run_dir: PathBuf,
-    /// Database name prefix: databases are `<prefix>_orders` etc. (`orders` when empty).
-    pub db_prefix: String,
-    /// Server part of the PostgreSQL URL, e.g. `postgres://postgres@127.0.0.1:5432`.
-    pub pg_base: String,
-    /// Directory holding the service binaries.
-    pub bin_dir: PathBuf,
-    /// Use the documented fixed ports instead of free ones.
-    pub fixed_ports: bool,
-    /// Also print every log line to the console, prefixed by the process name.
-    pub echo: bool,
-    /// Extra environment per service (faults, feature switches).
-    pub extra_env: Vec<(Service, String, String)>,
-    /// Route payment-service → gateway traffic through a [`FaultProxy`].
-    pub gateway_proxy: bool,
-}
-
-impl StackOptions {
-    /// Options for a throw-away stack: a new temp dir, a unique database
-    /// prefix, free ports, binaries next to the running executable.
-    pub fn ephemeral(label: &str) -> anyhow::Result<Self> {
-        let id = uuid::Uuid::new_v4().simple().to_string();
-        let short = &id[..10];
-        let run_dir = std::env::temp_dir().join(format!("eo-{label}-{short}"));
-        std::fs::create_dir_all(&run_dir)?;
-        Ok(Self {
-            run_dir,
-            db_prefix: format!("eo_{label}_{short}"),
-            pg_base: testkit::db::server_url(),
-            bin_dir: default_bin_dir()?,
-            fixed_ports: false,
-            echo: false,
-            extra_env: Vec::new(),
-            gateway_proxy: false,
-        })
-    }
-}
-
-/// The directory of the workspace's binaries: `$EO_BIN_DIR`, else the
-/// directory of the running executable (`target/<profile>`, also for test
-/// binaries in `target/<profile>/deps`).
-pub fn default_bin_dir() -> anyhow::Result<PathBuf> {
-    if let Ok(d) = std::env::var("EO_BIN_DIR") {
-        return Ok(PathBuf::from(d));
-    }
-    let exe = std::env::current_exe()?;
-    let mut dir = exe.parent().context("executable has no directory")?.to_path_buf();
-    if dir.ends_with("deps") {
-        dir.pop();
-    }
-    Ok(dir)
 }
 
 /// A running stack.

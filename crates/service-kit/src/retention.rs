@@ -44,7 +44,6 @@ pub fn check(gateway_key: Option<Link>, inbox: Link, topic: Link, margin: Link) 
     Ok(())
 }
 
-
 /// The chain for a consumer service: its inbox against its topics, and, for
 /// one that calls a gateway, the gateway's key lifetime against its inbox.
 pub fn check_consumer(

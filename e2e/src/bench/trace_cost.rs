@@ -142,7 +142,12 @@ pub fn markdown(c: &TraceCost) -> String {
     let _ = writeln!(s, "\nCPU per order by process (ms):\n");
     let _ = writeln!(s, "| process | disabled | spans | export |\n|---|---:|---:|---:|");
     for p in c.modes[0].cpu_ms_by_process.keys() {
-        let cell = |m: &Mode| m.cpu_ms_by_process.get(p).map(|v| format!("{v:.2}")).unwrap_or_default();
+        let cell = |m: &Mode| {
+            m.cpu_ms_by_process
+                .get(p)
+                .map(|v| format!("{v:.2}"))
+                .unwrap_or_default()
+        };
         let _ = writeln!(
             s,
             "| {p} | {} | {} | {} |",

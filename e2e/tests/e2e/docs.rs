@@ -73,13 +73,22 @@ thread_local! {
     };
 }
 
-const ROOTS: [&str; 8] = ["crates/", "services/", "docs/", "e2e/", "xtask/", "migrations/", "docker/", ".ci/"];
-const METRIC_SUFFIXES: [&str; 8] = ["_total", "_seconds", "_count", "_bucket", "_depth", "_lag", "_secs", "_ms"];
+const ROOTS: [&str; 8] = [
+    "crates/",
+    "services/",
+    "docs/",
+    "e2e/",
+    "xtask/",
+    "migrations/",
+    "docker/",
+    ".ci/",
+];
+const METRIC_SUFFIXES: [&str; 8] = [
+    "_total", "_seconds", "_count", "_bucket", "_depth", "_lag", "_secs", "_ms",
+];
 
 fn is_path(span: &str) -> bool {
-    ROOTS.iter().any(|r| span.starts_with(r))
-        && !span.contains(['<', '{', '*', ' ', '|'])
-        && !span.contains("…")
+    ROOTS.iter().any(|r| span.starts_with(r)) && !span.contains(['<', '{', '*', ' ', '|']) && !span.contains("…")
 }
 
 /// A function a doc names: `path::to::name`, or a snake_case name of four
@@ -89,7 +98,11 @@ fn function(span: &str) -> Option<String> {
     if span.contains("::") && !span.contains(' ') && CODE.with(|c| c.contains(&format!("\"{span}\""))) {
         return None;
     }
-    let plain = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    let plain = |s: &str| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+    };
     if span.contains("::") && !span.contains(' ') {
         let last = span.rsplit("::").next()?.trim_end_matches("()");
         return plain(last).then(|| last.to_owned());
@@ -108,7 +121,10 @@ fn file_functions(text: &str) -> Vec<(String, String)> {
     while i + 2 < parts.len() {
         let (file, between, name) = (parts[i], parts[i + 1], parts[i + 2]);
         let name = name.trim_end_matches("()");
-        let plain = !name.is_empty() && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+        let plain = !name.is_empty()
+            && name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
         if file.ends_with(".rs") && is_path(file) && [" — ", ", ", " - "].contains(&between) && plain {
             out.push((file.to_owned(), name.to_owned()));
         }
@@ -159,8 +175,14 @@ fn every_path_and_function_the_docs_name_exists() {
             }
         }
     }
-    assert!(missing.is_empty(), "named in the docs but not in the tree:\n{missing:#?}");
-    assert!(paths > 50 && functions > 50, "only {paths} paths and {functions} functions checked");
+    assert!(
+        missing.is_empty(),
+        "named in the docs but not in the tree:\n{missing:#?}"
+    );
+    assert!(
+        paths > 50 && functions > 50,
+        "only {paths} paths and {functions} functions checked"
+    );
 }
 
 #[test]

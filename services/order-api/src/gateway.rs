@@ -3,9 +3,12 @@
 //! overdue — what the gateway did under the operation's key. Charges and
 //! refunds themselves are payment-service's.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
 use tracing::Instrument as _;
 
 /// The client id payment-service calls the gateway with: operation keys
@@ -48,11 +51,21 @@ struct TokenBody<'a> {
     card: &'a str,
 }
 
+/// Cards this process has tokenised, by the SHA-256 of the number: the
+/// vault gives a card the same token every time, so a repeat card needs no
+/// call (and `POST /orders` for it works while the vault is down). In memory
+/// only, never stored; bounded by [`TOKEN_CACHE_SIZE`].
+type TokenCache = Arc<Mutex<HashMap<[u8; 32], CardToken>>>;
+
+/// Cards remembered per process before the cache starts over.
+pub const TOKEN_CACHE_SIZE: usize = 10_000;
+
 /// The gateway client.
 #[derive(Clone)]
 pub struct Client {
     http: reqwest::Client,
     base: String,
+    tokens: TokenCache,
 }
 
 impl Client {
@@ -61,20 +74,34 @@ impl Client {
         Ok(Self {
             http: reqwest::Client::builder().timeout(timeout).build()?,
             base: base.trim_end_matches('/').to_owned(),
+            tokens: TokenCache::default(),
         })
     }
 
-    /// The token of `card` (`POST /v1/tokens`).
+    /// The token of `card` (`POST /v1/tokens`, unless this process has
+    /// tokenised the card before).
     pub async fn tokenise(&self, card: &str) -> Result<CardToken, Error> {
+        let digest: [u8; 32] = Sha256::digest(card.as_bytes()).into();
+        if let Some(known) = self.tokens.lock().expect("token cache").get(&digest) {
+            return Ok(known.clone());
+        }
         let req = self
             .http
             .post(format!("{}/v1/tokens", self.base))
             .json(&TokenBody { card });
         let (status, text) = self.send(req, "POST /v1/tokens").await?;
-        match status {
-            200..=299 => serde_json::from_str(&text).map_err(|e| Error::Unavailable(format!("unreadable token: {e}"))),
-            _ => Err(Error::Refused(format!("{status}: {text}"))),
+        let token: CardToken = match status {
+            200..=299 => {
+                serde_json::from_str(&text).map_err(|e| Error::Unavailable(format!("unreadable token: {e}")))?
+            }
+            _ => return Err(Error::Refused(format!("{status}: {text}"))),
+        };
+        let mut tokens = self.tokens.lock().expect("token cache");
+        if tokens.len() >= TOKEN_CACHE_SIZE {
+            tokens.clear();
         }
+        tokens.insert(digest, token.clone());
+        Ok(token)
     }
 
     /// What the gateway committed under payment-service's key `key`
