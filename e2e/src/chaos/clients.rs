@@ -34,6 +34,9 @@ pub struct ClientStats {
     pub resends: usize,
     /// Idempotency violations seen by clients (a key answered with two orders).
     pub violations: Vec<String>,
+    /// When the last order's first attempt was sent, ms after the start: the
+    /// arrival rate the clients offered is orders / this.
+    pub last_first_send_ms: u64,
 }
 
 /// Orders acknowledged so far: key → (order id, intended kind).
@@ -74,6 +77,11 @@ impl Clients {
                         let Some(p) = plan.get(i) else { return };
                         let due = started + Duration::from_secs_f64(i as f64 / rate);
                         tokio::time::sleep_until(due.into()).await;
+                        {
+                            let sent = started.elapsed().as_millis() as u64;
+                            let mut s = stats.lock().expect("stats");
+                            s.last_first_send_ms = s.last_first_send_ms.max(sent);
+                        }
                         if let Some(id) = place(&client, p, &stats, &acked).await {
                             if p.cancel {
                                 let (client, stats) = (client.clone(), stats.clone());

@@ -194,6 +194,7 @@ async fn verdict(stack: &Stack, cfg: &ChaosConfig, expected: &Expected, run: Run
         }
     }
     let placed_per_sec = stats.acknowledged as f64 * 1000.0 / placing_ms.max(1) as f64;
+    let offered_per_sec = cfg.orders as f64 * 1000.0 / stats.last_first_send_ms.max(1) as f64;
     Ok(Report {
         seed: cfg.seed,
         orders: cfg.orders,
@@ -213,6 +214,7 @@ async fn verdict(stack: &Stack, cfg: &ChaosConfig, expected: &Expected, run: Run
         clients_n: cfg.clients,
         fault_interval_ms: cfg.fault_interval.as_millis() as u64,
         placed_per_sec,
+        offered_per_sec,
         audit,
         problems,
     })

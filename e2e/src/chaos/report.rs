@@ -87,8 +87,13 @@ pub struct Report {
     pub clients_n: usize,
     /// Pause between faults, milliseconds.
     pub fault_interval_ms: u64,
-    /// Orders acknowledged per second while the clients were placing them.
+    /// Orders acknowledged per second while the clients were placing them
+    /// (retries after faults included, so the last faults stretch it).
     pub placed_per_sec: f64,
+    /// Orders whose first attempt the clients sent per second: the arrival
+    /// rate the system was offered.
+    #[serde(default)]
+    pub offered_per_sec: f64,
     /// The invariant audit.
     pub audit: Audit,
     /// Reasons the run does not count or failed (empty: passed).
@@ -251,8 +256,9 @@ pub fn markdown(r: &Report) -> String {
     );
     let _ = writeln!(
         s,
-        "| placed per second (asked {}) / load / time to quiesce | {:.1} / {:.1} s / {:.1} s |",
+        "| offered / acknowledged per second (asked {}) / load / time to quiesce | {:.1} / {:.1} / {:.1} s / {:.1} s |",
         r.rate_per_sec,
+        r.offered_per_sec,
         r.placed_per_sec,
         r.load_ms as f64 / 1000.0,
         r.quiesce_ms as f64 / 1000.0
