@@ -3,6 +3,7 @@
 //! tests are about what one request writes, and the outbox row it leaves.
 
 mod auth;
+mod cards;
 mod idempotency;
 mod openapi;
 
