@@ -59,8 +59,10 @@ pub async fn tokenise(pool: &PgPool, vault_key: &[u8], card: &str) -> Result<Car
     let fp = fingerprint(vault_key, card);
     let last4 = card[card.len() - 4..].to_owned();
     let minted = format!("tok_{}", uuid::Uuid::new_v4().simple());
-    // Insert-or-read in one statement: concurrent first sights get one token.
-    let (token,): (String,) = sqlx::query_as(
+    // Insert-or-read: concurrent first sights get one token. When another
+    // transaction inserted the card first, this statement's snapshot (taken
+    // before that commit) cannot see its row: read it again, in a new one.
+    let inserted: Option<(String,)> = sqlx::query_as(
         "WITH ins AS (
              INSERT INTO card_tokens (token, fingerprint, last4, declines) VALUES ($1, $2, $3, $4)
              ON CONFLICT (fingerprint) DO NOTHING RETURNING token)
@@ -71,8 +73,17 @@ pub async fn tokenise(pool: &PgPool, vault_key: &[u8], card: &str) -> Result<Car
     .bind(&fp)
     .bind(&last4)
     .bind(card == crate::DECLINED_CARD)
-    .fetch_one(pool)
+    .fetch_optional(pool)
     .await?;
+    let (token,) = match inserted {
+        Some(row) => row,
+        None => {
+            sqlx::query_as("SELECT token FROM card_tokens WHERE fingerprint = $1")
+                .bind(&fp)
+                .fetch_one(pool)
+                .await?
+        }
+    };
     Ok(CardToken { token, last4 })
 }
 

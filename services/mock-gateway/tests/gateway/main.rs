@@ -363,3 +363,18 @@ async fn a_refused_refund_is_stored_under_its_key_and_a_new_key_can_succeed() {
     assert_eq!((s, b["status"].as_str()), (201, Some("refunded")));
     gw.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_first_sights_of_one_card_get_one_token() {
+    let gw = std::sync::Arc::new(Gateway::start(Default::default()).await);
+    for round in 0..5 {
+        let card = format!("42424242424200{round:02}");
+        let tokens = futures::future::join_all((0..16).map(|_| {
+            let (gw, card) = (gw.clone(), card.clone());
+            async move { gw.token(&card).await }
+        }))
+        .await;
+        assert!(tokens.iter().all(|t| t == &tokens[0]), "{tokens:?}");
+    }
+    std::sync::Arc::into_inner(gw).unwrap().stop().await;
+}
