@@ -243,31 +243,11 @@ fn as_reply(movement: &gateway::Movement) -> Option<Message> {
     })
 }
 
-/// The command `order`'s state waits on, rebuilt from the order.
-fn command(order: &Order) -> Option<Message> {
-    Some(match order.status {
-        Status::Pending => Message::ReserveStock {
-            sku: order.sku.clone(),
-            quantity: order.quantity,
-        },
-        Status::AwaitingPayment => Message::ChargePayment {
-            amount_cents: order.amount_cents,
-            card: order.card_token.clone().unwrap_or_default(),
-        },
-        Status::Refunding => Message::RefundPayment {
-            amount_cents: order.amount_cents,
-            attempt: u32::try_from(order.refund_attempt).unwrap_or(1),
-        },
-        Status::Cancelling => Message::ReleaseStock,
-        _ => return None,
-    })
-}
-
 /// Re-sends the state's command under its first event id (a new one for an
 /// order written before commands were recorded), counts the re-send and
 /// restarts the deadline.
 async fn resend(conn: &mut sqlx::PgConnection, order: &Order) -> anyhow::Result<()> {
-    let message = command(order).expect("only open states are overdue");
+    let message = crate::saga::transitions::command(order, order.status).expect("only open states are overdue");
     let event_id = order.last_command_id.unwrap_or_else(Uuid::now_v7);
     service_kit::saga::emit_again(conn, order.id, &message, event_id).await?;
     sqlx::query(

@@ -66,6 +66,28 @@ impl Input<'_> {
     }
 }
 
+/// The command an order in open state `state` waits on, built from the
+/// order: what a transition into `state` sends, and what a deadline re-sends.
+/// `None` for a state that waits on nothing.
+pub fn command(order: &Order, state: Status) -> Option<Message> {
+    Some(match state {
+        Status::Pending => Message::ReserveStock {
+            sku: order.sku.clone(),
+            quantity: order.quantity,
+        },
+        Status::AwaitingPayment => Message::ChargePayment {
+            amount_cents: order.amount_cents,
+            card: order.card_token.clone().unwrap_or_default(),
+        },
+        Status::Refunding => Message::RefundPayment {
+            amount_cents: order.amount_cents,
+            attempt: order.refund_attempt.max(1) as u32,
+        },
+        Status::Cancelling => Message::ReleaseStock,
+        _ => return None,
+    })
+}
+
 /// Decides the transition for `input` in `order`'s current state.
 pub fn decide(order: &Order, input: Input<'_>) -> Decision {
     use Status::*;
@@ -74,10 +96,7 @@ pub fn decide(order: &Order, input: Input<'_>) -> Decision {
         emit,
         cancel_reason,
     };
-    let refund = || Message::RefundPayment {
-        amount_cents: order.amount_cents,
-        attempt: order.refund_attempt.max(1) as u32,
-    };
+    let refund = || command(order, Refunding).expect("refunding waits on a command");
     let message = match input {
         Input::CancelRequested if order.status == Confirmed => {
             return apply(Refunding, vec![refund()], Some("customer_cancelled"))
@@ -99,10 +118,7 @@ pub fn decide(order: &Order, input: Input<'_>) -> Decision {
     match (order.status, message) {
         (Pending, Message::StockReserved) => apply(
             AwaitingPayment,
-            vec![Message::ChargePayment {
-                amount_cents: order.amount_cents,
-                card: order.card_token.clone().unwrap_or_default(),
-            }],
+            vec![command(order, AwaitingPayment).expect("awaiting payment waits on a command")],
             None,
         ),
         (Pending, Message::StockRejected { .. }) => apply(Cancelled, vec![], Some("out_of_stock")),
