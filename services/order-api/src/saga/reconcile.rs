@@ -303,11 +303,15 @@ pub async fn retry_refund(pool: &PgPool, id: Uuid) -> anyhow::Result<Order> {
         order.status.as_str(),
         order.cancel_reason.as_deref().unwrap_or("no reason")
     );
+    // The row is locked: the attempt read above is the one to bump.
     sqlx::query("UPDATE orders SET refund_attempt = refund_attempt + 1 WHERE id = $1")
         .bind(id)
         .execute(&mut *tx)
         .await?;
-    let order = orders::lock(&mut tx, id).await?.expect("locked above");
+    let order = Order {
+        refund_attempt: order.refund_attempt + 1,
+        ..order
+    };
     anyhow::ensure!(
         apply(&mut tx, &order, Input::RetryRefund, None).await?,
         "the retry was not applied"
