@@ -74,13 +74,6 @@ fn strings(attrs: &[KeyValue]) -> BTreeMap<String, String> {
         .collect()
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().fold(String::new(), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
-}
-
 async fn export(State(bodies): State<Arc<Mutex<Vec<Bytes>>>>, body: Bytes) -> StatusCode {
     bodies.lock().expect("bodies").push(body);
     StatusCode::OK
@@ -101,9 +94,9 @@ fn decode(body: &Bytes, out: &mut Vec<Span>) {
             for s in ss.spans {
                 out.push(Span {
                     service: service.clone(),
-                    trace_id: hex(&s.trace_id),
-                    span_id: hex(&s.span_id),
-                    parent_id: hex(&s.parent_span_id),
+                    trace_id: hex::encode(&s.trace_id),
+                    span_id: hex::encode(&s.span_id),
+                    parent_id: hex::encode(&s.parent_span_id),
                     name: s.name,
                     start_ns: s.start_time_unix_nano,
                     end_ns: s.end_time_unix_nano,

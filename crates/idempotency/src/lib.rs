@@ -141,7 +141,7 @@ pub fn fingerprint(method: &str, path: &str, body: &[u8]) -> String {
     h.update(path.as_bytes());
     h.update([0]);
     h.update(&canonical);
-    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(h.finalize())
 }
 
 /// Starts an idempotent request inside the caller's transaction.

@@ -43,7 +43,7 @@ pub struct CardToken {
 fn fingerprint(vault_key: &[u8], card: &str) -> String {
     let mut mac = Hmac::<Sha256>::new_from_slice(vault_key).expect("HMAC takes a key of any length");
     mac.update(card.as_bytes());
-    mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(mac.finalize().into_bytes())
 }
 
 /// Whether `card` looks like a card number (12..=19 ASCII digits).

@@ -109,10 +109,7 @@ impl IntoResponse for Refusal {
 
 /// SHA-256 of `key`, hex: what `api_keys` stores.
 pub fn hash(key: &str) -> String {
-    Sha256::digest(key.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex::encode(Sha256::digest(key.as_bytes()))
 }
 
 impl Auth {
@@ -225,7 +222,7 @@ pub async fn create_key(pool: &PgPool, client: &str) -> anyhow::Result<(Uuid, St
     );
     let mut secret = [0u8; 20];
     rand::rngs::OsRng.fill_bytes(&mut secret);
-    let key = format!("eo_{}", secret.iter().map(|b| format!("{b:02x}")).collect::<String>());
+    let key = format!("eo_{}", hex::encode(secret));
     let id = Uuid::now_v7();
     sqlx::query("INSERT INTO api_keys (id, client_id, key_hash) VALUES ($1, $2, $3)")
         .bind(id)
