@@ -217,12 +217,12 @@ fn finish(state: Status, outcome: Outcome) -> Outcome {
     outcome
 }
 
-/// The gateway key of the payment operation `order`'s state waits on.
+/// The gateway key of the payment operation `order`'s state waits on: the
+/// key payment-service derives from the command that state sent.
 fn payment_key(order: &Order) -> Option<String> {
-    let attempt = u32::try_from(order.refund_attempt).unwrap_or(1);
-    match order.status {
-        Status::AwaitingPayment => Some(contract::message::payment_key("charge", order.id, 1)),
-        Status::Refunding => Some(contract::message::payment_key("refund", order.id, attempt)),
+    match crate::saga::transitions::command(order, order.status)? {
+        Message::ChargePayment { .. } => Some(contract::message::payment_key("charge", order.id, 1)),
+        Message::RefundPayment { attempt, .. } => Some(contract::message::payment_key("refund", order.id, attempt)),
         _ => None,
     }
 }
