@@ -1,5 +1,5 @@
-//! The whole system as real processes: the tansu broker and the five
-//! services, each on a free loopback port, each service on its own freshly
+//! The whole system as real processes: an Apache Kafka broker (KRaft) and
+//! the five services, each on a free loopback port, each service on its own freshly
 //! named database. Processes are stopped by their own pids — SIGKILL for
 //! crashes, SIGTERM for a clean stop — and databases are dropped at the end.
 
@@ -20,7 +20,7 @@ pub use options::{default_bin_dir, StackOptions};
 /// One process of the stack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Service {
-    /// The Kafka-protocol broker (tansu).
+    /// The Apache Kafka broker (one KRaft node, broker and controller).
     Broker,
     /// mock-gateway.
     Gateway,
@@ -48,7 +48,7 @@ impl Service {
     /// Process name (also the binary name, except the broker).
     pub fn name(self) -> &'static str {
         match self {
-            Service::Broker => "tansu",
+            Service::Broker => "kafka",
             Service::Gateway => "mock-gateway",
             Service::Inventory => "inventory-service",
             Service::Payment => "payment-service",
@@ -85,6 +85,8 @@ pub struct Stack {
     /// How the processes that ended on their own ended, last one per service.
     exits: BTreeMap<Service, std::process::ExitStatus>,
     proxy: Option<FaultProxy>,
+    /// The broker's node (ports), formatted once in `run_dir/broker`.
+    broker_node: testkit::broker::NodeSpec,
     /// The API key the drivers use (client [`DRIVER_CLIENT`]).
     api_key: String,
 }
@@ -120,7 +122,20 @@ impl Stack {
             ports.insert(s, port);
         }
         std::fs::create_dir_all(opts.run_dir.join("logs"))?;
-        std::fs::create_dir_all(opts.run_dir.join("broker"))?;
+        let broker_node = testkit::broker::NodeSpec {
+            id: 1,
+            port: ports[&Service::Broker],
+            controller_port: if opts.fixed_ports { 9093 } else { free_port()? },
+            advertised_port: ports[&Service::Broker],
+        };
+        {
+            let (node, dir) = (broker_node.clone(), opts.run_dir.join("broker"));
+            let cluster = testkit::broker::new_cluster_id();
+            tokio::task::spawn_blocking(move || {
+                testkit::broker::prepare(&node, std::slice::from_ref(&node), &cluster, &dir)
+            })
+            .await??;
+        }
         let mut stack = Stack {
             opts,
             ports,
@@ -131,6 +146,7 @@ impl Stack {
             extras: Vec::new(),
             exits: BTreeMap::new(),
             proxy: None,
+            broker_node,
             api_key: String::new(),
         };
         for s in Service::ALL {
@@ -169,6 +185,11 @@ impl Stack {
     /// Base HTTP URL of a service.
     pub fn url(&self, s: Service) -> String {
         format!("http://{}", self.addr(s))
+    }
+
+    /// The broker's node: its client, controller and advertised ports.
+    pub fn broker_node(&self) -> &testkit::broker::NodeSpec {
+        &self.broker_node
     }
 
     /// Broker bootstrap address.
@@ -301,11 +322,7 @@ impl Stack {
     /// (and the console when echoing).
     fn launch(&self, s: Service, env: Vec<(String, String)>, log_name: &str) -> anyhow::Result<Child> {
         let mut cmd = match s {
-            Service::Broker => testkit::broker::command(
-                &testkit::broker::ensure()?,
-                &self.addr(s),
-                &self.opts.run_dir.join("broker"),
-            ),
+            Service::Broker => testkit::broker::command(&self.opts.run_dir.join("broker"))?,
             _ => {
                 let bin = self.opts.bin_dir.join(s.name());
                 anyhow::ensure!(
@@ -346,11 +363,8 @@ impl Stack {
             }
             let ready = match s {
                 Service::Broker => {
-                    tokio::net::TcpStream::connect(self.addr(s)).await.is_ok() && {
-                        let dir = self.opts.run_dir.join("broker");
-                        tokio::task::spawn_blocking(move || testkit::broker::tune(&dir)).await??;
-                        true
-                    }
+                    let addr = self.addr(s);
+                    tokio::task::spawn_blocking(move || testkit::broker::answers(&addr, 1)).await?
                 }
                 // Ready, and answered by this process rather than by another
                 // test's service that took the port first.

@@ -19,7 +19,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Install what is missing (tansu), build the services and run every test
+    /// Install what is missing (PostgreSQL, Apache Kafka), build the services and run every test
     /// of the workspace (the README's test command, also what CI runs).
     Test {
         /// Extra arguments for `cargo test` (e.g. a test name filter).
@@ -282,6 +282,7 @@ async fn main() -> anyhow::Result<()> {
     if let Cmd::Dlq { action, brokers } = &cli.command {
         return dlq(action, brokers).await;
     }
+    testkit::postgres::ensure().await?;
     testkit::broker::ensure()?;
     build_services()?;
     match cli.command {

@@ -183,7 +183,7 @@ pub fn asyncapi() -> Value {
         },
         "defaultContentType": "application/json",
         "servers": {
-            "local": {"host": "127.0.0.1:9092", "protocol": "kafka", "description": "tansu, as started by cargo xtask up"}
+            "local": {"host": "127.0.0.1:9092", "protocol": "kafka", "description": "Apache Kafka (KRaft), as started by cargo xtask up"}
         },
         "channels": channels,
         "operations": operations,

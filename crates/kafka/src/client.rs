@@ -4,7 +4,10 @@
 
 use std::time::Duration;
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{
+    AdminClient, AdminOptions, AlterConfig, ConfigSource, NewTopic, ResourceSpecifier, TopicReplication,
+};
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::RDKafkaErrorCode;
@@ -12,7 +15,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 
-use crate::Result;
+use crate::{Error, Result};
 
 /// Partitions per topic. The message key (order id) keeps one order's
 /// messages in one partition, hence in order.
@@ -60,24 +63,57 @@ pub fn idempotent_producer(mut base: ClientConfig, timeout: Duration) -> Result<
         .create()?)
 }
 
-/// Creates `topics` (and their dead-letter topics) if they do not exist.
-pub async fn ensure_topics(brokers: &str, topics: &[&str]) -> Result<()> {
-    ensure_topics_retained(brokers, topics, None).await
+/// What every topic of the saga must be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicSettings {
+    /// Partitions ([`PARTITIONS`]).
+    pub partitions: i32,
+    /// Replicas; above one, `min.insync.replicas` is one less.
+    pub replication_factor: i32,
+    /// `retention.ms`, when set: how long the broker may redeliver a
+    /// message, which every inbox's retention must outlast.
+    pub retention: Option<Duration>,
 }
 
-/// Like [`ensure_topics`], creating missing topics with `retention.ms` set
-/// to `retention` (when given): how long the broker may redeliver a message,
-/// which the inbox's retention must outlast. An existing topic keeps its
-/// settings.
-pub async fn ensure_topics_retained(brokers: &str, topics: &[&str], retention: Option<Duration>) -> Result<()> {
+impl Default for TopicSettings {
+    fn default() -> Self {
+        Self {
+            partitions: PARTITIONS,
+            replication_factor: 1,
+            retention: None,
+        }
+    }
+}
+
+/// Creates `topics` (and their dead-letter topics) if they do not exist,
+/// with [`PARTITIONS`] partitions, one replica and the broker's retention.
+pub async fn ensure_topics(brokers: &str, topics: &[&str]) -> Result<()> {
+    ensure_topics_with(brokers, topics, &TopicSettings::default()).await
+}
+
+/// Creates `topics` (and their dead-letter topics) that are missing with
+/// `settings`, and checks the ones that exist:
+/// - a different partition count is refused: adding partitions moves keys
+///   (an order's next message would land in another partition, behind or
+///   ahead of its earlier ones), so only an operator may decide that;
+/// - a different `retention.ms` is altered to `settings.retention` (the
+///   other topic settings set on it are kept): a longer or infinite one
+///   breaks the retention chain (the broker could redeliver a message the
+///   inbox has forgotten), a shorter one loses messages a stopped consumer
+///   has not read.
+pub async fn ensure_topics_with(brokers: &str, topics: &[&str], settings: &TopicSettings) -> Result<()> {
     let admin: AdminClient<DefaultClientContext> = client_config(brokers).create()?;
     let mut names: Vec<String> = topics.iter().map(|t| (*t).to_owned()).collect();
     names.extend(topics.iter().map(|t| dead_letter_topic(t)));
-    let retention_ms = retention.map(|r| r.as_millis().to_string());
+    let retention_ms = settings.retention.map(|r| r.as_millis().to_string());
+    let min_isr = (settings.replication_factor - 1).max(1).to_string();
     let new: Vec<NewTopic<'_>> = names
         .iter()
         .map(|n| {
-            let topic = NewTopic::new(n, PARTITIONS, TopicReplication::Fixed(1));
+            let mut topic = NewTopic::new(n, settings.partitions, TopicReplication::Fixed(settings.replication_factor));
+            if settings.replication_factor > 1 {
+                topic = topic.set("min.insync.replicas", &min_isr);
+            }
             match &retention_ms {
                 Some(ms) => topic.set("retention.ms", ms),
                 None => topic,
@@ -85,16 +121,120 @@ pub async fn ensure_topics_retained(brokers: &str, topics: &[&str], retention: O
         })
         .collect();
     let opts = AdminOptions::new().operation_timeout(Some(Timeout::After(Duration::from_secs(10))));
+    let mut existing = Vec::new();
     for result in admin.create_topics(&new, &opts).await? {
         match result {
-            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Ok(_) => {}
+            Err((topic, RDKafkaErrorCode::TopicAlreadyExists)) => existing.push(topic),
             Err((topic, code)) => {
-                return Err(crate::Error::Kafka(rdkafka::error::KafkaError::AdminOp(code)))
-                    .inspect_err(|_| tracing::error!(%topic, ?code, "topic creation failed"));
+                tracing::error!(%topic, ?code, "topic creation failed");
+                return Err(Error::Kafka(rdkafka::error::KafkaError::AdminOp(code)));
             }
         }
     }
+    if existing.is_empty() {
+        return Ok(());
+    }
+    check_partitions(brokers, &existing, settings.partitions).await?;
+    if let Some(ms) = &retention_ms {
+        for topic in &existing {
+            align_retention(&admin, topic, ms, &opts).await?;
+        }
+    }
     Ok(())
+}
+
+async fn check_partitions(brokers: &str, topics: &[String], wanted: i32) -> Result<()> {
+    let (brokers, topics) = (brokers.to_owned(), topics.to_vec());
+    let counts = tokio::task::spawn_blocking(move || -> Result<Vec<(String, usize)>> {
+        let client: BaseConsumer = client_config(&brokers).create()?;
+        let metadata = client.fetch_metadata(None, Duration::from_secs(10))?;
+        Ok(metadata
+            .topics()
+            .iter()
+            .filter(|t| topics.iter().any(|n| n == t.name()))
+            .map(|t| (t.name().to_owned(), t.partitions().len()))
+            .collect())
+    })
+    .await
+    .map_err(|e| Error::Topic(e.to_string()))??;
+    for (topic, count) in counts {
+        if count != wanted as usize {
+            return Err(Error::Topic(format!(
+                "topic {topic} has {count} partitions where the saga needs {wanted}: changing the count moves \
+                 order ids to other partitions and breaks each order's message order; drain and recreate the \
+                 topic, or run with the count it has"
+            )));
+        }
+    }
+    Ok(())
+}
+
+async fn align_retention(
+    admin: &AdminClient<DefaultClientContext>,
+    topic: &str,
+    wanted_ms: &str,
+    opts: &AdminOptions,
+) -> Result<()> {
+    let config = describe_topic(admin, topic, opts).await?;
+    let current = config.get("retention.ms").and_then(|e| e.0.clone());
+    if current.as_deref() == Some(wanted_ms) {
+        return Ok(());
+    }
+    // AlterConfigs replaces the topic's whole set of its own settings: send
+    // the ones it has (DynamicTopic) with retention.ms changed.
+    let mut alter = AlterConfig::new(ResourceSpecifier::Topic(topic));
+    for (name, (value, source)) in &config {
+        if *source == ConfigSource::DynamicTopic && name != "retention.ms" {
+            if let Some(v) = value {
+                alter = alter.set(name, v);
+            }
+        }
+    }
+    alter = alter.set("retention.ms", wanted_ms);
+    for result in admin.alter_configs([&alter], opts).await? {
+        result.map_err(|(_, code)| {
+            Error::Topic(format!(
+                "topic {topic} has retention.ms={} where the retention chain needs {wanted_ms}, and altering it \
+                 failed ({code:?})",
+                current.as_deref().unwrap_or("?")
+            ))
+        })?;
+    }
+    tracing::warn!(
+        %topic,
+        from = current.as_deref().unwrap_or("?"),
+        to = wanted_ms,
+        "topic retention.ms differed from KAFKA_TOPIC_RETENTION_SECS: altered (the inbox retention chain depends on it)"
+    );
+    Ok(())
+}
+
+type TopicConfig = std::collections::BTreeMap<String, (Option<String>, ConfigSource)>;
+
+async fn describe_topic(admin: &AdminClient<DefaultClientContext>, topic: &str, opts: &AdminOptions) -> Result<TopicConfig> {
+    let described = admin.describe_configs([&ResourceSpecifier::Topic(topic)], opts).await?;
+    let resource = described
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::Topic(format!("no configuration returned for topic {topic}")))?
+        .map_err(|code| Error::Topic(format!("describing topic {topic} failed: {code:?}")))?;
+    Ok(resource
+        .entries
+        .into_iter()
+        .map(|e| (e.name, (e.value, e.source)))
+        .collect())
+}
+
+/// A topic's settings as the broker reports them (DescribeConfigs): name → value.
+pub async fn topic_config(brokers: &str, topic: &str) -> Result<std::collections::BTreeMap<String, String>> {
+    let admin: AdminClient<DefaultClientContext> = client_config(brokers).create()?;
+    let opts = AdminOptions::new().request_timeout(Some(Timeout::After(Duration::from_secs(10))));
+    Ok(describe_topic(&admin, topic, &opts)
+        .await?
+        .into_iter()
+        .filter_map(|(name, (value, _))| Some((name, value?)))
+        .collect())
 }
 
 /// Kafka headers of a message: identity and trace context, so tools and

@@ -5,31 +5,12 @@
 
 use rdkafka::config::ClientConfig;
 
-/// How partitions are given to a consumer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum Assignment {
-    /// Take every partition of the topics (`assign`), reading and committing
-    /// the group's offsets without joining the group. A restarted or second
-    /// instance starts consuming at once, with no rebalance to wait for; two
-    /// instances both consume everything and the inbox decides. The default,
-    /// because tansu's group coordinator does not reliably recover when a
-    /// member is SIGKILLed mid-join.
-    #[default]
-    Static,
-    /// Join the consumer group (`subscribe`) and let the broker balance the
-    /// partitions — the choice for Apache Kafka with several instances.
-    Group,
-}
-
 /// Kafka settings shared by every service.
 #[derive(Debug, Clone, clap::Args)]
 pub struct KafkaArgs {
     /// Kafka bootstrap servers (comma-separated host:port).
     #[arg(long = "kafka-brokers", env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
     pub brokers: String,
-    /// How consumers get their partitions: `static` (assign all) or `group`.
-    #[arg(long = "kafka-assignment", env = "KAFKA_ASSIGNMENT", value_enum, default_value_t)]
-    pub assignment: Assignment,
     /// How often consumers commit the offsets of handled messages, in
     /// milliseconds. A crash redelivers what was handled since the last
     /// commit; the inbox absorbs it. Shorter costs broker writes, longer
@@ -37,19 +18,10 @@ pub struct KafkaArgs {
     #[arg(long = "kafka-commit-interval-ms", env = "KAFKA_COMMIT_INTERVAL_MS", default_value_t = 1000,
           value_parser = clap::value_parser!(u64).range(10..))]
     pub commit_interval_ms: u64,
-    /// Longest a fetch waits at the broker for data, in milliseconds
-    /// (`fetch.wait.max.ms`). tansu 0.6 sleeps after every fetch — half of
-    /// what is left of this wait, or all of it under 250 ms — even when the
-    /// fetch found data, so every hop of the saga costs about this long; an
-    /// idle consumer sends one fetch per wait. 25 ms trades ~40 idle fetches
-    /// a second per consumer for a short hop. Apache Kafka answers as soon as
-    /// data arrives: there, the librdkafka default (500) costs no latency.
-    #[arg(long = "kafka-fetch-wait-ms", env = "KAFKA_FETCH_WAIT_MS", default_value_t = 25,
-          value_parser = clap::value_parser!(u64).range(1..=10_000))]
-    pub fetch_wait_ms: u64,
     /// How long the producer waits to fill a batch, in milliseconds
-    /// (`linger.ms`). Each produce request costs tansu a storage transaction:
-    /// fewer, fuller requests cost it less; 0 sends every message at once.
+    /// (`linger.ms`). 0 sends every message at once (the shortest hop);
+    /// batches still form while requests are in flight. Raise it to trade
+    /// latency for fewer, fuller produce requests.
     #[arg(long = "kafka-linger-ms", env = "KAFKA_LINGER_MS", default_value_t = 0,
           value_parser = clap::value_parser!(u64).range(0..=1_000))]
     pub linger_ms: u64,
@@ -67,6 +39,14 @@ pub struct KafkaArgs {
     #[arg(long = "kafka-topic-retention-secs", env = "KAFKA_TOPIC_RETENTION_SECS", default_value_t = 3 * 86_400,
           value_parser = clap::value_parser!(u64).range(60..))]
     pub topic_retention_secs: u64,
+    /// Replicas of each topic a service creates (`replication.factor`);
+    /// with more than one, `min.insync.replicas` is one less (2 of 3), so an
+    /// acknowledged (`acks=all`) message survives the loss of any one
+    /// broker. 1 for a single local broker; 3 in production
+    /// (docs/operations.md).
+    #[arg(long = "kafka-replication-factor", env = "KAFKA_REPLICATION_FACTOR", default_value_t = 1,
+          value_parser = clap::value_parser!(i32).range(1..=16))]
+    pub replication_factor: i32,
     /// librdkafka debug contexts (e.g. `cgrp,fetch`), for diagnosing a broker.
     #[arg(long = "kafka-debug", env = "KAFKA_DEBUG")]
     pub debug: Option<String>,
@@ -77,12 +57,11 @@ impl KafkaArgs {
     pub fn new(brokers: impl Into<String>) -> Self {
         Self {
             brokers: brokers.into(),
-            assignment: Assignment::default(),
             commit_interval_ms: 1000,
-            fetch_wait_ms: 25,
             linger_ms: 0,
             consumer_max_batch: 32,
             topic_retention_secs: 3 * 86_400,
+            replication_factor: 1,
             debug: None,
         }
     }
@@ -101,10 +80,21 @@ impl KafkaArgs {
         std::time::Duration::from_secs(self.topic_retention_secs)
     }
 
+    /// The settings every topic of the saga must have.
+    pub fn topic_settings(&self) -> crate::client::TopicSettings {
+        crate::client::TopicSettings {
+            partitions: crate::PARTITIONS,
+            replication_factor: self.replication_factor,
+            retention: Some(self.topic_retention()),
+        }
+    }
+
     /// Creates the topics (and their dead-letter topics) that are missing,
-    /// with this retention.
+    /// and checks those that exist: a different retention is altered to
+    /// this one, a different partition count is refused
+    /// ([`crate::client::ensure_topics_with`]).
     pub async fn ensure_topics(&self, topics: &[&str]) -> crate::Result<()> {
-        crate::client::ensure_topics_retained(&self.brokers, topics, Some(self.topic_retention())).await
+        crate::client::ensure_topics_with(&self.brokers, topics, &self.topic_settings()).await
     }
 
     /// The idempotent producer for these settings (delivery timeout 15 s).

@@ -26,7 +26,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::consumer::{CommitMode, Consumer, Rebalance, StreamConsumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Headers, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -103,40 +103,168 @@ pub struct ConsumerSettings {
     pub max_batch: usize,
 }
 
-/// Builds a consumer with manual offset commits.
-pub fn build(settings: &ConsumerSettings) -> Result<StreamConsumer> {
-    let consumer: StreamConsumer = settings
+/// The consumer type of the loop: a [`StreamConsumer`] with the group
+/// callbacks of [`GroupContext`].
+pub type GroupConsumer = StreamConsumer<GroupContext>;
+
+/// Builds a consumer with manual offset stores that joins its consumer
+/// group (`subscribe`) with the cooperative-sticky assignor: instances of
+/// a service share the partitions, and a rebalance moves only the
+/// partitions that change owner.
+pub fn build(settings: &ConsumerSettings) -> Result<GroupConsumer> {
+    let context = GroupContext {
+        name: Arc::from(settings.group_id.as_str()),
+        membership: Arc::default(),
+    };
+    let consumer: GroupConsumer = settings
         .kafka
         .client_config()
         .set("group.id", &settings.group_id)
+        .set("partition.assignment.strategy", "cooperative-sticky")
         // Stored offsets (only those of handled messages) are committed in
         // the background; see the module docs.
         .set("enable.auto.commit", "true")
         .set("auto.commit.interval.ms", settings.kafka.commit_interval_ms.to_string())
         .set("enable.auto.offset.store", "false")
-        .set("fetch.wait.max.ms", settings.kafka.fetch_wait_ms.to_string())
         .set("auto.offset.reset", "earliest")
+        // A SIGKILLed member's partitions wait this long for a new owner.
         .set("session.timeout.ms", "10000")
         .set("heartbeat.interval.ms", "1000")
-        .create()?;
+        .create_with_context(context)?;
     let topics: Vec<&str> = settings.topics.iter().map(String::as_str).collect();
-    match settings.kafka.assignment {
-        crate::Assignment::Group => consumer.subscribe(&topics)?,
-        crate::Assignment::Static => {
-            let mut tpl = TopicPartitionList::new();
-            for topic in topics {
-                let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
-                for t in metadata.topics() {
-                    for p in t.partitions() {
-                        // Stored = the group's committed offset (or auto.offset.reset).
-                        tpl.add_partition_offset(topic, p.id(), Offset::Stored)?;
-                    }
+    consumer.subscribe(&topics)?;
+    Ok(consumer)
+}
+
+/// How long a revocation waits for the lanes of the revoked partitions to
+/// finish their in-flight batch. Past it the batch is dropped: its offset
+/// is not stored, the partition's new owner gets the messages again and its
+/// inbox absorbs whatever had committed.
+const REVOKE_GRACE: Duration = Duration::from_secs(10);
+
+/// What this member owns in its group, shared by the rebalance callbacks
+/// and the dispatcher.
+#[derive(Default)]
+struct Membership {
+    /// Partitions assigned to this member now.
+    assigned: std::collections::HashSet<(String, i32)>,
+    /// The running lane of each partition that has one.
+    lanes: HashMap<(String, i32), LaneStop>,
+}
+
+/// How a revocation stops a lane and learns that it stopped.
+struct LaneStop {
+    revoked: CancellationToken,
+    /// Disconnected when the lane's task has ended.
+    done: std::sync::mpsc::Receiver<()>,
+}
+
+/// The rebalance callbacks of the consume loop.
+///
+/// - **Revoke**: each revoked partition's lane is told to stop; a lane
+///   finishes the batch it is handling (handler and offset store) and
+///   takes no other; the callback waits for them (up to [`REVOKE_GRACE`])
+///   and then commits the stored offsets synchronously, before librdkafka
+///   hands the partitions over. What was handled is committed; what was
+///   queued and not handled is read again by the new owner.
+/// - **Assign**: the partitions are recorded; their lanes start with their
+///   first message.
+///
+/// Both are counted (`consumer_rebalances_total{consumer,kind}`), and
+/// `consumer_partitions_assigned{consumer,topic,partition}` says which
+/// partitions this member owns: the group's assignment, as the member sees it.
+pub struct GroupContext {
+    name: Arc<str>,
+    membership: Arc<std::sync::Mutex<Membership>>,
+}
+
+impl GroupContext {
+    fn membership(&self) -> std::sync::MutexGuard<'_, Membership> {
+        self.membership.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl rdkafka::ClientContext for GroupContext {}
+
+impl rdkafka::consumer::ConsumerContext for GroupContext {
+    fn pre_rebalance(&self, consumer: &rdkafka::consumer::BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let Rebalance::Revoke(tpl) = rebalance else {
+            return;
+        };
+        let name = &*self.name;
+        let stopping: Vec<LaneStop> = {
+            let mut m = self.membership();
+            tpl.elements()
+                .iter()
+                .filter_map(|p| {
+                    let key = (p.topic().to_owned(), p.partition());
+                    m.assigned.remove(&key);
+                    let partition = p.partition().to_string();
+                    telemetry::metrics::set(
+                        "consumer_partitions_assigned",
+                        &[("consumer", name), ("topic", p.topic()), ("partition", &partition)],
+                        0.0,
+                    );
+                    m.lanes.remove(&key)
+                })
+                .inspect(|stop| stop.revoked.cancel())
+                .collect()
+        };
+        let wait = || {
+            let end = std::time::Instant::now() + REVOKE_GRACE;
+            stopping.iter().all(|stop| {
+                let left = end.saturating_duration_since(std::time::Instant::now());
+                matches!(
+                    stop.done.recv_timeout(left),
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected)
+                )
+            })
+        };
+        // The callback runs inside `recv`, on a runtime thread: waiting
+        // there must hand the thread's other tasks (the lanes) to another
+        // thread. A single-threaded runtime cannot run the lanes while this
+        // waits: there the in-flight batches are dropped (not stored).
+        let finished = stopping.is_empty()
+            || match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+                Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(wait),
+                _ => false,
+            };
+        match consumer.commit_consumer_state(CommitMode::Sync) {
+            Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
+            Err(e) => tracing::warn!(consumer = name, error = %e, "offset commit on revocation failed; the inbox absorbs the redelivery"),
+        }
+        telemetry::metrics::incr("consumer_rebalances_total", &[("consumer", name), ("kind", "revoke")]);
+        tracing::info!(consumer = name, partitions = ?partitions(tpl), lanes_finished = finished, "partitions revoked");
+    }
+
+    fn post_rebalance(&self, _consumer: &rdkafka::consumer::BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let name = &*self.name;
+        match rebalance {
+            Rebalance::Assign(tpl) => {
+                let mut m = self.membership();
+                for p in tpl.elements() {
+                    m.assigned.insert((p.topic().to_owned(), p.partition()));
+                    let partition = p.partition().to_string();
+                    telemetry::metrics::set(
+                        "consumer_partitions_assigned",
+                        &[("consumer", name), ("topic", p.topic()), ("partition", &partition)],
+                        1.0,
+                    );
                 }
+                telemetry::metrics::incr("consumer_rebalances_total", &[("consumer", name), ("kind", "assign")]);
+                tracing::info!(consumer = name, partitions = ?partitions(tpl), "partitions assigned");
             }
-            consumer.assign(&tpl)?;
+            Rebalance::Revoke(_) => {}
+            Rebalance::Error(e) => tracing::warn!(consumer = name, error = %e, "rebalance error"),
         }
     }
-    Ok(consumer)
+}
+
+fn partitions(tpl: &TopicPartitionList) -> Vec<String> {
+    tpl.elements()
+        .iter()
+        .map(|p| format!("{}/{}", p.topic(), p.partition()))
+        .collect()
 }
 
 /// Runs the loop until `shutdown` is cancelled, handing each message body,
@@ -183,6 +311,7 @@ where
     F: Future<Output = Result<Vec<Handled>, HandleError>> + Send + 'static,
 {
     let consumer = Arc::new(build(&settings)?);
+    let membership = consumer.context().membership.clone();
     let lane = Lane {
         consumer: consumer.clone(),
         dlq: settings.kafka.producer()?,
@@ -190,6 +319,8 @@ where
         handler: Arc::new(handler),
         max_batch: settings.max_batch.max(1),
         shutdown: shutdown.clone(),
+        revoked: CancellationToken::new(),
+        _done: None,
         decoded: std::marker::PhantomData,
     };
     let name = settings.group_id.as_str();
@@ -219,15 +350,30 @@ where
             }
         };
         let key = (msg.topic().to_owned(), msg.partition());
-        let queue = lanes.entry(key).or_insert_with(|| {
-            let (tx, rx) = mpsc::channel(LANE_QUEUE);
-            running.spawn(lane.clone().run(rx));
-            tx
-        });
+        let queue = {
+            let mut m = membership.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            // Fetched before its partition was revoked: its new owner reads it.
+            if !m.assigned.contains(&key) {
+                continue;
+            }
+            // A lane stops when its partition is revoked; assigned again, it gets a new one.
+            if lanes.get(&key).is_none_or(|q: &mpsc::Sender<OwnedMessage>| q.is_closed()) || !m.lanes.contains_key(&key) {
+                let (tx, rx) = mpsc::channel(LANE_QUEUE);
+                let (done_tx, done) = std::sync::mpsc::channel();
+                let revoked = CancellationToken::new();
+                m.lanes.insert(key.clone(), LaneStop { revoked: revoked.clone(), done });
+                running.spawn(lane.for_partition(revoked, done_tx).run(rx));
+                // Lanes of partitions revoked earlier have ended: reap them.
+                while running.try_join_next().is_some() {}
+                lanes.insert(key.clone(), tx);
+            }
+            lanes[&key].clone()
+        };
         // A full queue holds the dispatcher: that partition's lane is behind.
+        // A lane gone meanwhile (revoked) drops the message: not stored, read again.
         tokio::select! {
             _ = shutdown.cancelled() => break,
-            sent = queue.send(msg) => if sent.is_err() { break },
+            _ = queue.send(msg) => {}
         }
     }
     drop(lanes);
@@ -247,7 +393,7 @@ where
 /// minus the committed offset) and `dead_letter_depth` of each consumed
 /// topic's dead-letter topic. librdkafka's calls block: they run on the
 /// blocking pool.
-async fn observe_lag(consumer: Arc<StreamConsumer>, name: Arc<str>, topics: Vec<String>, shutdown: CancellationToken) {
+async fn observe_lag(consumer: Arc<GroupConsumer>, name: Arc<str>, topics: Vec<String>, shutdown: CancellationToken) {
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -258,7 +404,7 @@ async fn observe_lag(consumer: Arc<StreamConsumer>, name: Arc<str>, topics: Vec<
     }
 }
 
-fn lag_once(consumer: &StreamConsumer, name: &str, topics: &[String]) {
+fn lag_once(consumer: &GroupConsumer, name: &str, topics: &[String]) {
     let timeout = Duration::from_secs(2);
     if let Ok(committed) = consumer.committed(timeout) {
         for p in committed.elements() {
@@ -331,17 +477,22 @@ fn consume_span(consumer: &str, msg: &OwnedMessage) -> tracing::Span {
 
 /// What one partition's lane needs.
 struct Lane<T, H> {
-    consumer: Arc<StreamConsumer>,
+    consumer: Arc<GroupConsumer>,
     dlq: FutureProducer,
     name: Arc<str>,
     handler: Arc<H>,
     max_batch: usize,
     shutdown: CancellationToken,
+    /// Cancelled when the partition is revoked from this member.
+    revoked: CancellationToken,
+    /// Dropped when the lane ends: tells the revocation it may hand over.
+    _done: Option<std::sync::mpsc::Sender<()>>,
     decoded: std::marker::PhantomData<fn() -> T>,
 }
 
-impl<T, H> Clone for Lane<T, H> {
-    fn clone(&self) -> Self {
+impl<T, H> Lane<T, H> {
+    /// This lane's settings for one partition, stopped by `revoked`.
+    fn for_partition(&self, revoked: CancellationToken, done: std::sync::mpsc::Sender<()>) -> Self {
         Self {
             consumer: self.consumer.clone(),
             dlq: self.dlq.clone(),
@@ -349,6 +500,8 @@ impl<T, H> Clone for Lane<T, H> {
             handler: self.handler.clone(),
             max_batch: self.max_batch,
             shutdown: self.shutdown.clone(),
+            revoked,
+            _done: Some(done),
             decoded: std::marker::PhantomData,
         }
     }
@@ -360,15 +513,17 @@ where
     H: Fn(Vec<Traced<T>>) -> F + Send + Sync + 'static,
     F: Future<Output = Result<Vec<Handled>, HandleError>> + Send + 'static,
 {
-    /// Handles one partition's messages in order until its queue closes or
-    /// shutdown, a batch at a time (what is queued, up to `max_batch`);
-    /// stores the batch's last offset after its handling committed.
+    /// Handles one partition's messages in order until its queue closes,
+    /// shutdown or revocation, a batch at a time (what is queued, up to
+    /// `max_batch`); stores the batch's last offset after its handling
+    /// committed. A revocation lets the batch in hand finish and store.
     async fn run(self, mut queue: mpsc::Receiver<OwnedMessage>) {
         let mut batch = Vec::with_capacity(self.max_batch);
         loop {
             let first = tokio::select! {
                 biased;
                 _ = self.shutdown.cancelled() => return,
+                _ = self.revoked.cancelled() => return,
                 m = queue.recv() => match m { Some(m) => m, None => return },
             };
             batch.clear();

@@ -19,10 +19,10 @@ pub mod dlq;
 pub mod read;
 
 pub use client::{
-    client_config, dead_letter_topic, ensure_topics, ensure_topics_retained, headers, idempotent_producer, producer,
-    producer_with_timeout, publish,
+    client_config, dead_letter_topic, ensure_topics, ensure_topics_with, headers, idempotent_producer, producer,
+    producer_with_timeout, publish, topic_config, TopicSettings,
 };
-pub use config::{Assignment, KafkaArgs};
+pub use config::KafkaArgs;
 pub use read::{read_topic, read_topic_at_most};
 
 /// Number of partitions of every topic created here.
@@ -34,6 +34,10 @@ pub enum Error {
     /// The broker or librdkafka reported an error.
     #[error("kafka: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
+    /// A topic exists with settings the saga cannot run on, or its settings
+    /// could not be read or aligned.
+    #[error("topic: {0}")]
+    Topic(String),
 }
 
 /// Result type of this crate.

@@ -1,4 +1,4 @@
-//! Relay throughput and latency, against a real PostgreSQL and tansu.
+//! Relay throughput and latency, against a real PostgreSQL and Apache Kafka.
 //!
 //! `cargo bench -p outbox --bench relay`
 //!
@@ -86,7 +86,7 @@ fn cpu() -> [f64; 3] {
     let by_command = testkit::process::cpu_seconds_by_command();
     [
         testkit::process::cpu_seconds_of(std::process::id()),
-        by_command.get("tansu").copied().unwrap_or(0.0),
+        by_command.get("java").copied().unwrap_or(0.0),
         by_command.get("postgres").copied().unwrap_or(0.0),
     ]
 }

@@ -167,6 +167,14 @@ fn describe() {
         "consumer_lag",
         "Messages behind: partition high watermark minus committed offset."
     );
+    c!(
+        "consumer_rebalances_total",
+        "Group rebalances this member took part in, by kind (assign, revoke)."
+    );
+    g!(
+        "consumer_partitions_assigned",
+        "1 for each partition the group assigned to this member, 0 once revoked."
+    );
     g!("dead_letter_depth", "Messages in a consumed topic's dead-letter topic.");
     c!("relay_published_total", "Outbox rows published and marked.");
     c!(

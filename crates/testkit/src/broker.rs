@@ -1,110 +1,308 @@
-//! The Kafka-protocol broker used where no Apache Kafka exists: tansu,
-//! pinned, installed with `cargo install` into `~/.cargo/bin` when missing.
+//! Apache Kafka, the broker of every test, chaos run and benchmark: a
+//! pinned version fetched from Maven Central with an ordinary Maven client
+//! (`tools/kafka/pom.xml`, `mvn dependency:copy-dependencies` into
+//! `target/tools/kafka-<version>/libs`), its storage formatted with
+//! `kafka.tools.StorageTool`, and `kafka.Kafka` started in KRaft mode
+//! (each node broker and controller at once) on a small heap. Processes are
+//! stopped by their own pids.
+//!
+//! [`Broker`] is one node for library tests; the e2e harness builds its
+//! nodes (one, or three with replication) from [`NodeSpec`] and [`prepare`].
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
-/// Pinned tansu version.
-pub const TANSU_VERSION: &str = "0.6.0";
+use base64::Engine as _;
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
 
-/// The tansu binary: `$TANSU_BIN`, else `tansu` on `PATH`, else `~/.cargo/bin/tansu`.
-pub fn find() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("TANSU_BIN") {
-        return Some(PathBuf::from(p));
-    }
-    let on_path = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join("tansu"))
-            .find(|p| p.is_file())
-    });
-    on_path.or_else(|| {
-        let home = std::env::var_os("CARGO_HOME")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))?;
-        Some(home.join("bin").join("tansu")).filter(|p| p.is_file())
-    })
+/// The Apache Kafka version the project runs (also the default of
+/// `tools/kafka/pom.xml`).
+pub const KAFKA_VERSION: &str = "4.4.0";
+
+/// JVM options of every node unless `EO_KAFKA_JVM_OPTS` says otherwise: a
+/// small fixed heap and the serial collector — two cores are shared with
+/// PostgreSQL, five services and the load driver, and a broker holding a
+/// few hundred MB of log needs no concurrent collector threads.
+pub const DEFAULT_JVM_OPTS: &str = "-Xms384m -Xmx384m -XX:+UseSerialGC -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true";
+
+fn workspace_root() -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    root.canonicalize().unwrap_or(root)
 }
 
-/// Returns the tansu binary, installing it first when missing (about ten
-/// minutes of compiling on two cores; progress is shown).
+/// Where the broker's jars live: `target/tools/kafka-<version>/libs`.
+pub fn libs_dir() -> PathBuf {
+    workspace_root()
+        .join("target/tools")
+        .join(format!("kafka-{KAFKA_VERSION}"))
+        .join("libs")
+}
+
+const COMPLETE: &str = ".complete";
+
+/// Returns the directory of the broker's jars, fetching them first when
+/// missing (about a minute, once; Java and Maven are installed from
+/// Debian's packages when absent and this runs as root).
 pub fn ensure() -> anyhow::Result<PathBuf> {
-    if let Some(p) = find() {
-        return Ok(p);
+    // Tests of one binary run in parallel: one fetch at a time.
+    static FETCHING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = FETCHING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let libs = libs_dir();
+    if libs.join(COMPLETE).is_file() {
+        return Ok(libs);
     }
+    ensure_program("java", &["-version"], "openjdk-17-jre-headless")?;
+    ensure_program("mvn", &["--version"], "maven")?;
     eprintln!(
-        "tansu {TANSU_VERSION} (Kafka-compatible broker) is not installed: installing it with cargo install; \
-         this takes about 10 minutes on 2 cores and happens once"
+        "Apache Kafka {KAFKA_VERSION} is not under {}: fetching it and its dependencies from Maven Central \
+         with mvn (tools/kafka/pom.xml; once, about a minute)",
+        libs.display()
     );
-    let status = Command::new("cargo")
-        .args(["install", "tansu", "--locked", "--version", TANSU_VERSION])
-        .args(["--no-default-features", "--features", "libsql,dynostore"])
+    let partial = libs.with_extension("partial");
+    let _ = std::fs::remove_dir_all(&partial);
+    let status = Command::new("mvn")
+        .args(["-q", "-B", "-f"])
+        .arg(workspace_root().join("tools/kafka/pom.xml"))
+        .arg(format!("-Dkafka.version={KAFKA_VERSION}"))
+        .arg("dependency:copy-dependencies")
+        .arg(format!("-DoutputDirectory={}", partial.display()))
         .status()?;
-    anyhow::ensure!(status.success(), "cargo install tansu failed with {status}");
-    find().ok_or_else(|| anyhow::anyhow!("tansu installed but not found in ~/.cargo/bin"))
+    anyhow::ensure!(status.success(), "mvn dependency:copy-dependencies failed with {status}");
+    let _ = std::fs::remove_dir_all(&libs);
+    std::fs::rename(&partial, &libs)?;
+    std::fs::write(libs.join(COMPLETE), KAFKA_VERSION)?;
+    eprintln!("Apache Kafka {KAFKA_VERSION}: {} ready", libs.display());
+    Ok(libs)
 }
 
-/// The tansu command line serving `addr` with SQLite storage in `data_dir`.
-pub fn command(tansu: &std::path::Path, addr: &str, data_dir: &std::path::Path) -> tokio::process::Command {
-    let listener = format!("tcp://{addr}");
-    let mut c = tokio::process::Command::new(tansu);
-    c.args(["broker", "--storage-engine", "sqlite://tansu.db"])
-        .args(["--listener-url", &listener, "--advertised-listener-url", &listener])
-        .current_dir(data_dir)
-        .env("RUST_LOG", "warn")
-        .kill_on_drop(true);
-    c
+/// Runs `program args`; when it is missing, installs Debian's `package`
+/// (as root) and says so.
+fn ensure_program(program: &str, args: &[&str], package: &str) -> anyhow::Result<()> {
+    let works = |p: &str| Command::new(p).args(args).output().is_ok_and(|o| o.status.success());
+    if works(program) {
+        return Ok(());
+    }
+    eprintln!("{program} is missing: installing Debian's {package} package with apt-get");
+    crate::postgres::apt_install(&[package])?;
+    anyhow::ensure!(works(program), "{program} still does not run after installing {package}");
+    Ok(())
 }
 
-/// Indexes tansu 0.6's SQLite schema lacks. Its fetch runs `header_fetch.sql`
-/// once per fetched record, and the `header` table has no index: every
-/// consumed message scanned every header ever written (three per message
-/// here), so the broker slowed as its log grew and burned most of its CPU in
-/// SQLite's btree scans (seen with `perf`). With the index a header lookup
-/// is a seek. The schema is the broker's own storage, created when tansu
-/// starts; adding an index changes no data and no behaviour.
-const TUNING: &str = "CREATE INDEX IF NOT EXISTS eo_header_record ON header (topition, offset_id);";
+/// A fresh KRaft cluster id (a base64url UUID, as `StorageTool random-uuid` prints).
+pub fn new_cluster_id() -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(uuid::Uuid::new_v4().as_bytes())
+}
 
-/// Applies [`TUNING`] to the broker's database in `data_dir` once tansu has
-/// created its schema (call it when the broker accepts connections).
-pub fn tune(data_dir: &std::path::Path) -> anyhow::Result<()> {
-    let db = rusqlite::Connection::open(data_dir.join("tansu.db"))?;
-    db.busy_timeout(std::time::Duration::from_secs(10))?;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    // The schema appears shortly after the listener.
-    loop {
-        match db.execute_batch(TUNING) {
-            Ok(()) => return Ok(()),
-            Err(e) if std::time::Instant::now() < deadline => {
-                let _ = e;
-                std::thread::sleep(std::time::Duration::from_millis(100));
-            }
-            Err(e) => return Err(e.into()),
-        }
+/// One node of a cluster: its id, client port and controller port.
+#[derive(Debug, Clone)]
+pub struct NodeSpec {
+    /// `node.id`, from 1.
+    pub id: u32,
+    /// Client listener (PLAINTEXT) on 127.0.0.1.
+    pub port: u16,
+    /// Controller listener on 127.0.0.1.
+    pub controller_port: u16,
+    /// The port clients are told to use (`advertised.listeners`): the
+    /// client port, or a proxy's in front of it.
+    pub advertised_port: u16,
+}
+
+impl NodeSpec {
+    /// A node on two free ports.
+    pub fn free(id: u32) -> anyhow::Result<Self> {
+        let port = free_port()?;
+        Ok(Self {
+            id,
+            port,
+            controller_port: free_port()?,
+            advertised_port: port,
+        })
+    }
+
+    /// `127.0.0.1:<port>`.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
     }
 }
 
-/// A standalone broker for library tests: a free port, a temp data dir,
-/// killed (and its data removed) on drop.
+/// The `server.properties` of `node` in a cluster of `nodes`, its log in `data_dir/log`.
+///
+/// Settings that differ from Kafka's defaults, and why:
+/// - replication of the internal topics (`__consumer_offsets`,
+///   `__transaction_state`) follows the cluster size, with
+///   `min.insync.replicas` one less than the replicas (2 of 3), and
+///   `unclean.leader.election.enable=false`, as docs/operations.md asks of
+///   a deployment;
+/// - `group.initial.rebalance.delay.ms=0`: a group forms as soon as its
+///   first member joins (tests start consumers one by one);
+/// - fewer partitions for the internal topics (5, not 50): each costs
+///   memory and a leader on a two-core machine; nothing here needs 50.
+pub fn properties(node: &NodeSpec, nodes: &[NodeSpec], data_dir: &Path) -> String {
+    let voters: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("{}@127.0.0.1:{}", n.id, n.controller_port))
+        .collect();
+    let replicas = nodes.len().min(3);
+    let min_isr = replicas.saturating_sub(1).max(1);
+    format!(
+        "process.roles=broker,controller\n\
+         node.id={id}\n\
+         controller.quorum.voters={voters}\n\
+         listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}\n\
+         advertised.listeners=PLAINTEXT://127.0.0.1:{aport}\n\
+         controller.listener.names=CONTROLLER\n\
+         inter.broker.listener.name=PLAINTEXT\n\
+         listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT\n\
+         log.dirs={log}\n\
+         num.network.threads=2\n\
+         num.io.threads=4\n\
+         offsets.topic.replication.factor={replicas}\n\
+         offsets.topic.num.partitions=5\n\
+         transaction.state.log.replication.factor={replicas}\n\
+         transaction.state.log.min.isr={min_isr}\n\
+         transaction.state.log.num.partitions=5\n\
+         share.coordinator.state.topic.replication.factor={replicas}\n\
+         share.coordinator.state.topic.min.isr={min_isr}\n\
+         default.replication.factor={replicas}\n\
+         min.insync.replicas={min_isr}\n\
+         unclean.leader.election.enable=false\n\
+         group.initial.rebalance.delay.ms=0\n",
+        id = node.id,
+        voters = voters.join(","),
+        port = node.port,
+        cport = node.controller_port,
+        aport = node.advertised_port,
+        log = data_dir.join("log").display(),
+    )
+}
+
+/// The broker's own log: warnings and errors, plus Kafka's start and stop lines.
+const LOG4J2: &str = "status = warn\n\
+appender.console.type = Console\n\
+appender.console.name = STDOUT\n\
+appender.console.layout.type = PatternLayout\n\
+appender.console.layout.pattern = [%d] %p %m (%c)%n\n\
+rootLogger.level = warn\n\
+rootLogger.appenderRef.stdout.ref = STDOUT\n\
+logger.server.name = kafka.server.KafkaRaftServer\n\
+logger.server.level = info\n";
+
+/// Writes `node`'s configuration into `data_dir` and formats its storage
+/// with `cluster_id` unless it was formatted before (a restart keeps its data).
+pub fn prepare(node: &NodeSpec, nodes: &[NodeSpec], cluster_id: &str, data_dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(data_dir)?;
+    std::fs::write(data_dir.join("server.properties"), properties(node, nodes, data_dir))?;
+    std::fs::write(data_dir.join("log4j2.properties"), LOG4J2)?;
+    if data_dir.join("log/meta.properties").is_file() {
+        return Ok(());
+    }
+    let out = java(data_dir)?
+        .args(["kafka.tools.StorageTool", "format", "--ignore-formatted", "-t", cluster_id, "-c"])
+        .arg(data_dir.join("server.properties"))
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "formatting the Kafka storage in {} failed: {}{}",
+        data_dir.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+fn java(data_dir: &Path) -> anyhow::Result<Command> {
+    let libs = ensure()?;
+    let mut c = Command::new("java");
+    let opts = std::env::var("EO_KAFKA_JVM_OPTS").unwrap_or_else(|_| DEFAULT_JVM_OPTS.into());
+    c.args(opts.split_whitespace())
+        .arg(format!(
+            "-Dlog4j2.configurationFile={}",
+            data_dir.join("log4j2.properties").display()
+        ))
+        .arg("-cp")
+        .arg(format!("{}/*", libs.display()))
+        .current_dir(data_dir);
+    Ok(c)
+}
+
+/// The command that runs the node prepared in `data_dir` ([`prepare`]).
+pub fn command(data_dir: &Path) -> anyhow::Result<tokio::process::Command> {
+    let mut c: tokio::process::Command = java(data_dir)?.into();
+    c.arg("kafka.Kafka").arg(data_dir.join("server.properties")).kill_on_drop(true);
+    Ok(c)
+}
+
+/// Whether the cluster at `bootstrap` answers metadata with `brokers`
+/// brokers registered (unfenced): a listening socket alone is not a
+/// working broker.
+pub fn answers(bootstrap: &str, brokers: usize) -> bool {
+    let Ok(client) = kafka::client_config(bootstrap)
+        .set("log_level", "0")
+        .create::<BaseConsumer>()
+    else {
+        return false;
+    };
+    client
+        .fetch_metadata(None, Duration::from_secs(2))
+        .is_ok_and(|m| m.brokers().len() >= brokers)
+}
+
+/// Waits until [`answers`] holds, or `timeout`.
+pub async fn wait_ready(bootstrap: &str, brokers: usize, timeout: Duration) -> anyhow::Result<()> {
+    let end = Instant::now() + timeout;
+    loop {
+        let b = bootstrap.to_owned();
+        if tokio::task::spawn_blocking(move || answers(&b, brokers)).await? {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < end,
+            "Kafka at {bootstrap} did not answer with {brokers} broker(s) within {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A standalone single-node broker for library tests: free ports, a temp
+/// data dir, killed by its pid (and its data removed) on drop.
 pub struct Broker {
     /// `127.0.0.1:port`.
     pub addr: String,
+    node: NodeSpec,
     dir: PathBuf,
     child: Option<tokio::process::Child>,
 }
 
 impl Broker {
-    /// Starts tansu and waits until it accepts connections.
+    /// Starts a broker and waits until it answers.
     pub async fn start() -> anyhow::Result<Self> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let dir = std::env::temp_dir().join(format!("eo-broker-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&dir)?;
+        Self::start_with(|_| {}).await
+    }
+
+    /// Starts a broker whose node `adjust` may change first (e.g. to
+    /// advertise a proxy's port), and waits until it answers.
+    pub async fn start_with(adjust: impl FnOnce(&mut NodeSpec)) -> anyhow::Result<Self> {
+        let mut node = NodeSpec::free(1)?;
+        adjust(&mut node);
+        let dir = std::env::temp_dir().join(format!("eo-kafka-{}", uuid::Uuid::new_v4().simple()));
+        let cluster = new_cluster_id();
+        let prep = (node.clone(), dir.clone());
+        tokio::task::spawn_blocking(move || prepare(&prep.0, std::slice::from_ref(&prep.0), &cluster, &prep.1))
+            .await??;
         let mut b = Self {
-            addr: format!("127.0.0.1:{port}"),
+            addr: node.addr(),
+            node,
             dir,
             child: None,
         };
         b.restart().await?;
         Ok(b)
+    }
+
+    /// The node's ports.
+    pub fn node(&self) -> &NodeSpec {
+        &self.node
     }
 
     /// SIGKILLs the broker (its data stays).
@@ -114,23 +312,16 @@ impl Broker {
         }
     }
 
-    /// Starts the broker (again) on the same port and data.
+    /// Starts the broker (again) on the same ports and data.
     pub async fn restart(&mut self) -> anyhow::Result<()> {
         self.kill().await;
-        let log = std::fs::File::create(self.dir.join("tansu.log"))?;
-        let child = command(&ensure()?, &self.addr, &self.dir)
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("kafka.log"))?;
+        let child = command(&self.dir)?.stdout(log.try_clone()?).stderr(log).spawn()?;
         self.child = Some(child);
-        let end = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while tokio::net::TcpStream::connect(&self.addr).await.is_err() {
-            anyhow::ensure!(std::time::Instant::now() < end, "tansu did not start");
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-        let dir = self.dir.clone();
-        tokio::task::spawn_blocking(move || tune(&dir)).await??;
-        Ok(())
+        wait_ready(&self.addr, 1, Duration::from_secs(90)).await
     }
 }
 
@@ -141,4 +332,8 @@ impl Drop for Broker {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }

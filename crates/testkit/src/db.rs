@@ -13,6 +13,20 @@ pub fn server_url() -> String {
     std::env::var("PG_BASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
 }
 
+/// `url` with its password (if any) replaced by `***`, for messages.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let Some((userinfo, host)) = rest.split_once('@') else {
+        return url.to_owned();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+        None => url.to_owned(),
+    }
+}
+
 /// A uniquely named database for one test or bench, dropped (with whatever
 /// is still connected to it) when this value is, also when the test panics.
 /// Connecting a service to [`TempDb::url`] creates it.

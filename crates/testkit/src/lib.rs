@@ -4,8 +4,9 @@
 //!
 //! - [`asyncapi`], [`jsonschema`]: the contract's validators (npm, PyPI), found or installed;
 //! - [`db`]: throw-away databases that are dropped with their guard;
-//! - [`broker`]: the tansu broker — found or installed, started on a free
-//!   port with a temp data directory, killed and restarted;
+//! - [`broker`]: Apache Kafka — fetched from Maven Central, a node started
+//!   on free ports with a temp data directory, killed and restarted;
+//! - [`postgres`]: a local PostgreSQL installed and started when none answers;
 //! - [`openapi`]: a service's OpenAPI document is current and well-formed;
 //! - [`process`]: which process listens on a port (a harness's check that
 //!   the service answering is the one it started);
@@ -18,6 +19,7 @@ pub mod broker;
 pub mod db;
 pub mod jsonschema;
 pub mod openapi;
+pub mod postgres;
 pub mod process;
 pub mod promtool;
 pub mod publish;

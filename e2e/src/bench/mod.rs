@@ -172,7 +172,7 @@ const PROCESSES: [(&str, &str); 8] = [
     ("inventory-servi", "inventory-service"),
     ("payment-service", "payment-service"),
     ("mock-gateway", "mock-gateway"),
-    ("tansu", "tansu"),
+    ("java", "kafka (JVM)"),
     ("postgres", "postgres"),
     ("xtask", "driver (xtask)"),
 ];

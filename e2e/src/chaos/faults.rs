@@ -287,7 +287,7 @@ async fn inject(
         }
         Fault::BrokerRestart => {
             stack.restart(Service::Broker).await?;
-            ("SIGKILL + restart tansu".into(), true, None)
+            ("SIGKILL + restart kafka".into(), true, None)
         }
         Fault::DatabaseConnectionsDropped => {
             let n = stack.terminate_db_connections().await?;

@@ -1,4 +1,4 @@
-//! End-to-end tests over real processes: tansu, PostgreSQL, the five services.
+//! End-to-end tests over real processes: Apache Kafka, PostgreSQL, the five services.
 
 mod api;
 mod cards;

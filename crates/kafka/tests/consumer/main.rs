@@ -1,4 +1,4 @@
-//! The consume loop with an inbox-backed handler, over a real tansu broker
+//! The consume loop with an inbox-backed handler, over a real Apache Kafka broker
 //! and a real PostgreSQL: the contract test of seed 003, dead letters,
 //! offsets committed only after the transaction, transient retries.
 

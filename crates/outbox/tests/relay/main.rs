@@ -1,4 +1,4 @@
-//! The relay against a real PostgreSQL and a real tansu broker.
+//! The relay against a real PostgreSQL and a real Apache Kafka broker.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};

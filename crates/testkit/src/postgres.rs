@@ -1,0 +1,115 @@
+//! PostgreSQL for the README's commands on a fresh machine: when nothing
+//! answers at [`crate::db::server_url`] and that URL points at this machine,
+//! Debian's `postgresql` package is installed (as root), its cluster allowed
+//! to take local connections of the `postgres` user over TCP and started —
+//! each step said on stderr. A server that answers (a user's own) is used
+//! as it is; a remote one that does not answer is an error, never installed.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::str::FromStr as _;
+use std::time::{Duration, Instant};
+
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{ConnectOptions as _, Connection as _};
+
+/// The line this module adds to `pg_hba.conf`, first, so it wins: the
+/// `postgres` role may connect from 127.0.0.1 without a password, as the
+/// project's default URL (`postgres://postgres@127.0.0.1:5432`) expects.
+/// Loopback only; a deployment sets its own URL with a password instead.
+const HBA_LINE: &str = "host all postgres 127.0.0.1/32 trust # effectively-once: local test server";
+
+/// Settings the local test server needs beyond Debian's defaults: the test
+/// command boots several stacks at once (five pools each), so more
+/// connections than the default 100.
+const CONF: &str = "# effectively-once: the local test server (crates/testkit/src/postgres.rs)\nmax_connections = 400\n";
+
+/// Whether a PostgreSQL server answers at `url` (a server URL, no database).
+pub async fn answers(url: &str) -> bool {
+    let Ok(opts) = PgConnectOptions::from_str(url) else {
+        return false;
+    };
+    let opts = opts.database("postgres").disable_statement_logging();
+    matches!(
+        tokio::time::timeout(Duration::from_secs(5), sqlx::PgConnection::connect_with(&opts)).await,
+        Ok(Ok(_))
+    )
+}
+
+/// Makes sure a server answers at [`crate::db::server_url`], installing and
+/// starting Debian's PostgreSQL when none does and the URL is local.
+pub async fn ensure() -> anyhow::Result<()> {
+    let url = crate::db::server_url();
+    if answers(&url).await {
+        return Ok(());
+    }
+    let opts = PgConnectOptions::from_str(&url)?;
+    let shown = crate::db::redact(&url);
+    anyhow::ensure!(
+        ["127.0.0.1", "localhost"].contains(&opts.get_host()),
+        "no PostgreSQL answers at {shown} (PG_BASE_URL); start it, or unset PG_BASE_URL to use a local one"
+    );
+    eprintln!("no PostgreSQL answers at {shown}: setting up Debian's PostgreSQL on this machine");
+    let tools = Path::new("/usr/bin/pg_lsclusters");
+    if !tools.is_file() || cluster().is_none() {
+        eprintln!("  installing the postgresql package with apt-get (once, about a minute)");
+        apt_install(&["postgresql"])?;
+    }
+    let (version, name) = cluster().ok_or_else(|| anyhow::anyhow!("no PostgreSQL cluster after installing"))?;
+    let etc = PathBuf::from(format!("/etc/postgresql/{version}/{name}"));
+    let hba = etc.join("pg_hba.conf");
+    let text = std::fs::read_to_string(&hba)?;
+    if !text.contains(HBA_LINE) {
+        eprintln!("  allowing the postgres role from 127.0.0.1 without a password ({})", hba.display());
+        std::fs::write(&hba, format!("{HBA_LINE}\n{text}"))?;
+    }
+    let conf = etc.join("conf.d/effectively-once.conf");
+    if !conf.is_file() {
+        std::fs::create_dir_all(etc.join("conf.d"))?;
+        std::fs::write(&conf, CONF)?;
+    }
+    let port = opts.get_port().to_string();
+    let configured = std::fs::read_to_string(etc.join("postgresql.conf"))?;
+    if !configured.lines().any(|l| l.trim_start().starts_with(&format!("port = {port}"))) {
+        eprintln!("  serving on port {port}");
+        std::fs::write(etc.join("conf.d/effectively-once-port.conf"), format!("port = {port}\n"))?;
+    }
+    eprintln!("  starting cluster {version}/{name} (pg_ctlcluster)");
+    // Restart: a running cluster picks up the access rule and settings.
+    let status = Command::new("pg_ctlcluster")
+        .args(["--skip-systemctl-redirect", &version, &name, "restart"])
+        .status()?;
+    anyhow::ensure!(status.success(), "pg_ctlcluster {version} {name} restart failed with {status}");
+    let end = Instant::now() + Duration::from_secs(30);
+    while !answers(&url).await {
+        anyhow::ensure!(Instant::now() < end, "PostgreSQL started but does not answer at {shown}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!("  PostgreSQL answers at {shown}");
+    Ok(())
+}
+
+/// The first cluster `pg_lsclusters` lists: (version, name).
+fn cluster() -> Option<(String, String)> {
+    let out = Command::new("pg_lsclusters").arg("--no-header").output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut fields = text.lines().next()?.split_whitespace();
+    Some((fields.next()?.to_owned(), fields.next()?.to_owned()))
+}
+
+/// Installs Debian packages (`apt-get update` first); needs root.
+pub fn apt_install(packages: &[&str]) -> anyhow::Result<()> {
+    let status = Command::new("apt-get").arg("update").arg("-qq").status()?;
+    anyhow::ensure!(status.success(), "apt-get update failed with {status} (are you root?)");
+    let status = Command::new("apt-get")
+        .args(["install", "-y", "-qq", "--no-install-recommends"])
+        .args(packages)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .status()?;
+    anyhow::ensure!(
+        status.success(),
+        "apt-get install {} failed with {status} (are you root?)",
+        packages.join(" ")
+    );
+    Ok(())
+}
