@@ -14,7 +14,7 @@ pub mod demo;
 pub mod driver;
 pub mod invariants;
 pub mod otlp;
-pub mod proxy;
+pub use testkit::proxy;
 pub mod stack;
 
 pub use stack::{Service, Stack, StackOptions};

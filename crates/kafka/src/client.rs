@@ -51,16 +51,21 @@ pub fn producer_with_timeout(brokers: &str, timeout: Duration) -> Result<FutureP
 
 /// The idempotent producer on top of `base` (a client configuration).
 pub fn idempotent_producer(mut base: ClientConfig, timeout: Duration) -> Result<FutureProducer> {
+    base.set("enable.idempotence", "true");
+    Ok(with_delivery_settings(base, timeout).create()?)
+}
+
+/// `acks=all`, the linger of `base` (0 unless set) and a delivery timeout of
+/// `timeout`: what every producer of the saga uses.
+pub(crate) fn with_delivery_settings(mut base: ClientConfig, timeout: Duration) -> ClientConfig {
     let linger = base.get("linger.ms").unwrap_or("0").to_owned();
-    Ok(base
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
+    base.set("acks", "all")
         // No lingering unless the base says otherwise (`KafkaArgs::linger_ms`):
-        // a lone outbox row goes out at once (idle-to-published p50 ~4.5 ms
-        // instead of ~9 ms); batches still form while requests are in flight.
+        // a lone outbox row goes out at once; batches still form while
+        // requests are in flight.
         .set("linger.ms", linger)
-        .set("message.timeout.ms", timeout.as_millis().to_string())
-        .create()?)
+        .set("message.timeout.ms", timeout.as_millis().to_string());
+    base
 }
 
 /// What every topic of the saga must be.

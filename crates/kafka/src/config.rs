@@ -47,6 +47,12 @@ pub struct KafkaArgs {
     #[arg(long = "kafka-replication-factor", env = "KAFKA_REPLICATION_FACTOR", default_value_t = 1,
           value_parser = clap::value_parser!(i32).range(1..=16))]
     pub replication_factor: i32,
+    /// NEGATIVE CONTROL ONLY (failpoints builds): produce without
+    /// `enable.idempotence`, so a batch retried after a lost acknowledgement
+    /// is appended again. Refused by a build without failpoints.
+    #[arg(long = "unsafe-no-producer-idempotence", env = "UNSAFE_NO_PRODUCER_IDEMPOTENCE", default_value_t = false,
+          action = clap::ArgAction::Set, hide_short_help = true)]
+    pub unsafe_no_producer_idempotence: bool,
     /// librdkafka debug contexts (e.g. `cgrp,fetch`), for diagnosing a broker.
     #[arg(long = "kafka-debug", env = "KAFKA_DEBUG")]
     pub debug: Option<String>,
@@ -62,6 +68,7 @@ impl KafkaArgs {
             consumer_max_batch: 32,
             topic_retention_secs: 3 * 86_400,
             replication_factor: 1,
+            unsafe_no_producer_idempotence: false,
             debug: None,
         }
     }
@@ -98,9 +105,23 @@ impl KafkaArgs {
     }
 
     /// The idempotent producer for these settings (delivery timeout 15 s).
+    /// With the negative control's switch on (failpoints builds only), a
+    /// producer without idempotence.
     pub fn producer(&self) -> crate::Result<rdkafka::producer::FutureProducer> {
         let mut config = self.client_config();
         config.set("linger.ms", self.linger_ms.to_string());
+        if self.unsafe_no_producer_idempotence {
+            if !fail::has_failpoints() {
+                return Err(crate::Error::Refused(
+                    "UNSAFE_NO_PRODUCER_IDEMPOTENCE is set, but this build has no failpoints feature: \
+                     the unsafe switches exist only in test builds"
+                        .into(),
+                ));
+            }
+            tracing::error!("UNSAFE_NO_PRODUCER_IDEMPOTENCE is set: the producer is NOT idempotent (negative control only)");
+            config.set("enable.idempotence", "false");
+            return Ok(crate::client::with_delivery_settings(config, std::time::Duration::from_secs(15)).create()?);
+        }
         crate::client::idempotent_producer(config, std::time::Duration::from_secs(15))
     }
 }

@@ -38,6 +38,9 @@ pub enum Error {
     /// could not be read or aligned.
     #[error("topic: {0}")]
     Topic(String),
+    /// A setting this build refuses (an unsafe switch outside test builds).
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// Result type of this crate.

@@ -10,6 +10,7 @@
 //! - [`openapi`]: a service's OpenAPI document is current and well-formed;
 //! - [`process`]: which process listens on a port (a harness's check that
 //!   the service answering is the one it started);
+//! - [`proxy`]: a TCP fault proxy (latency, reset, blackhole, swallowed responses);
 //! - [`promtool`]: Prometheus's checker, found or unpacked from Debian's package;
 //! - [`schemathesis`]: the OpenAPI fuzzer, found or installed in a virtualenv;
 //! - [`publish`]: a saga envelope onto a topic, as the relay would publish it.
@@ -22,6 +23,7 @@ pub mod openapi;
 pub mod postgres;
 pub mod process;
 pub mod promtool;
+pub mod proxy;
 pub mod publish;
 pub mod schemathesis;
 

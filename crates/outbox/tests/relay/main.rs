@@ -12,6 +12,8 @@ use testkit::{Broker, TempDb};
 use tokio::sync::{Mutex, MutexGuard};
 use uuid::Uuid;
 
+mod lost_ack;
+
 /// Failpoints are process-global: tests that run the relay take turns.
 static SERIAL: Mutex<()> = Mutex::const_new(());
 

@@ -2,7 +2,9 @@
 //!
 //! Modes, switchable at run time: pass traffic through, add latency to every
 //! chunk, reset (drop every connection, refuse new ones by closing at once),
-//! or blackhole (accept and swallow, never answer). Existing connections
+//! blackhole (accept and swallow, never answer), or swallow responses
+//! (requests reach the server, its answers never reach the client: a lost
+//! acknowledgement). Existing connections
 //! follow mode changes, so a keep-alive connection is not a way around it.
 
 use std::sync::Arc;
@@ -23,6 +25,8 @@ pub enum Mode {
     Reset,
     /// Accept and read, never forward or answer.
     Blackhole,
+    /// Forward requests; read and drop whatever the server sends back.
+    SwallowResponses,
 }
 
 /// A running proxy.
@@ -107,8 +111,8 @@ async fn serve(mut client: TcpStream, target: String, mut mode: watch::Receiver<
         let (mut cr, mut cw) = client.split();
         let (mut ur, mut uw) = tokio::io::split(upstream);
         let mut m1 = mode.clone();
-        let up = pump(&mut cr, &mut uw, &mut m1, &acted);
-        let down = pump(&mut ur, &mut cw, &mut mode, &acted);
+        let up = pump(&mut cr, &mut uw, &mut m1, &acted, Direction::Request);
+        let down = pump(&mut ur, &mut cw, &mut mode, &acted, Direction::Response);
         tokio::select! {
             _ = up => {}
             _ = down => {}
@@ -121,9 +125,18 @@ async fn serve(mut client: TcpStream, target: String, mut mode: watch::Receiver<
     }
 }
 
+/// Which way a pump copies.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    /// Client to server.
+    Request,
+    /// Server to client.
+    Response,
+}
+
 /// Copies `from` to `to` following the mode; returns when either side
 /// closes or the mode turns to reset/blackhole.
-async fn pump<R, W>(from: &mut R, to: &mut W, mode: &mut watch::Receiver<Mode>, acted: &Acted)
+async fn pump<R, W>(from: &mut R, to: &mut W, mode: &mut watch::Receiver<Mode>, acted: &Acted, dir: Direction)
 where
     R: tokio::io::AsyncRead + Unpin,
     W: tokio::io::AsyncWrite + Unpin,
@@ -145,7 +158,11 @@ where
                 tokio::time::sleep(d).await;
             }
             Mode::Reset | Mode::Blackhole => return,
-            Mode::Pass => {}
+            Mode::SwallowResponses if dir == Direction::Response => {
+                note(acted);
+                continue;
+            }
+            Mode::SwallowResponses | Mode::Pass => {}
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;
@@ -208,9 +225,11 @@ mod tests {
         assert!(roundtrip(&proxy.addr, Duration::from_millis(500)).await.is_none());
         proxy.set(Mode::Blackhole);
         assert!(roundtrip(&proxy.addr, Duration::from_millis(300)).await.is_none());
+        proxy.set(Mode::SwallowResponses);
+        assert!(roundtrip(&proxy.addr, Duration::from_millis(300)).await.is_none());
         proxy.set(Mode::Pass);
         assert!(roundtrip(&proxy.addr, Duration::from_secs(1)).await.is_some());
-        assert!(proxy.acted() >= 3, "each fault mode acted: {}", proxy.acted());
+        assert!(proxy.acted() >= 4, "each fault mode acted: {}", proxy.acted());
     }
 
     #[tokio::test]

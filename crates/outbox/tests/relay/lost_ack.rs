@@ -1,0 +1,122 @@
+//! Scenario 18 on the real broker: the broker appends a relay's batch, the
+//! acknowledgement never reaches the relay (a fault proxy between them, the
+//! broker advertising the proxy, swallows the produce responses), the
+//! connection drops and the producer retries the batch. The idempotent
+//! producer's retry carries the same producer id and sequence numbers, so
+//! the broker keeps one copy; without idempotence (the negative control's
+//! switch) the same retry is appended again.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use outbox::{KafkaPublisher, Relay};
+use testkit::proxy::{FaultProxy, Mode};
+use testkit::Broker;
+use uuid::Uuid;
+
+use super::{read_all, Db, SERIAL};
+
+/// What one lost-ack round left in the log.
+struct Outcome {
+    /// Copies in the log per event id.
+    copies: BTreeMap<Uuid, usize>,
+    /// Produce responses (chunks) the proxy swallowed.
+    swallowed: u64,
+}
+
+async fn lost_ack_round(idempotent: bool) -> Outcome {
+    let _serial = SERIAL.lock().await;
+    let broker_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let proxy = FaultProxy::start(format!("127.0.0.1:{broker_port}")).await.unwrap();
+    let proxy_port: u16 = proxy.addr.rsplit(':').next().unwrap().parse().unwrap();
+    // Clients are told to reach the broker through the proxy.
+    let broker = Broker::start_with(|node| {
+        node.port = broker_port;
+        node.advertised_port = proxy_port;
+    })
+    .await
+    .unwrap();
+    let db = Db::new().await;
+    let topic = format!("lost-ack-{}", Uuid::new_v4().simple());
+    kafka::ensure_topics(&broker.addr, &[&topic]).await.unwrap();
+
+    let mut args = kafka::KafkaArgs::new(proxy.addr.clone());
+    args.unsafe_no_producer_idempotence = !idempotent;
+    // The relay's own producer: `KafkaArgs::producer`, as outbox-relay builds it.
+    let relay = std::sync::Arc::new(Relay::new(
+        db.pool.clone(),
+        KafkaPublisher::from_producer(args.producer().unwrap()),
+        "lost-ack",
+    ));
+    // A first row through a healthy path: metadata, connection and producer id are in place.
+    db.enqueue(&topic, Uuid::new_v4(), 0).await;
+    assert_eq!(relay.run_once().await.unwrap().published, 1);
+
+    for i in 1..=20 {
+        db.enqueue(&topic, Uuid::new_v4(), i).await;
+    }
+    proxy.set(Mode::SwallowResponses);
+    let before = proxy.acted();
+    let round = tokio::spawn({
+        let relay = relay.clone();
+        async move { relay.run_once().await }
+    });
+    // The batch reached the broker (its response was swallowed) …
+    let end = Instant::now() + Duration::from_secs(20);
+    while proxy.acted() == before {
+        assert!(Instant::now() < end, "no produce response came back to swallow");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let swallowed = proxy.acted() - before;
+    // … then the connection drops, and the producer retries on a new one.
+    proxy.set(Mode::Reset);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.set(Mode::Pass);
+    let round = round.await.unwrap().unwrap();
+    assert_eq!(round.published + round.failed, 20, "{round:?}");
+    // Whatever failed for good in that round goes out in the next ones.
+    let end = Instant::now() + Duration::from_secs(30);
+    while db.pending().await > 0 {
+        assert!(Instant::now() < end, "rows stayed pending");
+        relay.run_once().await.unwrap();
+    }
+    let mut copies = BTreeMap::new();
+    for (_, env) in read_all(&broker.addr, &topic).await {
+        *copies.entry(env.event_id).or_insert(0) += 1;
+    }
+    assert_eq!(copies.len(), 21, "every row reached the log");
+    db.drop().await;
+    Outcome { copies, swallowed }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_ack_is_lost_is_retried_and_the_broker_keeps_one_copy() {
+    let outcome = lost_ack_round(true).await;
+    assert!(outcome.swallowed > 0, "the acknowledgement was really lost");
+    let doubled: Vec<_> = outcome.copies.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        doubled.is_empty(),
+        "the idempotent producer's retry was appended again: {doubled:?}"
+    );
+}
+
+/// The negative control: the same lost acknowledgement without idempotence
+/// leaves the batch twice in the log — so the test above can fail.
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_producer_idempotence_the_retried_batch_is_appended_twice() {
+    let outcome = lost_ack_round(false).await;
+    assert!(outcome.swallowed > 0, "the acknowledgement was really lost");
+    let doubled = outcome.copies.values().filter(|n| **n > 1).count();
+    assert!(
+        doubled > 0,
+        "no duplicate without idempotence: the lost-ack test proves nothing ({:?})",
+        outcome.copies.values().collect::<Vec<_>>()
+    );
+    eprintln!("without idempotence: {doubled} of 21 events twice in the log");
+}
