@@ -415,6 +415,28 @@ impl Stack {
         Ok((pid, format!("http://{addr}")))
     }
 
+    /// SIGKILLs the extra instance with process id `pid`; false if there is none.
+    pub async fn kill_extra(&mut self, pid: u32) -> bool {
+        let Some(i) = self.extras.iter().position(|(_, c)| c.id() == Some(pid)) else {
+            return false;
+        };
+        let (s, mut child) = self.extras.remove(i);
+        let _ = child.kill().await;
+        *self.kills.entry(s).or_default() += 1;
+        true
+    }
+
+    /// Stops the extra instance with process id `pid` with SIGTERM (a clean
+    /// leave of its consumer group); false if there is none.
+    pub async fn stop_extra(&mut self, pid: u32) -> bool {
+        let Some(i) = self.extras.iter().position(|(_, c)| c.id() == Some(pid)) else {
+            return false;
+        };
+        let (_, mut child) = self.extras.remove(i);
+        terminate(&mut child).await;
+        true
+    }
+
     /// SIGKILLs every extra instance.
     pub async fn kill_extras(&mut self) {
         for (_, mut child) in self.extras.drain(..) {

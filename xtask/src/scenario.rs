@@ -174,10 +174,10 @@ pub const ALL: [Scenario; 25] = [
     Scenario {
         n: 18,
         title: "the idempotent producer removes broker-side duplicates, not duplicate effects",
-        injected: "a relay crash after the broker's ack: a new produce request, which enable.idempotence cannot see as a retry",
-        acts: "layers 2 and 3 — the same event id, absorbed by the inbox; the broker keeps both copies",
-        checked: "the log holds the event twice despite the idempotent producer (the broker-side half is not testable here: see docs/scenarios.md)",
-        test: t("outbox", Some("relay"), "crash_between_publish_and_mark_publishes_again_with_the_same_event_id"),
+        injected: "on Apache Kafka: the broker appends a relay's batch, a fault proxy (advertised as the broker) swallows the produce response and drops the connection, the producer retries the batch; then the same with UNSAFE_NO_PRODUCER_IDEMPOTENCE",
+        acts: "the idempotent producer: the retry carries the same producer id and sequence numbers, and the broker keeps one copy; a relay crash after the ack (scenario 1) is a new request the broker cannot recognise, which the inbox absorbs",
+        checked: "with idempotence every event is once in the log; without it the retried batch is in the log twice (the negative control fails the first check)",
+        test: t("outbox", Some("relay"), "lost_ack::"),
     },
     Scenario {
         n: 19,

@@ -7,9 +7,9 @@ use std::time::Duration;
 use rdkafka::admin::{
     AdminClient, AdminOptions, AlterConfig, ConfigSource, NewTopic, ResourceSpecifier, TopicReplication,
 };
-use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -115,7 +115,11 @@ pub async fn ensure_topics_with(brokers: &str, topics: &[&str], settings: &Topic
     let new: Vec<NewTopic<'_>> = names
         .iter()
         .map(|n| {
-            let mut topic = NewTopic::new(n, settings.partitions, TopicReplication::Fixed(settings.replication_factor));
+            let mut topic = NewTopic::new(
+                n,
+                settings.partitions,
+                TopicReplication::Fixed(settings.replication_factor),
+            );
             if settings.replication_factor > 1 {
                 topic = topic.set("min.insync.replicas", &min_isr);
             }
@@ -217,7 +221,11 @@ async fn align_retention(
 
 type TopicConfig = std::collections::BTreeMap<String, (Option<String>, ConfigSource)>;
 
-async fn describe_topic(admin: &AdminClient<DefaultClientContext>, topic: &str, opts: &AdminOptions) -> Result<TopicConfig> {
+async fn describe_topic(
+    admin: &AdminClient<DefaultClientContext>,
+    topic: &str,
+    opts: &AdminOptions,
+) -> Result<TopicConfig> {
     let described = admin.describe_configs([&ResourceSpecifier::Topic(topic)], opts).await?;
     let resource = described
         .into_iter()

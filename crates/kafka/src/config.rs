@@ -118,7 +118,9 @@ impl KafkaArgs {
                         .into(),
                 ));
             }
-            tracing::error!("UNSAFE_NO_PRODUCER_IDEMPOTENCE is set: the producer is NOT idempotent (negative control only)");
+            tracing::error!(
+                "UNSAFE_NO_PRODUCER_IDEMPOTENCE is set: the producer is NOT idempotent (negative control only)"
+            );
             config.set("enable.idempotence", "false");
             return Ok(crate::client::with_delivery_settings(config, std::time::Duration::from_secs(15)).create()?);
         }

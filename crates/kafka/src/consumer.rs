@@ -18,6 +18,10 @@
 //! queue): partitions are handled concurrently, each strictly in order, and
 //! an offset is stored only after every earlier message of its partition.
 //!
+//! **Groups.** The consumer joins its consumer group (cooperative-sticky);
+//! a revoked partition's lane finishes its in-flight batch and the handled
+//! offsets are committed before the partition moves ([`crate::group`]).
+//!
 //! Transient handler errors retry the same message with capped exponential
 //! backoff; the partition does not move past a message that may still succeed.
 
@@ -26,12 +30,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::consumer::{CommitMode, Consumer, Rebalance, StreamConsumer};
+use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, Headers, OwnedHeaders, OwnedMessage};
-use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::util::Timeout;
-use rdkafka::{Message as _, Offset, TopicPartitionList};
+use rdkafka::message::{Headers, OwnedMessage};
+use rdkafka::producer::FutureProducer;
+use rdkafka::{Message as _, Offset};
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -103,19 +106,15 @@ pub struct ConsumerSettings {
     pub max_batch: usize,
 }
 
-/// The consumer type of the loop: a [`StreamConsumer`] with the group
-/// callbacks of [`GroupContext`].
-pub type GroupConsumer = StreamConsumer<GroupContext>;
+use crate::group::LaneStop;
+pub use crate::group::{GroupConsumer, GroupContext};
 
 /// Builds a consumer with manual offset stores that joins its consumer
 /// group (`subscribe`) with the cooperative-sticky assignor: instances of
 /// a service share the partitions, and a rebalance moves only the
 /// partitions that change owner.
 pub fn build(settings: &ConsumerSettings) -> Result<GroupConsumer> {
-    let context = GroupContext {
-        name: Arc::from(settings.group_id.as_str()),
-        membership: Arc::default(),
-    };
+    let context = GroupContext::new(&settings.group_id);
     let consumer: GroupConsumer = settings
         .kafka
         .client_config()
@@ -134,137 +133,6 @@ pub fn build(settings: &ConsumerSettings) -> Result<GroupConsumer> {
     let topics: Vec<&str> = settings.topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
     Ok(consumer)
-}
-
-/// How long a revocation waits for the lanes of the revoked partitions to
-/// finish their in-flight batch. Past it the batch is dropped: its offset
-/// is not stored, the partition's new owner gets the messages again and its
-/// inbox absorbs whatever had committed.
-const REVOKE_GRACE: Duration = Duration::from_secs(10);
-
-/// What this member owns in its group, shared by the rebalance callbacks
-/// and the dispatcher.
-#[derive(Default)]
-struct Membership {
-    /// Partitions assigned to this member now.
-    assigned: std::collections::HashSet<(String, i32)>,
-    /// The running lane of each partition that has one.
-    lanes: HashMap<(String, i32), LaneStop>,
-}
-
-/// How a revocation stops a lane and learns that it stopped.
-struct LaneStop {
-    revoked: CancellationToken,
-    /// Disconnected when the lane's task has ended.
-    done: std::sync::mpsc::Receiver<()>,
-}
-
-/// The rebalance callbacks of the consume loop.
-///
-/// - **Revoke**: each revoked partition's lane is told to stop; a lane
-///   finishes the batch it is handling (handler and offset store) and
-///   takes no other; the callback waits for them (up to [`REVOKE_GRACE`])
-///   and then commits the stored offsets synchronously, before librdkafka
-///   hands the partitions over. What was handled is committed; what was
-///   queued and not handled is read again by the new owner.
-/// - **Assign**: the partitions are recorded; their lanes start with their
-///   first message.
-///
-/// Both are counted (`consumer_rebalances_total{consumer,kind}`), and
-/// `consumer_partitions_assigned{consumer,topic,partition}` says which
-/// partitions this member owns: the group's assignment, as the member sees it.
-pub struct GroupContext {
-    name: Arc<str>,
-    membership: Arc<std::sync::Mutex<Membership>>,
-}
-
-impl GroupContext {
-    fn membership(&self) -> std::sync::MutexGuard<'_, Membership> {
-        self.membership.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-impl rdkafka::ClientContext for GroupContext {}
-
-impl rdkafka::consumer::ConsumerContext for GroupContext {
-    fn pre_rebalance(&self, consumer: &rdkafka::consumer::BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        let Rebalance::Revoke(tpl) = rebalance else {
-            return;
-        };
-        let name = &*self.name;
-        let stopping: Vec<LaneStop> = {
-            let mut m = self.membership();
-            tpl.elements()
-                .iter()
-                .filter_map(|p| {
-                    let key = (p.topic().to_owned(), p.partition());
-                    m.assigned.remove(&key);
-                    let partition = p.partition().to_string();
-                    telemetry::metrics::set(
-                        "consumer_partitions_assigned",
-                        &[("consumer", name), ("topic", p.topic()), ("partition", &partition)],
-                        0.0,
-                    );
-                    m.lanes.remove(&key)
-                })
-                .inspect(|stop| stop.revoked.cancel())
-                .collect()
-        };
-        let wait = || {
-            let end = std::time::Instant::now() + REVOKE_GRACE;
-            stopping.iter().all(|stop| {
-                let left = end.saturating_duration_since(std::time::Instant::now());
-                matches!(
-                    stop.done.recv_timeout(left),
-                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected)
-                )
-            })
-        };
-        // The callback runs inside `recv`, on a runtime thread: waiting
-        // there must hand the thread's other tasks (the lanes) to another
-        // thread. A single-threaded runtime cannot run the lanes while this
-        // waits: there the in-flight batches are dropped (not stored).
-        let finished = stopping.is_empty()
-            || match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-                Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(wait),
-                _ => false,
-            };
-        match consumer.commit_consumer_state(CommitMode::Sync) {
-            Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
-            Err(e) => tracing::warn!(consumer = name, error = %e, "offset commit on revocation failed; the inbox absorbs the redelivery"),
-        }
-        telemetry::metrics::incr("consumer_rebalances_total", &[("consumer", name), ("kind", "revoke")]);
-        tracing::info!(consumer = name, partitions = ?partitions(tpl), lanes_finished = finished, "partitions revoked");
-    }
-
-    fn post_rebalance(&self, _consumer: &rdkafka::consumer::BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        let name = &*self.name;
-        match rebalance {
-            Rebalance::Assign(tpl) => {
-                let mut m = self.membership();
-                for p in tpl.elements() {
-                    m.assigned.insert((p.topic().to_owned(), p.partition()));
-                    let partition = p.partition().to_string();
-                    telemetry::metrics::set(
-                        "consumer_partitions_assigned",
-                        &[("consumer", name), ("topic", p.topic()), ("partition", &partition)],
-                        1.0,
-                    );
-                }
-                telemetry::metrics::incr("consumer_rebalances_total", &[("consumer", name), ("kind", "assign")]);
-                tracing::info!(consumer = name, partitions = ?partitions(tpl), "partitions assigned");
-            }
-            Rebalance::Revoke(_) => {}
-            Rebalance::Error(e) => tracing::warn!(consumer = name, error = %e, "rebalance error"),
-        }
-    }
-}
-
-fn partitions(tpl: &TopicPartitionList) -> Vec<String> {
-    tpl.elements()
-        .iter()
-        .map(|p| format!("{}/{}", p.topic(), p.partition()))
-        .collect()
 }
 
 /// Runs the loop until `shutdown` is cancelled, handing each message body,
@@ -311,7 +179,7 @@ where
     F: Future<Output = Result<Vec<Handled>, HandleError>> + Send + 'static,
 {
     let consumer = Arc::new(build(&settings)?);
-    let membership = consumer.context().membership.clone();
+    let membership = consumer.context().membership();
     let lane = Lane {
         consumer: consumer.clone(),
         dlq: settings.kafka.producer()?,
@@ -352,16 +220,21 @@ where
         let key = (msg.topic().to_owned(), msg.partition());
         let queue = {
             let mut m = membership.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let m = &mut *m;
             // Fetched before its partition was revoked: its new owner reads it.
             if !m.assigned.contains(&key) {
                 continue;
             }
             // A lane stops when its partition is revoked; assigned again, it gets a new one.
-            if lanes.get(&key).is_none_or(|q: &mpsc::Sender<OwnedMessage>| q.is_closed()) || !m.lanes.contains_key(&key) {
+            if lanes
+                .get(&key)
+                .is_none_or(|q: &mpsc::Sender<OwnedMessage>| q.is_closed())
+                || !m.lanes.contains_key(&key)
+            {
                 let (tx, rx) = mpsc::channel(LANE_QUEUE);
                 let (done_tx, done) = std::sync::mpsc::channel();
                 let revoked = CancellationToken::new();
-                m.lanes.insert(key.clone(), LaneStop { revoked: revoked.clone(), done });
+                m.lanes.insert(key.clone(), LaneStop::new(revoked.clone(), done));
                 running.spawn(lane.for_partition(revoked, done_tx).run(rx));
                 // Lanes of partitions revoked earlier have ended: reap them.
                 while running.try_join_next().is_some() {}
@@ -575,7 +448,7 @@ where
                     sources.push(msg);
                 }
                 Err(e) => {
-                    if !dead_letter(&self.dlq, msg, name, &format!("decode: {e}"), &self.shutdown).await {
+                    if !crate::dlq::dead_letter(&self.dlq, msg, name, &format!("decode: {e}"), &self.shutdown).await {
                         return false;
                     }
                 }
@@ -595,7 +468,9 @@ where
                 return true;
             }
             Ok(None) => return false,
-            Err(e) if single => return dead_letter(&self.dlq, sources[0], name, &e.to_string(), &self.shutdown).await,
+            Err(e) if single => {
+                return crate::dlq::dead_letter(&self.dlq, sources[0], name, &e.to_string(), &self.shutdown).await
+            }
             Err(e) => {
                 tracing::warn!(consumer = name, error = %e, size = decoded.len(), "batch refused; handling its messages one by one");
             }
@@ -605,7 +480,7 @@ where
                 Ok(Some(outcomes)) => self.count(&[msg], &outcomes),
                 Ok(None) => return false,
                 Err(e) => {
-                    if !dead_letter(&self.dlq, msg, name, &e.to_string(), &self.shutdown).await {
+                    if !crate::dlq::dead_letter(&self.dlq, msg, name, &e.to_string(), &self.shutdown).await {
                         return false;
                     }
                 }
@@ -673,73 +548,6 @@ where
                     _ = tokio::time::sleep(delay) => {}
                 }
                 delay = (delay * 2).min(Duration::from_secs(5));
-            }
-        }
-    }
-}
-
-/// Copies `msg` to its dead-letter topic with the error and origin as headers.
-/// Retries until the broker accepts it; returns false only on shutdown.
-async fn dead_letter(
-    producer: &FutureProducer,
-    msg: &OwnedMessage,
-    consumer: &str,
-    reason: &str,
-    shutdown: &CancellationToken,
-) -> bool {
-    let topic = crate::dead_letter_topic(msg.topic());
-    let partition = msg.partition().to_string();
-    let offset = msg.offset().to_string();
-    tracing::error!(consumer, %topic, %reason, offset = msg.offset(), "dead-lettering message");
-    loop {
-        let mut headers = OwnedHeaders::new();
-        if let Some(original) = msg.headers() {
-            for h in original.iter() {
-                headers = headers.insert(Header {
-                    key: h.key,
-                    value: h.value,
-                });
-            }
-        }
-        let headers = headers
-            .insert(Header {
-                key: "dlq.error",
-                value: Some(reason),
-            })
-            .insert(Header {
-                key: "dlq.consumer",
-                value: Some(consumer),
-            })
-            .insert(Header {
-                key: "dlq.topic",
-                value: Some(msg.topic()),
-            })
-            .insert(Header {
-                key: "dlq.partition",
-                value: Some(partition.as_str()),
-            })
-            .insert(Header {
-                key: "dlq.offset",
-                value: Some(offset.as_str()),
-            });
-        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&topic).headers(headers);
-        if let Some(k) = msg.key() {
-            record = record.key(k);
-        }
-        if let Some(p) = msg.payload() {
-            record = record.payload(p);
-        }
-        match producer.send(record, Timeout::After(Duration::from_secs(5))).await {
-            Ok(_) => {
-                telemetry::metrics::incr("consumer_dead_lettered_total", &[("consumer", consumer)]);
-                return true;
-            }
-            Err((e, _)) => {
-                tracing::warn!(consumer, error = %e, "dead-letter publish failed, retrying");
-                tokio::select! {
-                    _ = shutdown.cancelled() => return false,
-                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
-                }
             }
         }
     }

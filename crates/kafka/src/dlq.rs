@@ -1,4 +1,5 @@
-//! Dead letters: list them, and replay them onto their original topic once
+//! Dead letters: send a message that can never be handled to its
+//! dead-letter topic (the consume loop), list them, and replay them onto their original topic once
 //! the cause is fixed. A replayed message keeps its key, body and identity
 //! headers, so the consumer's inbox still recognises an event it already
 //! applied.
@@ -7,9 +8,10 @@ use std::time::Duration;
 
 use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::message::{Header, Headers, OwnedHeaders, OwnedMessage};
-use rdkafka::producer::FutureRecord;
+use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 use rdkafka::{Message as _, Offset, TopicPartitionList};
+use tokio_util::sync::CancellationToken;
 
 use crate::Result;
 
@@ -110,4 +112,71 @@ pub async fn replay(brokers: &str, topic: &str) -> Result<usize> {
         consumer.commit(&done, CommitMode::Sync)?;
     }
     Ok(messages.len())
+}
+
+/// Copies `msg` to its dead-letter topic with the error and origin as headers.
+/// Retries until the broker accepts it; returns false only on shutdown.
+pub(crate) async fn dead_letter(
+    producer: &FutureProducer,
+    msg: &OwnedMessage,
+    consumer: &str,
+    reason: &str,
+    shutdown: &CancellationToken,
+) -> bool {
+    let topic = crate::dead_letter_topic(msg.topic());
+    let partition = msg.partition().to_string();
+    let offset = msg.offset().to_string();
+    tracing::error!(consumer, %topic, %reason, offset = msg.offset(), "dead-lettering message");
+    loop {
+        let mut headers = OwnedHeaders::new();
+        if let Some(original) = msg.headers() {
+            for h in original.iter() {
+                headers = headers.insert(Header {
+                    key: h.key,
+                    value: h.value,
+                });
+            }
+        }
+        let headers = headers
+            .insert(Header {
+                key: "dlq.error",
+                value: Some(reason),
+            })
+            .insert(Header {
+                key: "dlq.consumer",
+                value: Some(consumer),
+            })
+            .insert(Header {
+                key: "dlq.topic",
+                value: Some(msg.topic()),
+            })
+            .insert(Header {
+                key: "dlq.partition",
+                value: Some(partition.as_str()),
+            })
+            .insert(Header {
+                key: "dlq.offset",
+                value: Some(offset.as_str()),
+            });
+        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&topic).headers(headers);
+        if let Some(k) = msg.key() {
+            record = record.key(k);
+        }
+        if let Some(p) = msg.payload() {
+            record = record.payload(p);
+        }
+        match producer.send(record, Timeout::After(Duration::from_secs(5))).await {
+            Ok(_) => {
+                telemetry::metrics::incr("consumer_dead_lettered_total", &[("consumer", consumer)]);
+                return true;
+            }
+            Err((e, _)) => {
+                tracing::warn!(consumer, error = %e, "dead-letter publish failed, retrying");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return false,
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                }
+            }
+        }
+    }
 }

@@ -7,7 +7,8 @@
 //! - [`consumer`]: the consume loop — decode, hand to an inbox-backed
 //!   handler, store the offset only after the handler's transaction,
 //!   dead-letter what can never succeed;
-//! - [`dlq`]: list and replay dead letters;
+//! - [`group`]: consumer-group membership, the rebalance callbacks;
+//! - [`dlq`]: dead-letter a message, list and replay dead letters;
 //! - [`read`]: read a topic back to its end (audits, tools, tests).
 //!
 //! What the messages mean is the `contract` crate's business, not this one's.
@@ -16,6 +17,7 @@ pub mod client;
 pub mod config;
 pub mod consumer;
 pub mod dlq;
+pub mod group;
 pub mod read;
 
 pub use client::{

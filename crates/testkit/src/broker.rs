@@ -24,7 +24,8 @@ pub const KAFKA_VERSION: &str = "4.4.0";
 /// small fixed heap and the serial collector — two cores are shared with
 /// PostgreSQL, five services and the load driver, and a broker holding a
 /// few hundred MB of log needs no concurrent collector threads.
-pub const DEFAULT_JVM_OPTS: &str = "-Xms384m -Xmx384m -XX:+UseSerialGC -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true";
+pub const DEFAULT_JVM_OPTS: &str =
+    "-Xms384m -Xmx384m -XX:+UseSerialGC -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true";
 
 fn workspace_root() -> PathBuf {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
@@ -68,7 +69,10 @@ pub fn ensure() -> anyhow::Result<PathBuf> {
         .arg("dependency:copy-dependencies")
         .arg(format!("-DoutputDirectory={}", partial.display()))
         .status()?;
-    anyhow::ensure!(status.success(), "mvn dependency:copy-dependencies failed with {status}");
+    anyhow::ensure!(
+        status.success(),
+        "mvn dependency:copy-dependencies failed with {status}"
+    );
     let _ = std::fs::remove_dir_all(&libs);
     std::fs::rename(&partial, &libs)?;
     std::fs::write(libs.join(COMPLETE), KAFKA_VERSION)?;
@@ -85,7 +89,10 @@ fn ensure_program(program: &str, args: &[&str], package: &str) -> anyhow::Result
     }
     eprintln!("{program} is missing: installing Debian's {package} package with apt-get");
     crate::postgres::apt_install(&[package])?;
-    anyhow::ensure!(works(program), "{program} still does not run after installing {package}");
+    anyhow::ensure!(
+        works(program),
+        "{program} still does not run after installing {package}"
+    );
     Ok(())
 }
 
@@ -198,7 +205,14 @@ pub fn prepare(node: &NodeSpec, nodes: &[NodeSpec], cluster_id: &str, data_dir: 
         return Ok(());
     }
     let out = java(data_dir)?
-        .args(["kafka.tools.StorageTool", "format", "--ignore-formatted", "-t", cluster_id, "-c"])
+        .args([
+            "kafka.tools.StorageTool",
+            "format",
+            "--ignore-formatted",
+            "-t",
+            cluster_id,
+            "-c",
+        ])
         .arg(data_dir.join("server.properties"))
         .output()?;
     anyhow::ensure!(
@@ -229,7 +243,9 @@ fn java(data_dir: &Path) -> anyhow::Result<Command> {
 /// The command that runs the node prepared in `data_dir` ([`prepare`]).
 pub fn command(data_dir: &Path) -> anyhow::Result<tokio::process::Command> {
     let mut c: tokio::process::Command = java(data_dir)?.into();
-    c.arg("kafka.Kafka").arg(data_dir.join("server.properties")).kill_on_drop(true);
+    c.arg("kafka.Kafka")
+        .arg(data_dir.join("server.properties"))
+        .kill_on_drop(true);
     Ok(c)
 }
 

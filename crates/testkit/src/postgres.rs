@@ -22,7 +22,8 @@ const HBA_LINE: &str = "host all postgres 127.0.0.1/32 trust # effectively-once:
 /// Settings the local test server needs beyond Debian's defaults: the test
 /// command boots several stacks at once (five pools each), so more
 /// connections than the default 100.
-const CONF: &str = "# effectively-once: the local test server (crates/testkit/src/postgres.rs)\nmax_connections = 400\n";
+const CONF: &str =
+    "# effectively-once: the local test server (crates/testkit/src/postgres.rs)\nmax_connections = 400\n";
 
 /// Whether a PostgreSQL server answers at `url` (a server URL, no database).
 pub async fn answers(url: &str) -> bool {
@@ -60,7 +61,10 @@ pub async fn ensure() -> anyhow::Result<()> {
     let hba = etc.join("pg_hba.conf");
     let text = std::fs::read_to_string(&hba)?;
     if !text.contains(HBA_LINE) {
-        eprintln!("  allowing the postgres role from 127.0.0.1 without a password ({})", hba.display());
+        eprintln!(
+            "  allowing the postgres role from 127.0.0.1 without a password ({})",
+            hba.display()
+        );
         std::fs::write(&hba, format!("{HBA_LINE}\n{text}"))?;
     }
     let conf = etc.join("conf.d/effectively-once.conf");
@@ -70,19 +74,31 @@ pub async fn ensure() -> anyhow::Result<()> {
     }
     let port = opts.get_port().to_string();
     let configured = std::fs::read_to_string(etc.join("postgresql.conf"))?;
-    if !configured.lines().any(|l| l.trim_start().starts_with(&format!("port = {port}"))) {
+    if !configured
+        .lines()
+        .any(|l| l.trim_start().starts_with(&format!("port = {port}")))
+    {
         eprintln!("  serving on port {port}");
-        std::fs::write(etc.join("conf.d/effectively-once-port.conf"), format!("port = {port}\n"))?;
+        std::fs::write(
+            etc.join("conf.d/effectively-once-port.conf"),
+            format!("port = {port}\n"),
+        )?;
     }
     eprintln!("  starting cluster {version}/{name} (pg_ctlcluster)");
     // Restart: a running cluster picks up the access rule and settings.
     let status = Command::new("pg_ctlcluster")
         .args(["--skip-systemctl-redirect", &version, &name, "restart"])
         .status()?;
-    anyhow::ensure!(status.success(), "pg_ctlcluster {version} {name} restart failed with {status}");
+    anyhow::ensure!(
+        status.success(),
+        "pg_ctlcluster {version} {name} restart failed with {status}"
+    );
     let end = Instant::now() + Duration::from_secs(30);
     while !answers(&url).await {
-        anyhow::ensure!(Instant::now() < end, "PostgreSQL started but does not answer at {shown}");
+        anyhow::ensure!(
+            Instant::now() < end,
+            "PostgreSQL started but does not answer at {shown}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     eprintln!("  PostgreSQL answers at {shown}");

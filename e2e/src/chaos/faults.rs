@@ -47,12 +47,17 @@ pub enum Fault {
     TwoConsumerInstances,
     /// 12. Duplicates injected onto the topics with a raw producer.
     DuplicateInjection,
+    /// 13. A rebalance mid-batch: extra inventory- and payment-service
+    /// instances join their groups, take partitions from the running ones
+    /// (fired on the running instances' own count of revocations), and then
+    /// leave (SIGTERM), handing the partitions back.
+    Rebalance,
 }
 
 impl Fault {
     /// The first round: faults that need traffic (crash points, gateway
     /// faults) go first, while the clients are still placing orders.
-    pub const FIRST_ROUND: [Fault; 12] = [
+    pub const FIRST_ROUND: [Fault; 13] = [
         Fault::OrderApiAfterCommit,
         Fault::PaymentAfterCharge,
         Fault::GatewayTimeoutAfterCommit,
@@ -62,6 +67,7 @@ impl Fault {
         Fault::NetworkFault,
         Fault::DuplicateInjection,
         Fault::TwoConsumerInstances,
+        Fault::Rebalance,
         Fault::RandomKill,
         Fault::BrokerRestart,
         Fault::DatabaseConnectionsDropped,
@@ -85,14 +91,32 @@ pub struct FaultEvent {
 /// gateway's own fault counter, the proxy's count of what it did, or the
 /// extra instances' own count of messages handled.
 enum Window {
-    Gateway { label: &'static str, before: f64 },
-    Network { before: u64 },
-    Extras { urls: Vec<(u32, String)> },
+    Gateway {
+        label: &'static str,
+        before: f64,
+    },
+    Network {
+        before: u64,
+    },
+    Extras {
+        urls: Vec<(u32, String)>,
+    },
+    Rebalance {
+        revokes_before: Vec<(Service, f64)>,
+        extras: Vec<(u32, String)>,
+    },
+}
+
+/// Revocations the stack's own instance of `s` has seen (its own metric).
+async fn revocations(stack: &Stack, s: Service) -> f64 {
+    Stack::metric(&stack.url(s), "consumer_rebalances_total", &[("kind", "revoke")])
+        .await
+        .unwrap_or(0.0)
 }
 
 /// Closes the open window, if any: marks its fault fired only on evidence.
 async fn close_window(
-    stack: &Stack,
+    stack: &mut Stack,
     open: &mut Option<(usize, Window)>,
     timeline: &mut [FaultEvent],
     fired_kinds: &mut BTreeSet<Fault>,
@@ -114,6 +138,36 @@ async fn close_window(
         Window::Network { before } => {
             let acted = stack.gateway_proxy().map_or(0, |p| p.acted()) - before;
             (acted > 0, format!("the proxy acted {acted} times"))
+        }
+        Window::Rebalance { revokes_before, extras } => {
+            // Joining takes a rebalance round (a heartbeat or two): wait up
+            // to 15 s for the running instances to give partitions up.
+            let deadline = Instant::now() + Duration::from_secs(15);
+            let mut seen = Vec::new();
+            loop {
+                seen.clear();
+                for (s, before) in &revokes_before {
+                    let now = revocations(stack, *s).await;
+                    // A restarted instance counts from zero again.
+                    seen.push((*s, if now >= *before { now - before } else { now }));
+                }
+                if seen.iter().any(|(_, n)| *n > 0.0) || Instant::now() >= deadline {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            // … and leave again while batches are in flight.
+            for (pid, _) in &extras {
+                stack.stop_extra(*pid).await;
+            }
+            let words: Vec<String> = seen
+                .iter()
+                .map(|(s, n)| format!("{} revoked {n} times", s.name()))
+                .collect();
+            (
+                seen.iter().any(|(_, n)| *n > 0.0),
+                format!("{}; the joiners left by SIGTERM", words.join(", ")),
+            )
         }
         Window::Extras { urls } => {
             // A second instance has to start, join and fetch before it can
@@ -346,6 +400,25 @@ async fn inject(
                 ),
                 false,
                 Some(Window::Extras { urls: vec![a, b] }),
+            )
+        }
+        Fault::Rebalance => {
+            let mut revokes_before = Vec::new();
+            for s in [Service::Inventory, Service::Payment] {
+                revokes_before.push((s, revocations(stack, s).await));
+            }
+            let a = stack.start_extra(Service::Inventory).await?;
+            let b = stack.start_extra(Service::Payment).await?;
+            (
+                format!(
+                    "inventory-service (pid {}) and payment-service (pid {}) join their groups, then leave",
+                    a.0, b.0
+                ),
+                false,
+                Some(Window::Rebalance {
+                    revokes_before,
+                    extras: vec![a, b],
+                }),
             )
         }
         Fault::DuplicateInjection => {

@@ -8,6 +8,7 @@ mod contract;
 mod crash;
 mod docs;
 mod fuzz;
+mod group;
 mod layers;
 mod layout;
 mod metrics;

@@ -16,6 +16,9 @@ use testkit::{Broker, TempDb};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+mod group;
+mod topics;
+
 struct World {
     broker: Broker,
     pool: PgPool,

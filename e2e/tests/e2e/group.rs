@@ -1,0 +1,186 @@
+//! Consumer groups on the real broker: three instances each of
+//! inventory-service and payment-service in one group share the partitions
+//! (as the group assigned them, read from each member), every instance
+//! handles messages (from its own metrics), and SIGKILLs of instances
+//! mid-flow — each followed by a rebalance and a replacement joining —
+//! break no invariant.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use e2e::driver::{new_key, Client, OrderRequest, GOOD_CARD};
+use e2e::invariants::{audit, Expected};
+use e2e::{Service, Stack};
+use uuid::Uuid;
+
+/// The partitions an instance says the group gave it
+/// (`consumer_partitions_assigned == 1`), None when it does not answer.
+async fn assigned(url: &str) -> Option<BTreeSet<(String, i32)>> {
+    let page = reqwest::Client::new()
+        .get(format!("{url}/metrics"))
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    Some(
+        page.lines()
+            .filter_map(|l| l.strip_prefix("consumer_partitions_assigned{"))
+            .filter_map(|rest| {
+                let (labels, value) = rest.split_once("} ")?;
+                (value.trim() == "1").then_some(())?;
+                let label = |name: &str| {
+                    labels
+                        .split(',')
+                        .filter_map(|kv| kv.split_once('='))
+                        .find(|(k, _)| *k == name)
+                        .map(|(_, v)| v.trim_matches('"').to_owned())
+                };
+                Some((label("topic")?, label("partition")?.parse().ok()?))
+            })
+            .collect(),
+    )
+}
+
+/// Events an instance applied, from its own metrics (0 when it does not answer).
+async fn applied(url: &str) -> f64 {
+    Stack::metric(url, "consumer_events_applied_total", &[])
+        .await
+        .unwrap_or(0.0)
+}
+
+/// Waits until the instances at `urls` hold disjoint, non-empty shares of
+/// all of `topic`'s partitions; returns the shares.
+async fn wait_shared(urls: &[String], topic: &str) -> Vec<BTreeSet<(String, i32)>> {
+    let all: BTreeSet<(String, i32)> = (0..kafka::PARTITIONS).map(|p| (topic.to_owned(), p)).collect();
+    let end = Instant::now() + Duration::from_secs(90);
+    loop {
+        let mut shares = Vec::new();
+        for url in urls {
+            shares.push(assigned(url).await.unwrap_or_default());
+        }
+        let union: BTreeSet<_> = shares.iter().flatten().cloned().collect();
+        let total: usize = shares.iter().map(BTreeSet::len).sum();
+        if union == all && total == all.len() && shares.iter().all(|s| !s.is_empty()) {
+            return shares;
+        }
+        assert!(
+            Instant::now() < end,
+            "{topic}: partitions not shared by {urls:?}: {shares:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_share_partitions_and_survive_sigkill_churn() {
+    let mut stack = crate::stack("group").await;
+    let client = Client::new(&stack, Duration::from_secs(5)).unwrap();
+    client.seed_stock("WIDGET", 100_000).await.unwrap();
+    let consumers = [
+        (Service::Inventory, contract::topics::INVENTORY_COMMANDS),
+        (Service::Payment, contract::topics::PAYMENT_COMMANDS),
+    ];
+    // Instances by service: (pid, admin url); the first is the stack's own.
+    let mut instances: BTreeMap<Service, Vec<(u32, String)>> = BTreeMap::new();
+    for (s, _) in consumers {
+        instances.entry(s).or_default().push((0, stack.url(s)));
+        for _ in 0..2 {
+            let extra = stack.start_extra(s).await.unwrap();
+            instances.entry(s).or_default().push(extra);
+        }
+    }
+    for (s, topic) in consumers {
+        let urls: Vec<String> = instances[&s].iter().map(|(_, u)| u.clone()).collect();
+        let shares = wait_shared(&urls, topic).await;
+        println!("{}: the group gave {shares:?}", s.name());
+    }
+
+    // Orders arrive for 45 s while an extra instance is SIGKILLed every 12 s
+    // (after it handled something) and a replacement joins the group.
+    let load = {
+        let client = Client::new(&stack, Duration::from_secs(5)).unwrap();
+        tokio::spawn(async move {
+            let mut acknowledged = BTreeMap::new();
+            let started = Instant::now();
+            let mut n = 0u32;
+            while started.elapsed() < Duration::from_secs(45) {
+                let key = new_key();
+                let req = OrderRequest {
+                    sku: "WIDGET".into(),
+                    quantity: 1,
+                    amount_cents: 500 + n as i64,
+                    card: GOOD_CARD.into(),
+                };
+                let order = client.place_order(&key, &req, Duration::from_secs(30)).await.unwrap();
+                acknowledged.insert(key, order.id);
+                n += 1;
+                tokio::time::sleep(Duration::from_millis(150)).await;
+            }
+            acknowledged
+        })
+    };
+    let mut handled: BTreeMap<(Service, u32), f64> = BTreeMap::new();
+    let mut kills = 0;
+    for round in 0..3 {
+        tokio::time::sleep(Duration::from_secs(12)).await;
+        let s = consumers[round % 2].0;
+        // The oldest extra that has handled something goes.
+        let mut victim = None;
+        for (pid, url) in instances[&s].iter().skip(1) {
+            let n = applied(url).await;
+            if n > 0.0 {
+                victim = Some((*pid, url.clone(), n));
+                break;
+            }
+        }
+        let Some((pid, url, n)) = victim else { continue };
+        handled.insert((s, pid), n);
+        assert!(stack.kill_extra(pid).await, "pid {pid} was an extra instance");
+        kills += 1;
+        let list = instances.get_mut(&s).unwrap();
+        list.retain(|(p, _)| *p != pid);
+        list.push(stack.start_extra(s).await.unwrap());
+        println!(
+            "killed {} pid {pid} ({url}) after {n} events; a replacement joins",
+            s.name()
+        );
+    }
+    let acknowledged = load.await.unwrap();
+    assert!(kills >= 2, "the churn killed {kills} instances");
+
+    let ids: Vec<Uuid> = acknowledged.values().copied().collect();
+    client.wait_terminal(&ids, Duration::from_secs(120)).await.unwrap();
+    // Every instance alive now holds a share and handled messages itself.
+    for (s, topic) in consumers {
+        let urls: Vec<String> = instances[&s].iter().map(|(_, u)| u.clone()).collect();
+        wait_shared(&urls, topic).await;
+        for (pid, url) in &instances[&s] {
+            handled.insert((s, *pid), applied(url).await);
+        }
+    }
+    println!("events applied per instance (pid 0 = the stack's own): {handled:?}");
+    for ((s, pid), n) in &handled {
+        assert!(*n > 0.0, "{} pid {pid} handled no message", s.name());
+    }
+    let revokes = Stack::metric(
+        &stack.url(Service::Inventory),
+        "consumer_rebalances_total",
+        &[("kind", "revoke")],
+    )
+    .await
+    .unwrap_or(0.0);
+    assert!(revokes > 0.0, "inventory-service saw no revocation");
+
+    let expected = Expected {
+        initial_stock: [("WIDGET".to_owned(), 100_000)].into(),
+        acknowledged,
+        indeterminate: 0,
+    };
+    let a = audit(&stack, &expected).await.unwrap();
+    assert!(a.passed(), "{:?}", a.violations);
+    println!("{} orders, by status {:?}", ids.len(), a.orders_by_status);
+    stack.shutdown(true).await.unwrap();
+}
