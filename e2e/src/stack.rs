@@ -85,8 +85,11 @@ pub struct Stack {
     /// How the processes that ended on their own ended, last one per service.
     exits: BTreeMap<Service, std::process::ExitStatus>,
     proxy: Option<FaultProxy>,
-    /// The broker's node (ports), formatted once in `run_dir/broker`.
-    broker_node: testkit::broker::NodeSpec,
+    /// The Kafka nodes (ports); node 1 is [`Service::Broker`], formatted in
+    /// `run_dir/broker`, node n > 1 in `run_dir/broker-n`.
+    broker_nodes: Vec<testkit::broker::NodeSpec>,
+    /// The processes of nodes 2.. (node 1's is in `procs`).
+    node_procs: BTreeMap<u32, Child>,
     /// The API key the drivers use (client [`DRIVER_CLIENT`]).
     api_key: String,
 }
@@ -101,7 +104,12 @@ impl Drop for Stack {
         if self.finished {
             return;
         }
-        for child in self.procs.values_mut().chain(self.extras.iter_mut().map(|(_, c)| c)) {
+        for child in self
+            .procs
+            .values_mut()
+            .chain(self.extras.iter_mut().map(|(_, c)| c))
+            .chain(self.node_procs.values_mut())
+        {
             let _ = child.start_kill();
         }
         let urls: Vec<String> = ["orders", "inventory", "payments", "gateway"]
@@ -122,17 +130,32 @@ impl Stack {
             ports.insert(s, port);
         }
         std::fs::create_dir_all(opts.run_dir.join("logs"))?;
-        let broker_node = testkit::broker::NodeSpec {
+        let mut broker_nodes = vec![testkit::broker::NodeSpec {
             id: 1,
             port: ports[&Service::Broker],
             controller_port: if opts.fixed_ports { 9093 } else { free_port()? },
             advertised_port: ports[&Service::Broker],
-        };
+        }];
+        for id in 2..=opts.brokers.max(1) {
+            broker_nodes.push(if opts.fixed_ports {
+                let port = 9092 + 2 * (id as u16 - 1);
+                testkit::broker::NodeSpec {
+                    id,
+                    port,
+                    controller_port: port + 1,
+                    advertised_port: port,
+                }
+            } else {
+                testkit::broker::NodeSpec::free(id)?
+            });
+        }
         {
-            let (node, dir) = (broker_node.clone(), opts.run_dir.join("broker"));
+            let (nodes, run_dir) = (broker_nodes.clone(), opts.run_dir.clone());
             let cluster = testkit::broker::new_cluster_id();
             tokio::task::spawn_blocking(move || {
-                testkit::broker::prepare(&node, std::slice::from_ref(&node), &cluster, &dir)
+                nodes
+                    .iter()
+                    .try_for_each(|n| testkit::broker::prepare(n, &nodes, &cluster, &node_dir(&run_dir, n.id)))
             })
             .await??;
         }
@@ -146,10 +169,17 @@ impl Stack {
             extras: Vec::new(),
             exits: BTreeMap::new(),
             proxy: None,
-            broker_node,
+            broker_nodes,
+            node_procs: BTreeMap::new(),
             api_key: String::new(),
         };
         for s in Service::ALL {
+            if s == Service::Broker {
+                // A cluster answers only once a majority of its controllers runs.
+                for id in 2..=stack.broker_nodes.len() as u32 {
+                    stack.spawn_node(id)?;
+                }
+            }
             if s == Service::Payment && stack.opts.gateway_proxy {
                 stack.proxy = Some(FaultProxy::start(stack.addr(Service::Gateway)).await?);
             }
@@ -187,14 +217,47 @@ impl Stack {
         format!("http://{}", self.addr(s))
     }
 
-    /// The broker's node: its client, controller and advertised ports.
-    pub fn broker_node(&self) -> &testkit::broker::NodeSpec {
-        &self.broker_node
+    /// The Kafka nodes: ids, client, controller and advertised ports.
+    pub fn broker_nodes(&self) -> &[testkit::broker::NodeSpec] {
+        &self.broker_nodes
     }
 
-    /// Broker bootstrap address.
+    /// Broker bootstrap addresses, every node's, comma-separated.
     pub fn brokers(&self) -> String {
-        self.addr(Service::Broker)
+        self.broker_nodes
+            .iter()
+            .map(testkit::broker::NodeSpec::addr)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Starts Kafka node `id` > 1 (node 1 is [`Service::Broker`]) without
+    /// waiting: the cluster answers once a majority runs.
+    fn spawn_node(&mut self, id: u32) -> anyhow::Result<()> {
+        let mut cmd = testkit::broker::command(&node_dir(&self.opts.run_dir, id))?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.opts.run_dir.join("logs").join(format!("kafka-{id}.log")))?;
+        let child = cmd.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log).spawn()?;
+        self.node_procs.insert(id, child);
+        Ok(())
+    }
+
+    /// SIGKILLs Kafka node `id` and starts it again (its data stays), then
+    /// waits until every node answers. Node 1 is [`Service::Broker`].
+    pub async fn restart_broker_node(&mut self, id: u32) -> anyhow::Result<()> {
+        if id == 1 {
+            return self.restart(Service::Broker).await;
+        }
+        if let Some(mut child) = self.node_procs.remove(&id) {
+            child.start_kill()?;
+            child.wait().await?;
+            *self.kills.entry(Service::Broker).or_default() += 1;
+        }
+        self.spawn_node(id)?;
+        let (bootstrap, n) = (self.brokers(), self.broker_nodes.len());
+        testkit::broker::wait_ready(&bootstrap, n, Duration::from_secs(90)).await
     }
 
     /// Full URL of one service database (`orders`, `inventory`, `payments`, `gateway`).
@@ -238,6 +301,16 @@ impl Stack {
                 ),
                 brokers,
             ]),
+        }
+        if matches!(s, Service::Inventory | Service::Payment | Service::OrderApi) {
+            // The stack's own instance of a consumer service is a static
+            // group member: restarted after a SIGKILL it takes its
+            // partitions back at once. Extra instances are dynamic members.
+            env.push(("KAFKA_GROUP_INSTANCE_ID".into(), format!("{}-1", s.name())));
+        }
+        if s != Service::Broker && s != Service::Gateway && self.broker_nodes.len() > 1 {
+            let replicas = self.broker_nodes.len().min(3);
+            env.push(("KAFKA_REPLICATION_FACTOR".into(), replicas.to_string()));
         }
         for (svc, k, v) in &self.opts.extra_env {
             if *svc == s {
@@ -322,7 +395,7 @@ impl Stack {
     /// (and the console when echoing).
     fn launch(&self, s: Service, env: Vec<(String, String)>, log_name: &str) -> anyhow::Result<Child> {
         let mut cmd = match s {
-            Service::Broker => testkit::broker::command(&self.opts.run_dir.join("broker"))?,
+            Service::Broker => testkit::broker::command(&node_dir(&self.opts.run_dir, 1))?,
             _ => {
                 let bin = self.opts.bin_dir.join(s.name());
                 anyhow::ensure!(
@@ -363,8 +436,8 @@ impl Stack {
             }
             let ready = match s {
                 Service::Broker => {
-                    let addr = self.addr(s);
-                    tokio::task::spawn_blocking(move || testkit::broker::answers(&addr, 1)).await?
+                    let (bootstrap, n) = (self.brokers(), self.broker_nodes.len());
+                    tokio::task::spawn_blocking(move || testkit::broker::answers(&bootstrap, n)).await?
                 }
                 // Ready, and answered by this process rather than by another
                 // test's service that took the port first.
@@ -406,7 +479,7 @@ impl Stack {
     pub async fn start_extra(&mut self, s: Service) -> anyhow::Result<(u32, String)> {
         anyhow::ensure!(s != Service::Broker, "one broker only");
         let mut env = self.env(s);
-        env.retain(|(k, _)| k != "HTTP_ADDR" && k != "FAILPOINTS");
+        env.retain(|(k, _)| k != "HTTP_ADDR" && k != "FAILPOINTS" && k != "KAFKA_GROUP_INSTANCE_ID");
         let addr = format!("127.0.0.1:{}", free_port()?);
         env.push(("HTTP_ADDR".into(), addr.clone()));
         let child = self.launch(s, env, &format!("{}-extra", s.name()))?;
@@ -530,6 +603,9 @@ impl Stack {
                 terminate(&mut child).await;
             }
         }
+        for (_, mut child) in std::mem::take(&mut self.node_procs) {
+            terminate(&mut child).await;
+        }
         for db in ["orders", "inventory", "payments", "gateway"] {
             testkit::db::drop_database(&self.db_url(db)).await?;
         }
@@ -550,6 +626,9 @@ impl Stack {
             if let Some(mut child) = self.procs.remove(&s) {
                 terminate(&mut child).await;
             }
+        }
+        for (_, mut child) in std::mem::take(&mut self.node_procs) {
+            terminate(&mut child).await;
         }
         Ok(())
     }
@@ -581,6 +660,15 @@ async fn tee(stream: impl tokio::io::AsyncRead + Unpin, path: PathBuf, name: &'s
     while let Ok(Some(line)) = lines.next_line().await {
         println!("{name:>17} | {line}");
         let _ = file.write_all(format!("{line}\n").as_bytes()).await;
+    }
+}
+
+/// The data directory of Kafka node `id`: `broker` for node 1, `broker-<id>` for the others.
+fn node_dir(run_dir: &std::path::Path, id: u32) -> PathBuf {
+    if id == 1 {
+        run_dir.join("broker")
+    } else {
+        run_dir.join(format!("broker-{id}"))
     }
 }
 

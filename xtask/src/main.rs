@@ -47,6 +47,10 @@ enum Cmd {
         /// Pause between faults, in milliseconds.
         #[arg(long, default_value_t = 800)]
         fault_interval_ms: u64,
+        /// Kafka nodes: 3 is a replicated cluster (replication factor 3,
+        /// min.insync.replicas 2), 1 a single broker.
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=3))]
+        brokers: u32,
         /// Run the negative control (payment-service without deduplication):
         /// succeeds only if the checker finds double charges.
         #[arg(long)]
@@ -295,8 +299,10 @@ async fn main() -> anyhow::Result<()> {
             fault_interval_ms,
             negative_control,
             layer_off,
+            brokers,
         } => {
             let mut cfg = e2e::chaos::ChaosConfig::ci(seed);
+            cfg.brokers = brokers;
             cfg.orders = orders;
             cfg.clients = clients;
             cfg.rate_per_sec = rate;

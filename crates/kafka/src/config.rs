@@ -53,6 +53,15 @@ pub struct KafkaArgs {
     #[arg(long = "unsafe-no-producer-idempotence", env = "UNSAFE_NO_PRODUCER_IDEMPOTENCE", default_value_t = false,
           action = clap::ArgAction::Set, hide_short_help = true)]
     pub unsafe_no_producer_idempotence: bool,
+    /// This instance's static identity in its consumer groups
+    /// (`group.instance.id`, KIP-345), e.g. a StatefulSet pod name; unset,
+    /// the instance is a dynamic member. A static member that restarts
+    /// within the session timeout takes its partitions back at once,
+    /// without a rebalance; a dynamic one joins as a new member and the
+    /// partitions of the old one wait for its session to expire (10 s).
+    /// Two running instances must never share one.
+    #[arg(long = "kafka-group-instance-id", env = "KAFKA_GROUP_INSTANCE_ID")]
+    pub group_instance_id: Option<String>,
     /// librdkafka debug contexts (e.g. `cgrp,fetch`), for diagnosing a broker.
     #[arg(long = "kafka-debug", env = "KAFKA_DEBUG")]
     pub debug: Option<String>,
@@ -69,6 +78,7 @@ impl KafkaArgs {
             topic_retention_secs: 3 * 86_400,
             replication_factor: 1,
             unsafe_no_producer_idempotence: false,
+            group_instance_id: None,
             debug: None,
         }
     }

@@ -115,9 +115,11 @@ pub use crate::group::{GroupConsumer, GroupContext};
 /// partitions that change owner.
 pub fn build(settings: &ConsumerSettings) -> Result<GroupConsumer> {
     let context = GroupContext::new(&settings.group_id);
-    let consumer: GroupConsumer = settings
-        .kafka
-        .client_config()
+    let mut config = settings.kafka.client_config();
+    if let Some(id) = &settings.kafka.group_instance_id {
+        config.set("group.instance.id", id);
+    }
+    let consumer: GroupConsumer = config
         .set("group.id", &settings.group_id)
         .set("partition.assignment.strategy", "cooperative-sticky")
         // Stored offsets (only those of handled messages) are committed in

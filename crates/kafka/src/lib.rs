@@ -25,7 +25,7 @@ pub use client::{
     producer_with_timeout, publish, topic_config, TopicSettings,
 };
 pub use config::KafkaArgs;
-pub use read::{read_topic, read_topic_at_most};
+pub use read::{group_lag, read_topic, read_topic_at_most};
 
 /// Number of partitions of every topic created here.
 pub use client::PARTITIONS;

@@ -86,3 +86,32 @@ pub fn read_topic_at_most(
     }
     Ok((out, consumer))
 }
+
+/// How far consumer group `group` is behind on `topic`: the sum over its
+/// partitions of the high watermark minus the group's committed offset
+/// (the whole partition where it committed nothing). Reads the group's
+/// offsets without joining it. Blocking.
+pub fn group_lag(brokers: &str, group: &str, topic: &str, timeout: Duration) -> Result<i64> {
+    let consumer: BaseConsumer = client_config(brokers)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let metadata = consumer.fetch_metadata(Some(topic), timeout)?;
+    let mut tpl = TopicPartitionList::new();
+    for t in metadata.topics() {
+        for p in t.partitions() {
+            tpl.add_partition(topic, p.id());
+        }
+    }
+    let committed = consumer.committed_offsets(tpl, timeout)?;
+    let mut lag = 0;
+    for p in committed.elements() {
+        let (low, high) = consumer.fetch_watermarks(topic, p.partition(), timeout)?;
+        let done = match p.offset() {
+            Offset::Offset(o) => o,
+            _ => low,
+        };
+        lag += (high - done).max(0);
+    }
+    Ok(lag)
+}

@@ -233,7 +233,9 @@ async fn non_terminal(orders_url: &str) -> anyhow::Result<i64> {
     )
 }
 
-/// Waits until no order is mid-saga and every outbox is drained.
+/// Waits until no order is mid-saga, every outbox is drained and every
+/// consumer group has committed the end of its topic (so every duplicate
+/// copy in the log has reached its consumer before the audit counts them).
 async fn wait_drained(stack: &Stack, timeout: Duration) -> anyhow::Result<()> {
     let end = Instant::now() + timeout;
     loop {
@@ -249,13 +251,27 @@ async fn wait_drained(stack: &Stack, timeout: Duration) -> anyhow::Result<()> {
                 .unwrap_or(i64::MAX / 4);
             }
         }
-        if busy == 0 && pending == 0 {
+        let lag = if busy == 0 && pending == 0 { consumers_lag(stack).await } else { i64::MAX };
+        if busy == 0 && pending == 0 && lag == 0 {
             return Ok(());
         }
         anyhow::ensure!(
             Instant::now() < end,
-            "{busy} orders mid-saga, {pending} outbox rows pending after {timeout:?}"
+            "{busy} orders mid-saga, {pending} outbox rows pending, consumers {lag} messages behind after {timeout:?}"
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// Messages the saga's consumer groups have not committed yet, all topics together.
+async fn consumers_lag(stack: &Stack) -> i64 {
+    let brokers = stack.brokers();
+    tokio::task::spawn_blocking(move || {
+        contract::topics::consumers::ALL
+            .iter()
+            .map(|c| kafka::group_lag(&brokers, c.name, c.topic, Duration::from_secs(5)).unwrap_or(i64::MAX / 4))
+            .sum()
+    })
+    .await
+    .unwrap_or(i64::MAX)
 }

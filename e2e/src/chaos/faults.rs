@@ -33,7 +33,7 @@ pub enum Fault {
     PaymentAfterCharge,
     /// 5. SIGKILL + restart of a random service.
     RandomKill,
-    /// 6. SIGKILL + restart of the broker.
+    /// 6. SIGKILL + restart of a broker node (one of three in a cluster).
     BrokerRestart,
     /// 7. `pg_terminate_backend` on every connection of the stack.
     DatabaseConnectionsDropped,
@@ -48,9 +48,10 @@ pub enum Fault {
     /// 12. Duplicates injected onto the topics with a raw producer.
     DuplicateInjection,
     /// 13. A rebalance mid-batch: extra inventory- and payment-service
-    /// instances join their groups, take partitions from the running ones
-    /// (fired on the running instances' own count of revocations), and then
-    /// leave (SIGTERM), handing the partitions back.
+    /// instances join their groups and are given partitions (fired on the
+    /// joiners' own `consumer_partitions_assigned`; the running instances'
+    /// revocations are reported beside it), then leave (SIGTERM), handing
+    /// the partitions back.
     Rebalance,
 }
 
@@ -140,33 +141,40 @@ async fn close_window(
             (acted > 0, format!("the proxy acted {acted} times"))
         }
         Window::Rebalance { revokes_before, extras } => {
-            // Joining takes a rebalance round (a heartbeat or two): wait up
-            // to 15 s for the running instances to give partitions up.
-            let deadline = Instant::now() + Duration::from_secs(15);
-            let mut seen = Vec::new();
-            loop {
-                seen.clear();
-                for (s, before) in &revokes_before {
-                    let now = revocations(stack, *s).await;
-                    // A restarted instance counts from zero again.
-                    seen.push((*s, if now >= *before { now - before } else { now }));
-                }
-                if seen.iter().any(|(_, n)| *n > 0.0) || Instant::now() >= deadline {
-                    break;
-                }
+            // Joining takes a rebalance (a heartbeat or two, longer while a
+            // SIGKILLed member's session runs out): wait up to 20 s for the
+            // group to give the joiners partitions — taken from the running
+            // instances, or the orphans of a killed one.
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let mut given = 0.0;
+            while given == 0.0 && Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(200)).await;
+                given = 0.0;
+                for (_, url) in &extras {
+                    given += Stack::metric(url, "consumer_partitions_assigned", &[]).await.unwrap_or(0.0);
+                }
             }
-            // … and leave again while batches are in flight.
+            let mut revoked = Vec::new();
+            for (s, before) in &revokes_before {
+                let now = revocations(stack, *s).await;
+                // A restarted instance counts from zero again.
+                revoked.push(format!(
+                    "{} revoked {} times",
+                    s.name(),
+                    if now >= *before { now - before } else { now }
+                ));
+            }
+            // … and leave again while batches are in flight: a revocation on
+            // each joiner, its partitions back to the running instances.
             for (pid, _) in &extras {
                 stack.stop_extra(*pid).await;
             }
-            let words: Vec<String> = seen
-                .iter()
-                .map(|(s, n)| format!("{} revoked {n} times", s.name()))
-                .collect();
             (
-                seen.iter().any(|(_, n)| *n > 0.0),
-                format!("{}; the joiners left by SIGTERM", words.join(", ")),
+                given > 0.0,
+                format!(
+                    "the group gave the joiners {given} partitions ({}); they left by SIGTERM",
+                    revoked.join(", ")
+                ),
             )
         }
         Window::Extras { urls } => {
@@ -340,8 +348,13 @@ async fn inject(
             (format!("SIGKILL + restart {}", s.name()), true, None)
         }
         Fault::BrokerRestart => {
-            stack.restart(Service::Broker).await?;
-            ("SIGKILL + restart kafka".into(), true, None)
+            let node = rng.gen_range(1..=stack.broker_nodes().len() as u32);
+            stack.restart_broker_node(node).await?;
+            (
+                format!("SIGKILL + restart kafka node {node} of {}", stack.broker_nodes().len()),
+                true,
+                None,
+            )
         }
         Fault::DatabaseConnectionsDropped => {
             let n = stack.terminate_db_connections().await?;

@@ -50,6 +50,11 @@ pub struct ChaosConfig {
     pub progress: bool,
     /// Where to copy report.json and report.md (besides the run directory).
     pub report_dir: Option<PathBuf>,
+    /// Kafka nodes: 3 (the default) is a replicated cluster — topics with 3
+    /// replicas and `min.insync.replicas` 2, so the broker fault SIGKILLs one
+    /// node while the other two keep accepting `acks=all` writes; 1 is a
+    /// single broker, whose restart stops every producer until it is back.
+    pub brokers: u32,
 }
 
 impl ChaosConfig {
@@ -66,6 +71,7 @@ impl ChaosConfig {
             layer_off: None,
             progress: true,
             report_dir: None,
+            brokers: 3,
         }
     }
 }
@@ -79,6 +85,7 @@ pub async fn run(cfg: &ChaosConfig) -> anyhow::Result<Report> {
     };
     let mut opts = StackOptions::ephemeral(&label.replace('-', "_"))?;
     opts.gateway_proxy = true;
+    opts.brokers = cfg.brokers;
     opts.extra_env
         .push((Service::Payment, "GATEWAY_TIMEOUT_MS".into(), "1000".into()));
     if cfg.negative_control {

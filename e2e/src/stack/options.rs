@@ -27,6 +27,9 @@ pub struct StackOptions {
     pub extra_env: Vec<(Service, String, String)>,
     /// Route payment-service → gateway traffic through a [`FaultProxy`].
     pub gateway_proxy: bool,
+    /// Kafka nodes (each broker and controller): 1, or 3 for a replicated
+    /// cluster (topics with 3 replicas, `min.insync.replicas` 2).
+    pub brokers: u32,
 }
 
 impl StackOptions {
@@ -46,6 +49,7 @@ impl StackOptions {
             echo: false,
             extra_env: Vec::new(),
             gateway_proxy: false,
+            brokers: 1,
         })
     }
 }
