@@ -251,7 +251,11 @@ async fn wait_drained(stack: &Stack, timeout: Duration) -> anyhow::Result<()> {
                 .unwrap_or(i64::MAX / 4);
             }
         }
-        let lag = if busy == 0 && pending == 0 { consumers_lag(stack).await } else { i64::MAX };
+        let lag = if busy == 0 && pending == 0 {
+            consumers_lag(stack).await
+        } else {
+            i64::MAX
+        };
         if busy == 0 && pending == 0 && lag == 0 {
             return Ok(());
         }

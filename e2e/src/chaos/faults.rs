@@ -67,8 +67,8 @@ impl Fault {
         Fault::ConsumerBeforeOffsetCommit,
         Fault::NetworkFault,
         Fault::DuplicateInjection,
-        Fault::TwoConsumerInstances,
         Fault::Rebalance,
+        Fault::TwoConsumerInstances,
         Fault::RandomKill,
         Fault::BrokerRestart,
         Fault::DatabaseConnectionsDropped,
@@ -151,7 +151,9 @@ async fn close_window(
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 given = 0.0;
                 for (_, url) in &extras {
-                    given += Stack::metric(url, "consumer_partitions_assigned", &[]).await.unwrap_or(0.0);
+                    given += Stack::metric(url, "consumer_partitions_assigned", &[])
+                        .await
+                        .unwrap_or(0.0);
                 }
             }
             let mut revoked = Vec::new();
