@@ -196,6 +196,7 @@ where
     let name = settings.group_id.as_str();
     tracing::info!(consumer = name, topics = ?settings.topics, "consumer started");
     let mut lanes: HashMap<(String, i32), mpsc::Sender<OwnedMessage>> = HashMap::new();
+    let mut fatal = None;
     let mut running = JoinSet::new();
     tokio::spawn(observe_lag(
         consumer.clone(),
@@ -213,6 +214,16 @@ where
         };
         let msg = match msg {
             Ok(m) => m.detach(),
+            // librdkafka gives up on this consumer for good (e.g. a static
+            // member fenced by its own successor after a coordinator
+            // failover): end the loop, so the service turns not-ready and
+            // exits non-zero and its orchestrator starts a fresh one, instead
+            // of living on with a consumer that will never consume again.
+            Err(e @ KafkaError::MessageConsumptionFatal(_)) => {
+                tracing::error!(consumer = name, error = %e, "the consumer failed for good; stopping");
+                fatal = Some(e);
+                break;
+            }
             Err(e) => {
                 tracing::warn!(consumer = name, error = %e, "receive failed");
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -259,6 +270,9 @@ where
         Err(e) => {
             tracing::warn!(consumer = name, error = %e, "final offset commit failed; the inbox absorbs the redelivery")
         }
+    }
+    if let Some(e) = fatal {
+        return Err(e.into());
     }
     tracing::info!(consumer = name, "consumer stopped");
     Ok(())

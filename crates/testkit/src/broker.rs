@@ -96,9 +96,16 @@ fn ensure_program(program: &str, args: &[&str], package: &str) -> anyhow::Result
     Ok(())
 }
 
-/// A fresh KRaft cluster id (a base64url UUID, as `StorageTool random-uuid` prints).
+/// A fresh KRaft cluster id (a base64url UUID, as `StorageTool random-uuid`
+/// prints). Like Kafka's own, never one that starts with `-`, which a
+/// command line would read as an option.
 pub fn new_cluster_id() -> String {
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(uuid::Uuid::new_v4().as_bytes())
+    loop {
+        let id = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(uuid::Uuid::new_v4().as_bytes());
+        if !id.starts_with('-') {
+            return id;
+        }
+    }
 }
 
 /// One node of a cluster: its id, client port and controller port.
@@ -144,7 +151,11 @@ impl NodeSpec {
 /// - `group.initial.rebalance.delay.ms=0`: a group forms as soon as its
 ///   first member joins (tests start consumers one by one);
 /// - fewer partitions for the internal topics (5, not 50): each costs
-///   memory and a leader on a two-core machine; nothing here needs 50.
+///   memory and a leader on a two-core machine; nothing here needs 50;
+/// - `broker.session.timeout.ms=4000` (9 s by default): a SIGKILLed node's
+///   partitions — a consumer group's coordinator among them — get a new
+///   leader well within the consumers' 10-s session timeout, so a member
+///   does not lose its session to a coordinator that is gone.
 pub fn properties(node: &NodeSpec, nodes: &[NodeSpec], data_dir: &Path) -> String {
     let voters: Vec<String> = nodes
         .iter()
@@ -174,7 +185,9 @@ pub fn properties(node: &NodeSpec, nodes: &[NodeSpec], data_dir: &Path) -> Strin
          default.replication.factor={replicas}\n\
          min.insync.replicas={min_isr}\n\
          unclean.leader.election.enable=false\n\
-         group.initial.rebalance.delay.ms=0\n",
+         group.initial.rebalance.delay.ms=0\n\
+         broker.session.timeout.ms=4000\n\
+         broker.heartbeat.interval.ms=1000\n",
         id = node.id,
         voters = voters.join(","),
         port = node.port,
@@ -205,15 +218,10 @@ pub fn prepare(node: &NodeSpec, nodes: &[NodeSpec], cluster_id: &str, data_dir: 
         return Ok(());
     }
     let out = java(data_dir)?
-        .args([
-            "kafka.tools.StorageTool",
-            "format",
-            "--ignore-formatted",
-            "-t",
-            cluster_id,
-            "-c",
-        ])
-        .arg(data_dir.join("server.properties"))
+        .args(["kafka.tools.StorageTool", "format", "--ignore-formatted"])
+        // `=`: an id may not be read as an option, whatever it starts with.
+        .arg(format!("--cluster-id={cluster_id}"))
+        .arg(format!("--config={}", data_dir.join("server.properties").display()))
         .output()?;
     anyhow::ensure!(
         out.status.success(),
@@ -352,4 +360,16 @@ impl Drop for Broker {
 
 fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cluster_ids_are_22_base64url_characters_and_never_look_like_an_option() {
+        for _ in 0..2_000 {
+            let id = super::new_cluster_id();
+            assert_eq!(id.len(), 22, "{id}");
+            assert!(!id.starts_with('-'), "{id}");
+        }
+    }
 }

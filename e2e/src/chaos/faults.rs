@@ -254,6 +254,15 @@ pub(super) async fn run_schedule(
         tokio::time::sleep(cfg.fault_interval + Duration::from_millis(jitter)).await;
         close_window(stack, &mut open, &mut timeline, &mut fired_kinds).await;
         end_windows(stack, client).await;
+        // What an orchestrator does: a process that exited on its own (a
+        // fatal error, not one of the schedule's faults) is started again.
+        for s in Service::ALL {
+            if !stack.is_running(s) {
+                let exit = stack.last_exit(s).map(|e| e.to_string()).unwrap_or_default();
+                eprintln!("chaos: {} exited on its own ({exit}); starting it again", s.name());
+                stack.start_service(s).await?;
+            }
+        }
         let clients_done = clients.placed_all();
         if clients_done && placing_ms.is_none() {
             placing_ms = Some(started.elapsed().as_millis() as u64);
