@@ -543,15 +543,27 @@ async fn inject_duplicates(
         let group = format!("chaos-injector-{}", Uuid::new_v4());
         let (messages, _) = {
             let (b, t) = (brokers.clone(), topic.to_owned());
+            // A node of the cluster may be restarting (a broker fault just
+            // before): a failed metadata fetch is retried, not the run's end.
             tokio::task::spawn_blocking(move || {
-                kafka::read_topic_at_most(
-                    &b,
-                    &t,
-                    &group,
-                    rdkafka::Offset::OffsetTail(60),
-                    Duration::from_millis(1500),
-                    180,
-                )
+                let mut attempt = 0;
+                loop {
+                    attempt += 1;
+                    match kafka::read_topic_at_most(
+                        &b,
+                        &t,
+                        &group,
+                        rdkafka::Offset::OffsetTail(60),
+                        Duration::from_millis(1500),
+                        180,
+                    ) {
+                        Err(e) if attempt < 10 => {
+                            eprintln!("chaos: reading {t} for duplicates failed ({e}); again");
+                            std::thread::sleep(Duration::from_secs(1));
+                        }
+                        read => return read,
+                    }
+                }
             })
             .await??
         };
