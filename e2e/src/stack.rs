@@ -14,6 +14,8 @@ use tokio::process::{Child, Command};
 
 use crate::proxy::FaultProxy;
 
+mod extra;
+mod observe;
 mod options;
 pub use options::{default_bin_dir, StackOptions};
 
@@ -474,94 +476,6 @@ impl Stack {
         self.proxy.as_ref()
     }
 
-    /// Starts a second instance of a service (on its own admin port, same
-    /// database and consumer group) next to the first; returns its pid.
-    pub async fn start_extra(&mut self, s: Service) -> anyhow::Result<(u32, String)> {
-        anyhow::ensure!(s != Service::Broker, "one broker only");
-        let mut env = self.env(s);
-        env.retain(|(k, _)| k != "HTTP_ADDR" && k != "FAILPOINTS" && k != "KAFKA_GROUP_INSTANCE_ID");
-        let addr = format!("127.0.0.1:{}", free_port()?);
-        env.push(("HTTP_ADDR".into(), addr.clone()));
-        let child = self.launch(s, env, &format!("{}-extra", s.name()))?;
-        let pid = child.id().unwrap_or_default();
-        self.extras.push((s, child));
-        Ok((pid, format!("http://{addr}")))
-    }
-
-    /// SIGKILLs the extra instance with process id `pid`; false if there is none.
-    pub async fn kill_extra(&mut self, pid: u32) -> bool {
-        let Some(i) = self.extras.iter().position(|(_, c)| c.id() == Some(pid)) else {
-            return false;
-        };
-        let (s, mut child) = self.extras.remove(i);
-        let _ = child.kill().await;
-        *self.kills.entry(s).or_default() += 1;
-        true
-    }
-
-    /// Stops the extra instance with process id `pid` with SIGTERM (a clean
-    /// leave of its consumer group); false if there is none.
-    pub async fn stop_extra(&mut self, pid: u32) -> bool {
-        let Some(i) = self.extras.iter().position(|(_, c)| c.id() == Some(pid)) else {
-            return false;
-        };
-        let (_, mut child) = self.extras.remove(i);
-        terminate(&mut child).await;
-        true
-    }
-
-    /// SIGKILLs every extra instance.
-    pub async fn kill_extras(&mut self) {
-        for (_, mut child) in self.extras.drain(..) {
-            let _ = child.kill().await;
-        }
-    }
-
-    /// Terminates every PostgreSQL backend connected to this stack's
-    /// databases (`pg_terminate_backend`); returns how many.
-    pub async fn terminate_db_connections(&self) -> anyhow::Result<i64> {
-        use sqlx::Connection;
-        let mut admin = sqlx::PgConnection::connect(&format!("{}/postgres", self.opts.pg_base)).await?;
-        let names: Vec<String> = ["orders", "inventory", "payments", "gateway"]
-            .map(|d| self.db_url(d).rsplit('/').next().unwrap_or_default().to_owned())
-            .to_vec();
-        let n: i64 = sqlx::query_scalar(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = ANY($1) AND pid <> pg_backend_pid()",
-        )
-        .bind(&names)
-        .fetch_one(&mut admin)
-        .await?;
-        Ok(n)
-    }
-
-    /// How many times `s` reported crash point `point` firing in its own
-    /// output (`telemetry::crash_point` prints it just before aborting).
-    pub fn crash_point_reports(&self, s: Service, point: &str) -> usize {
-        let line = format!("{} {point}", telemetry::CRASH_POINT_FIRED);
-        std::fs::read_to_string(self.log_path(s))
-            .map(|log| log.lines().filter(|l| l.contains(&line)).count())
-            .unwrap_or(0)
-    }
-
-    /// The log file of a process.
-    pub fn log_path(&self, s: Service) -> PathBuf {
-        self.opts.run_dir.join("logs").join(format!("{}.log", s.name()))
-    }
-
-    /// The value of `name` summed over `url`'s `/metrics` (None when it does not answer).
-    pub async fn metric(url: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-        let page = reqwest::Client::new()
-            .get(format!("{url}/metrics"))
-            .timeout(Duration::from_secs(2))
-            .send()
-            .await
-            .ok()?
-            .text()
-            .await
-            .ok()?;
-        Some(telemetry::metrics::sum_samples(&page, name, labels))
-    }
-
     /// SIGKILLs a process (a crash: no shutdown hooks run) and reaps it.
     pub async fn kill(&mut self, s: Service) -> anyhow::Result<()> {
         if let Some(mut child) = self.procs.remove(&s) {
@@ -598,14 +512,7 @@ impl Stack {
     /// order, drops the databases, and removes the run directory when asked.
     pub async fn shutdown(mut self, remove_run_dir: bool) -> anyhow::Result<()> {
         self.kill_extras().await;
-        for s in Service::ALL.into_iter().rev() {
-            if let Some(mut child) = self.procs.remove(&s) {
-                terminate(&mut child).await;
-            }
-        }
-        for (_, mut child) in std::mem::take(&mut self.node_procs) {
-            terminate(&mut child).await;
-        }
+        self.stop_processes().await;
         for db in ["orders", "inventory", "payments", "gateway"] {
             testkit::db::drop_database(&self.db_url(db)).await?;
         }
@@ -616,12 +523,9 @@ impl Stack {
         Ok(())
     }
 
-    /// Waits until every process exits or ctrl-c, then stops the rest
-    /// (`cargo xtask up`). Databases are kept.
-    pub async fn run_until_ctrl_c(mut self) -> anyhow::Result<()> {
-        self.finished = true; // keep the databases of `xtask up`
-        tokio::signal::ctrl_c().await?;
-        eprintln!("stopping…");
+    /// Stops the services (SIGTERM, SIGKILL after 10 s) in reverse start
+    /// order, then the Kafka nodes.
+    async fn stop_processes(&mut self) {
         for s in Service::ALL.into_iter().rev() {
             if let Some(mut child) = self.procs.remove(&s) {
                 terminate(&mut child).await;
@@ -630,6 +534,15 @@ impl Stack {
         for (_, mut child) in std::mem::take(&mut self.node_procs) {
             terminate(&mut child).await;
         }
+    }
+
+    /// Waits until every process exits or ctrl-c, then stops the rest
+    /// (`cargo xtask up`). Databases are kept.
+    pub async fn run_until_ctrl_c(mut self) -> anyhow::Result<()> {
+        self.finished = true; // keep the databases of `xtask up`
+        tokio::signal::ctrl_c().await?;
+        eprintln!("stopping…");
+        self.stop_processes().await;
         Ok(())
     }
 }

@@ -192,9 +192,11 @@ async fn close_window(
                     let n = Stack::metric(url, "consumer_messages_received_total", &[])
                         .await
                         .unwrap_or(0.0);
-                    handled.push((*pid, n.max(0.0)));
+                    // A count: whole and never negative (a sum of no
+                    // samples can print as "-0").
+                    handled.push((*pid, n.max(0.0).round() as u64));
                 }
-                if handled.iter().any(|(_, n)| *n > 0.0) || std::time::Instant::now() >= deadline {
+                if handled.iter().any(|(_, n)| *n > 0) || std::time::Instant::now() >= deadline {
                     break;
                 }
                 tokio::time::sleep(std::time::Duration::from_millis(200)).await;
@@ -204,7 +206,7 @@ async fn close_window(
                 .map(|(pid, n)| format!("pid {pid}: {n} messages"))
                 .collect();
             (
-                handled.iter().any(|(_, n)| *n > 0.0),
+                handled.iter().any(|(_, n)| *n > 0),
                 format!("handled by the extra instances: {}", words.join(", ")),
             )
         }

@@ -16,15 +16,7 @@ use uuid::Uuid;
 /// The partitions an instance says the group gave it
 /// (`consumer_partitions_assigned == 1`), None when it does not answer.
 async fn assigned(url: &str) -> Option<BTreeSet<(String, i32)>> {
-    let page = reqwest::Client::new()
-        .get(format!("{url}/metrics"))
-        .timeout(Duration::from_secs(2))
-        .send()
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
+    let page = Stack::metrics_page(url).await?;
     Some(
         page.lines()
             .filter_map(|l| l.strip_prefix("consumer_partitions_assigned{"))

@@ -7,33 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use contract::{Envelope, Message};
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::{apply, World};
-
-/// A member whose handler takes `pace` per message, so that batches are in
-/// flight when a rebalance comes.
-fn member(
-    world: &World,
-    group: &str,
-    calls: Arc<AtomicUsize>,
-    pace: Duration,
-) -> (CancellationToken, tokio::task::JoinHandle<()>) {
-    let token = CancellationToken::new();
-    let pool = world.pool.clone();
-    let name = group.to_owned();
-    let handle = tokio::spawn(kafka::consumer::run(world.settings(group), token.clone(), move |env| {
-        let (pool, name, calls) = (pool.clone(), name.clone(), calls.clone());
-        async move {
-            tokio::time::sleep(pace).await;
-            let handled = apply(&pool, &name, env).await;
-            calls.fetch_add(1, Ordering::SeqCst);
-            handled
-        }
-    }));
-    (token, tokio::spawn(async move { handle.await.unwrap().unwrap() }))
-}
+use super::{spawn_paced, World};
 
 /// Sends `n` events of distinct orders (spread over the partitions) with one producer.
 async fn send(world: &World, n: usize) {
@@ -49,7 +25,7 @@ async fn members_share_partitions_and_a_moved_partition_is_never_handled_twice()
     let w = World::new().await;
     let pace = Duration::from_millis(300);
     let (a, b) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let (stop_a, done_a) = member(&w, "shared", a.clone(), pace);
+    let (stop_a, done_a) = spawn_paced(&w, "shared", a.clone(), pace);
     send(&w, 12).await;
     w.wait_effects(12).await;
     assert_eq!(a.load(Ordering::SeqCst), 12, "one member handles everything");
@@ -59,7 +35,7 @@ async fn members_share_partitions_and_a_moved_partition_is_never_handled_twice()
     // moves a partition from a to b while a's lane is in the middle of a
     // message — which must be finished and committed before b starts.
     send(&w, 90).await;
-    let (stop_b, done_b) = member(&w, "shared", b.clone(), pace);
+    let (stop_b, done_b) = spawn_paced(&w, "shared", b.clone(), pace);
     w.wait_effects(102).await;
     let (by_a, by_b) = (a.load(Ordering::SeqCst), b.load(Ordering::SeqCst));
     eprintln!("after the join: a handled {by_a}, b {by_b}");

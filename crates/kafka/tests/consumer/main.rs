@@ -118,12 +118,25 @@ fn spawn_consumer(
     group: &str,
     calls: Arc<AtomicUsize>,
 ) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    spawn_paced(world, group, calls, Duration::ZERO)
+}
+
+/// A consumer of `group` whose handler takes `pace` per message before its
+/// effect (so that a batch can be in flight when something happens) and
+/// counts its calls.
+fn spawn_paced(
+    world: &World,
+    group: &str,
+    calls: Arc<AtomicUsize>,
+    pace: Duration,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
     let token = CancellationToken::new();
     let pool = world.pool.clone();
     let name = group.to_owned();
     let handle = tokio::spawn(kafka::consumer::run(world.settings(group), token.clone(), move |env| {
         let (pool, name, calls) = (pool.clone(), name.clone(), calls.clone());
         async move {
+            tokio::time::sleep(pace).await;
             calls.fetch_add(1, Ordering::SeqCst);
             apply(&pool, &name, env).await
         }

@@ -1,0 +1,49 @@
+//! Extra instances of a service beside the first: same database and
+//! consumer group, own admin port — the second member of a consumer group.
+
+use super::{free_port, terminate, Service, Stack};
+
+impl Stack {
+    /// Starts a second instance of a service (on its own admin port, same
+    /// database and consumer group) next to the first; returns its pid.
+    pub async fn start_extra(&mut self, s: Service) -> anyhow::Result<(u32, String)> {
+        anyhow::ensure!(s != Service::Broker, "one broker only");
+        let mut env = self.env(s);
+        env.retain(|(k, _)| k != "HTTP_ADDR" && k != "FAILPOINTS" && k != "KAFKA_GROUP_INSTANCE_ID");
+        let addr = format!("127.0.0.1:{}", free_port()?);
+        env.push(("HTTP_ADDR".into(), addr.clone()));
+        let child = self.launch(s, env, &format!("{}-extra", s.name()))?;
+        let pid = child.id().unwrap_or_default();
+        self.extras.push((s, child));
+        Ok((pid, format!("http://{addr}")))
+    }
+
+    /// SIGKILLs the extra instance with process id `pid`; false if there is none.
+    pub async fn kill_extra(&mut self, pid: u32) -> bool {
+        let Some(i) = self.extras.iter().position(|(_, c)| c.id() == Some(pid)) else {
+            return false;
+        };
+        let (s, mut child) = self.extras.remove(i);
+        let _ = child.kill().await;
+        *self.kills.entry(s).or_default() += 1;
+        true
+    }
+
+    /// Stops the extra instance with process id `pid` with SIGTERM (a clean
+    /// leave of its consumer group); false if there is none.
+    pub async fn stop_extra(&mut self, pid: u32) -> bool {
+        let Some(i) = self.extras.iter().position(|(_, c)| c.id() == Some(pid)) else {
+            return false;
+        };
+        let (_, mut child) = self.extras.remove(i);
+        terminate(&mut child).await;
+        true
+    }
+
+    /// SIGKILLs every extra instance.
+    pub async fn kill_extras(&mut self) {
+        for (_, mut child) in self.extras.drain(..) {
+            let _ = child.kill().await;
+        }
+    }
+}

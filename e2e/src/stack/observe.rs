@@ -1,0 +1,59 @@
+//! What a test reads from a running stack: metrics pages, crash-point
+//! reports in the logs, and the database connections it can drop.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::{Service, Stack};
+
+impl Stack {
+    /// Terminates every PostgreSQL backend connected to this stack's
+    /// databases (`pg_terminate_backend`); returns how many.
+    pub async fn terminate_db_connections(&self) -> anyhow::Result<i64> {
+        use sqlx::Connection;
+        let mut admin = sqlx::PgConnection::connect(&format!("{}/postgres", self.opts.pg_base)).await?;
+        let names: Vec<String> = ["orders", "inventory", "payments", "gateway"]
+            .map(|d| self.db_url(d).rsplit('/').next().unwrap_or_default().to_owned())
+            .to_vec();
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = ANY($1) AND pid <> pg_backend_pid()",
+        )
+        .bind(&names)
+        .fetch_one(&mut admin)
+        .await?;
+        Ok(n)
+    }
+
+    /// How many times `s` reported crash point `point` firing in its own
+    /// output (`telemetry::crash_point` prints it just before aborting).
+    pub fn crash_point_reports(&self, s: Service, point: &str) -> usize {
+        let line = format!("{} {point}", telemetry::CRASH_POINT_FIRED);
+        std::fs::read_to_string(self.log_path(s))
+            .map(|log| log.lines().filter(|l| l.contains(&line)).count())
+            .unwrap_or(0)
+    }
+
+    /// The log file of a process.
+    pub fn log_path(&self, s: Service) -> PathBuf {
+        self.opts.run_dir.join("logs").join(format!("{}.log", s.name()))
+    }
+
+    /// The value of `name` summed over `url`'s `/metrics` (None when it does not answer).
+    pub async fn metric(url: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let page = Self::metrics_page(url).await?;
+        Some(telemetry::metrics::sum_samples(&page, name, labels))
+    }
+
+    /// `url`'s `/metrics` page (None when it does not answer within 2 s).
+    pub async fn metrics_page(url: &str) -> Option<String> {
+        reqwest::Client::new()
+            .get(format!("{url}/metrics"))
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()
+    }
+}
