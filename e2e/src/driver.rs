@@ -66,6 +66,10 @@ pub struct Client {
     gateway: String,
     /// The client's API key (`Authorization: Bearer`).
     pub api_key: String,
+    /// inventory's operator credential (seeding and reading stock).
+    operator_key: String,
+    /// A gateway caller's credential (payment-service's: the fault switch).
+    gateway_key: String,
 }
 
 impl Client {
@@ -77,6 +81,8 @@ impl Client {
             inventory: stack.url(Service::Inventory),
             gateway: stack.url(Service::Gateway),
             api_key: stack.api_key().to_owned(),
+            operator_key: stack.secrets().operator.clone(),
+            gateway_key: stack.secrets().payment_gateway.clone(),
         })
     }
 
@@ -176,6 +182,7 @@ impl Client {
     pub async fn seed_stock(&self, sku: &str, available: i32) -> anyhow::Result<()> {
         self.http
             .put(format!("{}/stock/{sku}", self.inventory))
+            .bearer_auth(&self.operator_key)
             .json(&json!({ "available": available }))
             .send()
             .await?
@@ -195,6 +202,7 @@ impl Client {
         let levels: Vec<Level> = self
             .http
             .get(format!("{}/stock", self.inventory))
+            .bearer_auth(&self.operator_key)
             .send()
             .await?
             .error_for_status()?
@@ -207,6 +215,7 @@ impl Client {
     pub async fn set_gateway_faults(&self, faults: serde_json::Value) -> anyhow::Result<()> {
         self.http
             .put(format!("{}/admin/faults", self.gateway))
+            .bearer_auth(&self.gateway_key)
             .json(&faults)
             .send()
             .await?

@@ -17,7 +17,9 @@ use crate::proxy::FaultProxy;
 mod extra;
 mod observe;
 mod options;
+mod secrets;
 pub use options::{default_bin_dir, StackOptions};
+pub use secrets::Secrets;
 
 /// One process of the stack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -94,6 +96,8 @@ pub struct Stack {
     node_procs: BTreeMap<u32, Child>,
     /// The API key the drivers use (client [`DRIVER_CLIENT`]).
     api_key: String,
+    /// The services' secrets, random for this stack.
+    secrets: Secrets,
 }
 
 /// The client the stack provisions an API key for at start.
@@ -174,6 +178,7 @@ impl Stack {
             broker_nodes,
             node_procs: BTreeMap::new(),
             api_key: String::new(),
+            secrets: Secrets::generate(),
         };
         for s in Service::ALL {
             if s == Service::Broker {
@@ -189,19 +194,6 @@ impl Stack {
         }
         stack.api_key = stack.create_api_key(DRIVER_CLIENT).await?;
         Ok(stack)
-    }
-
-    /// Provisions an API key for `client` (as `order-api keys create` does).
-    pub async fn create_api_key(&self, client: &str) -> anyhow::Result<String> {
-        let pool = sqlx::PgPool::connect(&self.db_url("orders")).await?;
-        let (_, key) = order_api::auth::create_key(&pool, client).await?;
-        pool.close().await;
-        Ok(key)
-    }
-
-    /// The API key of [`DRIVER_CLIENT`].
-    pub fn api_key(&self) -> &str {
-        &self.api_key
     }
 
     /// The options this stack was started with.
@@ -273,6 +265,7 @@ impl Stack {
 
     fn env(&self, s: Service) -> Vec<(String, String)> {
         let mut env: Vec<(String, String)> = vec![("HTTP_ADDR".into(), self.addr(s))];
+        env.extend(self.secrets.env(s));
         let brokers = ("KAFKA_BROKERS".to_owned(), self.brokers());
         match s {
             Service::Broker => env.clear(),

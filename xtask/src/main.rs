@@ -145,7 +145,7 @@ fn workspace_root() -> PathBuf {
 /// binaries are built with the same features so one build serves both.
 /// Release builds leave them out.
 const FAILPOINT_FEATURES: &str =
-    "order-api/failpoints,outbox-relay/failpoints,inventory-service/failpoints,payment-service/failpoints";
+    "order-api/failpoints,outbox-relay/failpoints,inventory-service/failpoints,payment-service/failpoints,mock-gateway/failpoints";
 
 /// Builds the service binaries (the same profile as this xtask).
 fn build_services() -> anyhow::Result<()> {
@@ -190,7 +190,16 @@ fn run_scenario(n: u8) -> anyhow::Result<i32> {
     if test.package == "e2e" {
         // The stack runs the service binaries, built with their crash points.
         build_services()?;
-    } else if ["order-api", "inventory-service", "payment-service", "kafka", "outbox"].contains(&test.package) {
+    } else if [
+        "order-api",
+        "inventory-service",
+        "payment-service",
+        "mock-gateway",
+        "kafka",
+        "outbox",
+    ]
+    .contains(&test.package)
+    {
         cmd.args(["--features", "failpoints"]);
     }
     match test.target {

@@ -1,9 +1,11 @@
 //! The axum adapter: one way for every HTTP API here (order-api and the
 //! mock gateway) to put a handler under `Idempotency-Key`.
 //!
-//! - [`Idempotent`] is an extractor: it validates the key and the client
-//!   scope (`X-Client-Id`), reads the body, and fingerprints the request from
-//!   its method, its path and its body — no literal paths in handlers.
+//! - [`Idempotent`] is an extractor: it validates the key, takes the scope
+//!   from the service's authentication ([`Scope`]; a request without one is
+//!   refused — a caller never names its own scope), reads the body, and
+//!   fingerprints the request from its method, its path and its body, keyed
+//!   with the service's [`FingerprintKey`] — no literal paths in handlers.
 //! - [`crate::execute()`] with [`Idempotent::keyed`] runs the handler's work
 //!   at most once per `(scope, key)`, in one transaction with the key row.
 //! - [`respond`] turns the [`Outcome`] into the response: the stored one
@@ -18,16 +20,11 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{FromRequest, Request};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{FromRef, FromRequest, Request};
+use axum::http::StatusCode;
 use axum::response::Response;
 
-use crate::{IdempotencyKey, Keyed, Outcome};
-
-/// Header naming the client; keys are scoped to it.
-pub const CLIENT_HEADER: &str = "x-client-id";
-/// Scope of requests that name no client.
-pub const ANONYMOUS: &str = "anonymous";
+use crate::{IdempotencyKey, Keyed, Outcome, Secret};
 
 /// What this layer refuses, with its HTTP meaning. A service's error type
 /// wraps it (`From<Refused>`) and renders it its own way, e.g. as
@@ -35,9 +32,13 @@ pub const ANONYMOUS: &str = "anonymous";
 /// [`Refused::title`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refused {
-    /// Missing or invalid key or client header, unreadable body (400).
+    /// Missing or invalid key, unreadable body (400).
     #[error("{0}")]
     BadRequest(String),
+    /// No authenticated client: the service's authentication did not run
+    /// before the extractor (401).
+    #[error("no authenticated client")]
+    Unauthenticated,
     /// The first request with this key has not finished (409, retry later).
     #[error("a request with this Idempotency-Key is still in flight; retry later")]
     InFlight,
@@ -51,6 +52,7 @@ impl Refused {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::Unauthenticated => StatusCode::UNAUTHORIZED,
             Self::InFlight => StatusCode::CONFLICT,
             Self::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
         }
@@ -60,6 +62,7 @@ impl Refused {
     pub fn problem_type(&self) -> &'static str {
         match self {
             Self::BadRequest(_) => "/problems/bad-request",
+            Self::Unauthenticated => "/problems/unauthenticated",
             Self::InFlight => "/problems/idempotency-key-in-flight",
             Self::KeyReused => "/problems/idempotency-key-reused",
         }
@@ -69,6 +72,7 @@ impl Refused {
     pub fn title(&self) -> &'static str {
         match self {
             Self::BadRequest(_) => "Bad request",
+            Self::Unauthenticated => "Unauthenticated",
             Self::InFlight => "Request in flight",
             Self::KeyReused => "Idempotency-Key reused",
         }
@@ -80,7 +84,8 @@ impl Refused {
     }
 }
 
-/// How long completed keys are remembered, as a typed setting.
+/// How long completed keys are remembered, and the secret their request
+/// fingerprints are keyed with, as typed settings.
 #[derive(Debug, Clone, clap::Args)]
 pub struct KeyArgs {
     /// How long a completed Idempotency-Key is remembered, in seconds.
@@ -90,6 +95,16 @@ pub struct KeyArgs {
         default_value_t = 86_400
     )]
     pub ttl_secs: u64,
+    /// Secret the request fingerprints are keyed with (HMAC-SHA256): a body
+    /// may hold a card number, and an unkeyed hash of it can be reversed.
+    /// No default; changing it makes a retry of a request sent before the
+    /// change a 422 (its fingerprint no longer matches).
+    #[arg(
+        long = "idempotency-fingerprint-key",
+        env = "IDEMPOTENCY_FINGERPRINT_KEY",
+        hide_env_values = true
+    )]
+    pub fingerprint_key: Secret,
 }
 
 impl KeyArgs {
@@ -97,25 +112,28 @@ impl KeyArgs {
     pub fn ttl(&self) -> Duration {
         Duration::from_secs(self.ttl_secs)
     }
+
+    /// The fingerprint key.
+    pub fn fingerprint_key(&self) -> FingerprintKey {
+        FingerprintKey(self.fingerprint_key.clone())
+    }
 }
 
-/// The client scope of a request: `X-Client-Id` (1..=64 printable ASCII),
-/// or [`ANONYMOUS`] when absent.
-pub fn client_scope(headers: &HeaderMap) -> Result<String, String> {
-    match headers.get(CLIENT_HEADER) {
-        None => Ok(ANONYMOUS.to_owned()),
-        Some(v) => v
-            .to_str()
-            .ok()
-            .filter(|s| !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| (0x21..=0x7e).contains(&b)))
-            .map(str::to_owned)
-            .ok_or_else(|| "X-Client-Id must be 1..=64 printable ASCII characters".to_owned()),
+/// The secret request fingerprints are keyed with. A service's state gives
+/// it to [`Idempotent`] through `FromRef`.
+#[derive(Debug, Clone)]
+pub struct FingerprintKey(pub Secret);
+
+impl FingerprintKey {
+    /// A fixed key for unit tests.
+    pub fn for_tests() -> Self {
+        Self(Secret::new("fingerprint-key-for-unit-tests-only").expect("long enough"))
     }
 }
 
 /// The authenticated client of a request, put in its extensions by the
-/// service's authentication: when present it is the key's scope and
-/// `X-Client-Id` is ignored (a caller cannot borrow another client's keys).
+/// service's authentication: the key's scope. A caller cannot name another
+/// client's scope (there is no header for it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Scope(pub String);
 
@@ -127,7 +145,7 @@ pub struct Idempotent<E> {
     pub key: String,
     /// The client the key belongs to.
     pub scope: String,
-    /// [`crate::fingerprint`] of method, path and body.
+    /// [`crate::fingerprint`] of method, path and body, keyed.
     pub fingerprint: String,
     /// The request body.
     pub body: Bytes,
@@ -137,6 +155,7 @@ pub struct Idempotent<E> {
 impl<S, E> FromRequest<S> for Idempotent<E>
 where
     S: Send + Sync,
+    FingerprintKey: FromRef<S>,
     E: From<Refused> + axum::response::IntoResponse,
 {
     type Rejection = E;
@@ -144,10 +163,10 @@ where
     async fn from_request(req: Request, state: &S) -> Result<Self, E> {
         let bad = |detail: String| E::from(Refused::BadRequest(detail));
         let key = IdempotencyKey::from_headers(req.headers()).map_err(|e| bad(e.to_string()))?;
-        let scope = match req.extensions().get::<Scope>() {
-            Some(Scope(authenticated)) => authenticated.clone(),
-            None => client_scope(req.headers()).map_err(bad)?,
+        let Some(Scope(scope)) = req.extensions().get::<Scope>().cloned() else {
+            return Err(E::from(Refused::Unauthenticated));
         };
+        let fingerprint_key = FingerprintKey::from_ref(state);
         let (method, path) = (req.method().clone(), req.uri().path().to_owned());
         let body = Bytes::from_request(req, state)
             .await
@@ -159,7 +178,7 @@ where
             key.0
         };
         Ok(Self {
-            fingerprint: crate::fingerprint(method.as_str(), &path, &body),
+            fingerprint: crate::fingerprint(&fingerprint_key, method.as_str(), &path, &body),
             key,
             scope,
             body,
@@ -228,11 +247,11 @@ mod tests {
         if let Some(k) = key {
             req = req.header("idempotency-key", k);
         }
+        let mut req = req.body(axum::body::Body::from(body.to_owned())).unwrap();
         if let Some(c) = client {
-            req = req.header(CLIENT_HEADER, c);
+            req.extensions_mut().insert(Scope(c.to_owned()));
         }
-        let req = req.body(axum::body::Body::from(body.to_owned())).unwrap();
-        Idempotent::from_request(req, &()).await
+        Idempotent::from_request(req, &FingerprintKey::for_tests()).await
     }
 
     #[tokio::test]
@@ -241,7 +260,10 @@ mod tests {
             .await
             .unwrap();
         assert_eq!((a.key.as_str(), a.scope.as_str()), ("k", "shop"));
-        assert_eq!(a.fingerprint, crate::fingerprint("POST", "/orders/1/cancel", b"{}"));
+        assert_eq!(
+            a.fingerprint,
+            crate::fingerprint(&FingerprintKey::for_tests(), "POST", "/orders/1/cancel", b"{}")
+        );
         let other_order = extract("/orders/2/cancel", Some("k"), Some("shop"), "{}")
             .await
             .unwrap();
@@ -249,21 +271,16 @@ mod tests {
             a.fingerprint, other_order.fingerprint,
             "the path, not the route template"
         );
-        let anonymous = extract("/orders", Some("k"), None, "{}").await.unwrap();
-        assert_eq!(anonymous.scope, ANONYMOUS);
+        let unauthenticated = extract("/orders", Some("k"), None, "{}").await.unwrap_err();
+        assert_eq!(unauthenticated.0, Refused::Unauthenticated, "no scope, no request");
     }
 
     #[tokio::test]
-    async fn refuses_a_missing_key_and_a_bad_client() {
-        let missing = extract("/orders", None, None, "{}").await.unwrap_err();
+    async fn refuses_a_missing_key() {
+        let missing = extract("/orders", None, Some("shop"), "{}").await.unwrap_err();
         assert!(
             matches!(&missing.0, Refused::BadRequest(d) if d.contains("required")),
             "{missing:?}"
-        );
-        let client = extract("/orders", Some("k"), Some("a b"), "{}").await.unwrap_err();
-        assert!(
-            matches!(&client.0, Refused::BadRequest(d) if d.contains("X-Client-Id")),
-            "{client:?}"
         );
     }
 

@@ -20,18 +20,21 @@
 pub mod execute;
 pub mod http;
 pub mod key;
+pub mod secret;
 
 use std::time::Duration;
 
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use sha2::{Digest, Sha256};
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
 use sqlx::migrate::Migrator;
 use sqlx::{PgConnection, PgPool, Row};
 
 pub use execute::{execute, Keyed, Outcome, Work};
-pub use http::{client_scope, respond, Idempotent, KeyArgs, Refused, Scope};
+pub use http::{respond, FingerprintKey, Idempotent, KeyArgs, Refused, Scope};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
+pub use secret::Secret;
 
 /// Header set on replayed responses.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
@@ -127,21 +130,28 @@ pub enum Begin {
     InFlight,
 }
 
-/// Fingerprint of a request: SHA-256 over method, path and the body, the body
-/// canonicalised (object keys sorted, whitespace dropped) when it is JSON, so
-/// a retry that re-serialises the same document still matches.
-pub fn fingerprint(method: &str, path: &str, body: &[u8]) -> String {
+/// Fingerprint of a request: HMAC-SHA256, under the deployment's
+/// [`FingerprintKey`], of method, path and the body, the body canonicalised
+/// (object keys sorted, whitespace dropped) when it is JSON, so a retry that
+/// re-serialises the same document still matches.
+///
+/// Keyed, because a body may hold a card number: an unkeyed hash of a body
+/// whose other fields the stored response shows can be reversed by trying
+/// the ~10^5 numbers that fit a known BIN and last four (PCI DSS 3.5 allows
+/// only keyed hashes of a PAN). Without the key no value here can be
+/// tested against a guess.
+pub fn fingerprint(key: &FingerprintKey, method: &str, path: &str, body: &[u8]) -> String {
     let canonical = serde_json::from_slice::<serde_json::Value>(body)
         .ok()
         .and_then(|v| serde_json::to_vec(&v).ok())
         .unwrap_or_else(|| body.to_vec());
-    let mut h = Sha256::new();
-    h.update(method.as_bytes());
-    h.update([0]);
-    h.update(path.as_bytes());
-    h.update([0]);
-    h.update(&canonical);
-    hex::encode(h.finalize())
+    let mut mac = Hmac::<Sha256>::new_from_slice(key.0.expose().as_bytes()).expect("HMAC takes a key of any length");
+    mac.update(method.as_bytes());
+    mac.update(&[0]);
+    mac.update(path.as_bytes());
+    mac.update(&[0]);
+    mac.update(&canonical);
+    hex::encode(mac.finalize().into_bytes())
 }
 
 /// Starts an idempotent request inside the caller's transaction.
@@ -275,12 +285,35 @@ mod tests {
 
     #[test]
     fn fingerprint_ignores_json_formatting_but_not_content() {
-        let a = fingerprint("POST", "/orders", br#"{"a":1,"b":2}"#);
-        let b = fingerprint("POST", "/orders", b"{ \"b\": 2, \"a\": 1 }");
-        let c = fingerprint("POST", "/orders", br#"{"a":1,"b":3}"#);
-        let d = fingerprint("POST", "/other", br#"{"a":1,"b":2}"#);
+        let k = FingerprintKey::for_tests();
+        let a = fingerprint(&k, "POST", "/orders", br#"{"a":1,"b":2}"#);
+        let b = fingerprint(&k, "POST", "/orders", b"{ \"b\": 2, \"a\": 1 }");
+        let c = fingerprint(&k, "POST", "/orders", br#"{"a":1,"b":3}"#);
+        let d = fingerprint(&k, "POST", "/other", br#"{"a":1,"b":2}"#);
         assert_eq!(a, b);
         assert_ne!(a, c);
         assert_ne!(a, d);
+    }
+
+    #[test]
+    fn without_the_key_the_fingerprint_cannot_be_recomputed() {
+        let body = br#"{"card":"4242424242424242"}"#;
+        let a = fingerprint(
+            &FingerprintKey(Secret::new(&"a".repeat(32)).unwrap()),
+            "POST",
+            "/orders",
+            body,
+        );
+        let b = fingerprint(
+            &FingerprintKey(Secret::new(&"b".repeat(32)).unwrap()),
+            "POST",
+            "/orders",
+            body,
+        );
+        assert_ne!(a, b, "another key, another fingerprint");
+        let mut plain = <Sha256 as sha2::Digest>::new();
+        sha2::Digest::update(&mut plain, b"POST\0/orders\0");
+        sha2::Digest::update(&mut plain, &body[..]);
+        assert_ne!(a, hex::encode(sha2::Digest::finalize(plain)), "not the unkeyed hash");
     }
 }

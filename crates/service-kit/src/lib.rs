@@ -10,6 +10,8 @@
 //!   dies turns the service not-ready, stops the others and makes the
 //!   process exit non-zero;
 //! - [`consumer`]: a saga consumer and its inbox retention as supervised tasks;
+//! - [`bearer`]: callers authenticated by configured secrets (the
+//!   gateway's services, inventory's operator);
 //! - [`admin`]: `/health/live`, `/health/ready` (database answers and every
 //!   task alive) and `/metrics`;
 //! - [`http`]: the server span of every request (W3C `traceparent` in);
@@ -22,6 +24,7 @@
 //! - [`init`]: logging and the failpoint scenario, once per process.
 
 pub mod admin;
+pub mod bearer;
 pub mod config;
 pub mod consumer;
 pub mod db;
@@ -35,6 +38,7 @@ pub mod unsafe_switch;
 
 pub use config::{DbArgs, LogArgs, LogFormat, TraceArgs};
 pub use consumer::SagaConsumer;
+pub use idempotency::Secret;
 pub use supervisor::{Health, Supervisor};
 
 /// Errors raised while bootstrapping a service.

@@ -49,3 +49,133 @@ impl IntoResponse for Problem {
         resp
     }
 }
+
+/// Why a JSON request body was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JsonError {
+    /// Not JSON at all (400).
+    Syntax(String),
+    /// JSON of the wrong shape: a missing, mistyped or invalid field (422).
+    Data(String),
+}
+
+impl JsonError {
+    /// The detail, for a problem's `detail`.
+    pub fn detail(&self) -> &str {
+        match self {
+            Self::Syntax(d) | Self::Data(d) => d,
+        }
+    }
+}
+
+impl From<JsonError> for Problem {
+    fn from(e: JsonError) -> Self {
+        match e {
+            JsonError::Syntax(d) => Problem::new(StatusCode::BAD_REQUEST, "/problems/bad-request", "Malformed JSON", d),
+            JsonError::Data(d) => Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "/problems/unprocessable",
+                "Invalid request",
+                d,
+            ),
+        }
+    }
+}
+
+/// Parses a JSON request body. The error names the field and what was
+/// expected, never the value sent: a body may carry a card number, and an
+/// error detail is logged and shown (`card: invalid type: integer,
+/// expected a string`, not the digits).
+pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, JsonError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let parsed: Result<T, _> = serde_path_to_error::deserialize(&mut de);
+    match parsed {
+        Ok(value) => match de.end() {
+            Ok(()) => Ok(value),
+            Err(e) => Err(JsonError::Syntax(format!("malformed JSON body: {e}"))),
+        },
+        Err(e) => {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            let message = without_values(&inner.to_string());
+            Err(match inner.classify() {
+                serde_json::error::Category::Data if path != "." => JsonError::Data(format!("{path}: {message}")),
+                serde_json::error::Category::Data => JsonError::Data(message),
+                _ => JsonError::Syntax(format!("malformed JSON body: {message}")),
+            })
+        }
+    }
+}
+
+/// A serde message without the value it quotes: "invalid type: integer
+/// `4242…`, expected a string" → "invalid type: integer, expected a string".
+fn without_values(message: &str) -> String {
+    let quotes_a_value = ["invalid type: ", "invalid value: ", "unknown variant "]
+        .iter()
+        .any(|p| message.starts_with(p));
+    if !quotes_a_value {
+        return message.to_owned();
+    }
+    let Some(open) = message.find(['`', '"']) else {
+        return message.to_owned();
+    };
+    let close = message
+        .find(", expected")
+        .filter(|&c| c > open)
+        .unwrap_or(message.len());
+    let head = message[..open].trim_end();
+    format!("{head}{}", &message[close..])
+}
+
+#[cfg(test)]
+mod json_tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize)]
+    #[allow(dead_code)]
+    struct Order {
+        sku: String,
+        card: String,
+    }
+
+    #[test]
+    fn a_field_error_names_the_field_never_the_value() {
+        for body in [
+            r#"{"sku":"A","card":4242424242424242}"#,
+            r#"{"sku":"A","card":["4242424242424242"]}"#,
+            r#"{"sku":"A","card":{"n":"4242424242424242"}}"#,
+            r#"{"sku":4242424242424242,"card":"x"}"#,
+        ] {
+            let e = parse_json::<Order>(body.as_bytes()).unwrap_err();
+            assert!(matches!(e, JsonError::Data(_)), "{e:?}");
+            assert!(!e.detail().contains("4242"), "{body} → {}", e.detail());
+            assert!(
+                e.detail().contains("card") || e.detail().contains("sku"),
+                "{}",
+                e.detail()
+            );
+        }
+        let e = parse_json::<Order>(br#"{"sku":"A","card":4242424242424242}"#).unwrap_err();
+        assert!(
+            e.detail().starts_with("card: invalid type: integer, expected a string"),
+            "{}",
+            e.detail()
+        );
+        let missing = parse_json::<Order>(br#"{"sku":"A"}"#).unwrap_err();
+        assert!(
+            missing.detail().contains("missing field `card`"),
+            "{}",
+            missing.detail()
+        );
+    }
+
+    #[test]
+    fn syntax_errors_are_told_apart_and_trailing_input_refused() {
+        assert!(matches!(parse_json::<Order>(b"{"), Err(JsonError::Syntax(_))));
+        assert!(matches!(
+            parse_json::<Order>(br#"{"sku":"A","card":"x"} 4242"#),
+            Err(JsonError::Syntax(_))
+        ));
+        assert!(parse_json::<Order>(br#"{"sku":"A","card":"x"}"#).is_ok());
+    }
+}

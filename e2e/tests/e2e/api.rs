@@ -79,6 +79,7 @@ async fn bad_requests_get_problem_json_and_write_nothing() {
     for (body, status) in [(r#"{"available":-1}"#, 422), (r#"{"available":"#, 400)] {
         let resp = http
             .put(&stock)
+            .bearer_auth(&stack.secrets().operator)
             .header("content-type", "application/json")
             .body(body)
             .send()

@@ -2,7 +2,12 @@
 //! refunded orders, plus one order written before tokenisation with its
 //! number in clear — no database table and no topic message holds a test
 //! card number. The vault keeps an HMAC fingerprint, the orders a token and
-//! the last four digits, `ChargePayment` the token.
+//! the last four digits, `ChargePayment` the token. Nor can one be
+//! recovered: every stored 64-hex value (Idempotency-Key fingerprints, the
+//! vault's card fingerprints, key hashes) is tried against every number
+//! that fits a test card's BIN and last four ([`brute`]).
+
+mod brute;
 
 use std::time::{Duration, Instant};
 
@@ -104,11 +109,56 @@ async fn no_database_or_topic_holds_a_card_number_after_a_run() {
     assert_eq!(client.cancel(&new_key(), ids[0]).await.unwrap().status, 202);
     client.wait_terminal(&ids, Duration::from_secs(60)).await.unwrap();
 
+    let mut stored = std::collections::BTreeSet::new();
     for db in ["orders", "inventory", "payments", "gateway"] {
         let text = dump(&stack, db).await;
         for card in [GOOD_CARD, DECLINED_CARD] {
             assert!(!text.contains(card), "database {db} holds card number {card}");
         }
+        stored.extend(brute::hex64(&text));
+    }
+    // What an attacker holding the databases (not the secrets) reads next
+    // to each fingerprint: the order the stored response shows.
+    let bodies: Vec<Vec<u8>> = sqlx::query_scalar("SELECT body FROM idempotency_keys")
+        .fetch_all(&mut orders)
+        .await
+        .unwrap();
+    let seen: std::collections::BTreeSet<brute::Seen> = bodies
+        .iter()
+        .filter_map(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
+        .filter_map(|v| {
+            Some(brute::Seen {
+                sku: v["sku"].as_str()?.to_owned(),
+                quantity: v["quantity"].as_i64()?,
+                amount_cents: v["amount_cents"].as_i64()?,
+                last4: v["card_last4"].as_str()?.to_owned(),
+            })
+        })
+        .collect();
+    let fingerprints: Vec<String> = sqlx::query_scalar("SELECT fingerprint FROM idempotency_keys")
+        .fetch_all(&mut orders)
+        .await
+        .unwrap();
+    assert!(fingerprints.len() >= 6, "{} fingerprints stored", fingerprints.len());
+    assert!(
+        fingerprints.iter().all(|f| stored.contains(f)),
+        "the scan covers every fingerprint"
+    );
+    assert_eq!(seen.len(), 2, "both cards' orders are readable: {seen:?}");
+    let seen: Vec<brute::Seen> = seen.into_iter().collect();
+    for card in [GOOD_CARD, DECLINED_CARD] {
+        let (found, tried) = tokio::task::block_in_place(|| brute::recover(&card[..6], &seen, &stored));
+        assert!(tried >= 100_000, "{tried} numbers tried");
+        assert!(
+            found.is_empty(),
+            "card numbers recovered from stored hashes by brute force: {found:?}"
+        );
+        println!(
+            "cards: {tried} numbers fitting {}…{} tried against {} stored hashes: none found",
+            &card[..6],
+            &card[12..],
+            stored.len()
+        );
     }
     let mut messages = 0;
     for topic in contract::topics::ALL

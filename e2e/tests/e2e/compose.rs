@@ -13,6 +13,16 @@ fn declared<C: CommandFactory>() -> BTreeSet<String> {
         .collect()
 }
 
+/// The variables of the arguments a service cannot start without (the
+/// secrets: no default).
+fn required<C: CommandFactory>() -> BTreeSet<String> {
+    C::command()
+        .get_arguments()
+        .filter(|a| a.is_required_set())
+        .filter_map(|a| a.get_env().map(|e| e.to_string_lossy().into_owned()))
+        .collect()
+}
+
 fn compose() -> serde_yaml::Value {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docker-compose.yml");
     let text = std::fs::read_to_string(path).expect("docker-compose.yml exists");
@@ -26,13 +36,34 @@ fn compose_services_use_exactly_the_variables_their_config_reads() {
     let doc = compose();
     let services = doc["services"].as_mapping().expect("services");
     let configs = [
-        ("order-api", declared::<order_api::Config>()),
-        ("inventory-service", declared::<inventory_service::Config>()),
-        ("payment-service", declared::<payment_service::Config>()),
-        ("mock-gateway", declared::<mock_gateway::Config>()),
-        ("outbox-relay", declared::<outbox_relay::Config>()),
+        (
+            "order-api",
+            declared::<order_api::Config>(),
+            required::<order_api::Config>(),
+        ),
+        (
+            "inventory-service",
+            declared::<inventory_service::Config>(),
+            required::<inventory_service::Config>(),
+        ),
+        (
+            "payment-service",
+            declared::<payment_service::Config>(),
+            required::<payment_service::Config>(),
+        ),
+        (
+            "mock-gateway",
+            declared::<mock_gateway::Config>(),
+            required::<mock_gateway::Config>(),
+        ),
+        (
+            "outbox-relay",
+            declared::<outbox_relay::Config>(),
+            required::<outbox_relay::Config>(),
+        ),
     ];
-    for (name, vars) in &configs {
+    let secrets = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docker/gen-env.sh")).unwrap();
+    for (name, vars, needed) in &configs {
         let svc = &services[&serde_yaml::Value::from(*name)];
         assert!(svc.is_mapping(), "{name} missing from docker-compose.yml");
         let env: BTreeSet<String> = svc["environment"]
@@ -59,6 +90,24 @@ fn compose_services_use_exactly_the_variables_their_config_reads() {
                 assert!(env.contains(must), "{name}: compose must set {must}");
             }
         }
+        // Every secret is set, from .env (interpolated, required by
+        // compose itself), never as a literal in the file.
+        for must in needed {
+            let value = svc["environment"][must.as_str()].as_str().unwrap_or_default();
+            assert!(
+                value.contains("${"),
+                "{name}: compose must set {must} from .env, not {value:?}"
+            );
+            let from = value
+                .split("${")
+                .nth(1)
+                .and_then(|v| v.split([':', '}']).next())
+                .unwrap_or_default();
+            assert!(
+                secrets.contains(&format!("echo \"{from}=")),
+                "{name}: {must} comes from {from}, which docker/gen-env.sh does not generate"
+            );
+        }
         assert!(svc["healthcheck"].is_mapping(), "{name} has no healthcheck");
         assert_eq!(svc["command"][0].as_str(), Some(*name), "{name} runs the wrong binary");
         for dep in ["postgres", "kafka"] {
@@ -70,7 +119,7 @@ fn compose_services_use_exactly_the_variables_their_config_reads() {
         }
     }
     let dockerfile = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../Dockerfile")).unwrap();
-    for (name, _) in &configs {
+    for (name, _, _) in &configs {
         assert!(
             dockerfile.contains(&format!("-p {name}")),
             "Dockerfile does not build {name}"
@@ -113,10 +162,7 @@ fn compose_sends_traces_to_jaeger_and_prometheus_scrapes_every_service() {
         .iter()
         .filter_map(|p| p.as_str())
         .collect();
-    assert!(
-        ports.contains(&"4318:4318") && ports.contains(&"16686:16686"),
-        "{ports:?}"
-    );
+    assert_eq!(ports, ["127.0.0.1:16686:16686"], "the UI only, on loopback");
     let prometheus_yml: serde_yaml::Value = serde_yaml::from_str(
         &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docker/prometheus.yml")).unwrap(),
     )
@@ -162,4 +208,41 @@ fn compose_sends_traces_to_jaeger_and_prometheus_scrapes_every_service() {
         mounts.contains(&"./docker/prometheus.yml:/etc/prometheus/prometheus.yml:ro"),
         "{mounts:?}"
     );
+}
+
+/// What a user needs is published, on 127.0.0.1 only: order-api, Jaeger's
+/// UI, Prometheus. PostgreSQL, Kafka and the internal services are on the
+/// compose network alone; PostgreSQL's password comes from .env.
+#[test]
+fn compose_publishes_only_the_api_and_the_uis_on_loopback() {
+    let doc = compose();
+    let services = doc["services"].as_mapping().expect("services");
+    let mut published = BTreeSet::new();
+    for (name, svc) in services {
+        let name = name.as_str().expect("service name");
+        for port in svc["ports"].as_sequence().cloned().unwrap_or_default() {
+            let port = port.as_str().expect("ports as strings");
+            assert!(
+                port.starts_with("127.0.0.1:"),
+                "{name} publishes {port} beyond loopback"
+            );
+            published.insert(name.to_owned());
+        }
+    }
+    assert_eq!(
+        published,
+        BTreeSet::from(["order-api", "jaeger", "prometheus"].map(str::to_owned))
+    );
+    let password = doc["services"]["postgres"]["environment"]["POSTGRES_PASSWORD"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(password.starts_with("${POSTGRES_PASSWORD:?"), "{password}");
+    assert!(
+        doc["services"]["mock-gateway"]["environment"]["GATEWAY_ADMIN"].is_null(),
+        "no fault switch in compose (release builds refuse it)"
+    );
+    for ignore in [".gitignore", ".dockerignore"] {
+        let text = std::fs::read_to_string(format!("{}/../{ignore}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+        assert!(text.lines().any(|l| l.trim() == ".env"), "{ignore} must ignore .env");
+    }
 }

@@ -2,7 +2,8 @@
 //! stock, and replies on `order.events` through its outbox.
 //!
 //! Also serves `GET /stock` and `PUT /stock/{sku}` (set the available count),
-//! used by the demo and the tests to seed and audit stock.
+//! used by the demo and the tests to seed and audit stock: an operator's
+//! endpoints, behind the operator credential (`INVENTORY_OPERATOR_KEY`).
 
 pub mod stock;
 
@@ -11,6 +12,7 @@ use std::net::SocketAddr;
 use axum::routing::{get, put};
 use axum::Router;
 use contract::topics::{self, consumers};
+use service_kit::bearer::BearerScheme;
 use service_kit::{DbArgs, LogArgs, SagaConsumer, Supervisor};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
@@ -33,6 +35,10 @@ pub struct Config {
     /// Address of the admin/stock HTTP endpoints.
     #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8081")]
     pub http_addr: SocketAddr,
+    /// The operator's credential for the stock endpoints
+    /// (`Authorization: Bearer …`), ≥ 32 characters, no default.
+    #[arg(long, env = "INVENTORY_OPERATOR_KEY", hide_env_values = true)]
+    pub operator_key: service_kit::Secret,
     /// Inbox retention.
     #[command(flatten)]
     pub inbox: inbox::RetentionArgs,
@@ -54,6 +60,8 @@ pub struct Config {
         description = "Stock levels of the effectively-once saga (seeding and audit); reservations travel over Kafka. Errors are RFC 9457 problem+json."
     ),
     paths(stock::list, stock::set),
+    modifiers(&BearerScheme),
+    security(("bearer" = [])),
     components(schemas(stock::StockLevel, stock::SetStock, service_kit::problem::Problem))
 )]
 pub struct ApiDoc;
@@ -112,9 +120,14 @@ impl App {
         tasks.spawn_batch_consumer(consumer, self.pool.clone(), |pool, envelopes| async move {
             stock::handle_batch(&pool, envelopes).await
         });
+        let operator = service_kit::bearer::Callers::one("operator", self.config.operator_key.clone());
         let app = Router::new()
             .route("/stock", get(stock::list))
             .route("/stock/{sku}", put(stock::set))
+            .route_layer(axum::middleware::from_fn_with_state(
+                operator,
+                service_kit::bearer::require,
+            ))
             .route(
                 "/openapi.json",
                 get(|| async { ([(axum::http::header::CONTENT_TYPE, "application/json")], openapi_json()) }),

@@ -231,6 +231,7 @@ fn unavailable(e: sqlx::Error) -> Problem {
     tag = "stock",
     responses(
         (status = 200, description = "Every SKU with its available and reserved units", body = Vec<StockLevel>),
+        (status = 401, description = "No or wrong operator credential", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -265,6 +266,7 @@ pub struct SetStock {
     responses(
         (status = 204, description = "Set"),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or wrong operator credential", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid count or SKU", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
     )
@@ -276,18 +278,7 @@ pub async fn set(
 ) -> Result<StatusCode, Problem> {
     let refuse =
         |status: StatusCode, kind: &'static str, detail: String| Problem::new(status, kind, "Invalid request", detail);
-    let body: SetStock = serde_json::from_slice(&body).map_err(|e| match e.classify() {
-        serde_json::error::Category::Data => refuse(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "/problems/unprocessable",
-            e.to_string(),
-        ),
-        _ => refuse(
-            StatusCode::BAD_REQUEST,
-            "/problems/bad-request",
-            format!("malformed JSON body: {e}"),
-        ),
-    })?;
+    let body: SetStock = service_kit::problem::parse_json(&body).map_err(Problem::from)?;
     if body.available < 0 {
         return Err(refuse(
             StatusCode::UNPROCESSABLE_ENTITY,

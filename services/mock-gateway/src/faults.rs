@@ -41,6 +41,13 @@ pub struct Faults {
     pub hang_ms: u64,
 }
 
+impl Faults {
+    /// Whether any fault is on (`hang_ms` alone is none).
+    pub fn any(&self) -> bool {
+        self.latency_ms > 0 || self.fail_rate > 0.0 || self.timeout_after_commit_rate > 0.0 || self.refuse_refunds
+    }
+}
+
 fn default_hang() -> u64 {
     30_000
 }

@@ -167,10 +167,10 @@ pub struct LedgerEntry {
     request_body = ChargeRequest,
     params(
         ("Idempotency-Key" = String, Header, description = "one per operation: a retry with it returns the original movement"),
-        ("X-Client-Id" = Option<String>, Header, description = "the calling service (the key's scope)"),
     ),
     responses(
         (status = 201, description = "Captured (or replayed)", body = Movement),
+        (status = 401, description = "No or unknown credential", body = service_kit::problem::Problem, content_type = "application/problem+json"),
         (status = 402, description = "Declined by the issuer (stored under the key)", body = Movement),
         (status = 400, description = "Malformed body or key", body = service_kit::problem::Problem, content_type = "application/problem+json"),
         (status = 409, description = "The same key is still being processed", body = service_kit::problem::Problem, content_type = "application/problem+json"),
@@ -228,10 +228,10 @@ pub async fn charge(State(state): State<AppState>, request: Idempotent) -> Resul
     request_body = RefundRequest,
     params(
         ("Idempotency-Key" = String, Header, description = "one per operation: a retry with it returns the original movement"),
-        ("X-Client-Id" = Option<String>, Header, description = "the calling service (the key's scope)"),
     ),
     responses(
         (status = 201, description = "Refunded (or replayed)", body = Movement),
+        (status = 401, description = "No or unknown credential", body = service_kit::problem::Problem, content_type = "application/problem+json"),
         (status = 400, description = "Malformed body or key", body = service_kit::problem::Problem, content_type = "application/problem+json"),
         (status = 409, description = "The same key is still being processed", body = service_kit::problem::Problem, content_type = "application/problem+json"),
         (status = 422, description = "More than the captured amount, refused by the issuer, or the key reused with another body", body = service_kit::problem::Problem, content_type = "application/problem+json"),
@@ -294,52 +294,120 @@ pub async fn refund(State(state): State<AppState>, request: Idempotent) -> Resul
     .await
 }
 
+/// `GET /v1/ledger` and `GET /v1/operations/{key}` query: whose entries.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct LedgerQuery {
+    /// The caller whose movements to read (default: the authenticated
+    /// caller; another only under a `GATEWAY_READERS` grant).
+    pub client: Option<String>,
+    /// Entries after this entry id (the previous page's `next_after`).
+    pub after: Option<Uuid>,
+    /// Page size, 1..=500 (default 100).
+    pub limit: Option<i64>,
+}
+
+/// One page of the ledger.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct LedgerPage {
+    /// Entries, oldest first (ids are time-ordered UUIDv7).
+    pub entries: Vec<LedgerEntry>,
+    /// Pass as `after` for the next page; absent on the last.
+    pub next_after: Option<Uuid>,
+}
+
+/// The owner whose movements the caller asked for, if it may read them.
+fn owner(state: &AppState, caller: &idempotency::Scope, asked: Option<String>) -> Result<String, Response> {
+    let owner = asked.unwrap_or_else(|| caller.0.clone());
+    if state.readers.may_read(&caller.0, &owner) {
+        return Ok(owner);
+    }
+    Err(Problem::new(
+        StatusCode::FORBIDDEN,
+        "/problems/forbidden",
+        "Not allowed",
+        format!("{} may not read the movements of {owner}", caller.0),
+    )
+    .into_response())
+}
+
 #[utoipa::path(
     get,
     path = "/v1/ledger",
     tag = "gateway",
+    params(LedgerQuery),
     responses(
-        (status = 200, description = "Every movement, oldest first: the ground truth of money", body = Vec<LedgerEntry>),
+        (status = 200, description = "A page of the caller's movements, oldest first", body = LedgerPage),
+        (status = 400, description = "Bad query", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or unknown credential", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Another caller's movements without a grant", body = service_kit::problem::Problem, content_type = "application/problem+json"),
         (status = 500, description = "Internal error", body = service_kit::problem::Problem, content_type = "application/problem+json"),
     )
 )]
-/// `GET /v1/ledger` — every entry, oldest first.
-pub async fn list(State(state): State<AppState>) -> Result<Json<Vec<LedgerEntry>>, GatewayError> {
-    Ok(Json(
-        sqlx::query_as(
-            "SELECT id, kind, order_id, amount_cents, status, client_id, idempotency_key, created_at
-             FROM ledger ORDER BY created_at, id",
-        )
-        .fetch_all(&state.pool)
-        .await?,
-    ))
+/// `GET /v1/ledger` — the caller's movements, a page at a time.
+pub async fn list(
+    State(state): State<AppState>,
+    axum::Extension(caller): axum::Extension<idempotency::Scope>,
+    query: Result<axum::extract::Query<LedgerQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, GatewayError> {
+    let axum::extract::Query(query) = query.map_err(|e| GatewayError::BadRequest(e.body_text()))?;
+    let owner = match owner(&state, &caller, query.client) {
+        Ok(o) => o,
+        Err(refused) => return Ok(refused),
+    };
+    let limit = query.limit.unwrap_or(100);
+    if !(1..=500).contains(&limit) {
+        return Err(GatewayError::BadRequest("limit must be 1..=500".into()));
+    }
+    let entries: Vec<LedgerEntry> = sqlx::query_as(
+        "SELECT id, kind, order_id, amount_cents, status, client_id, idempotency_key, created_at
+         FROM ledger WHERE client_id = $1 AND ($2::uuid IS NULL OR id > $2)
+         ORDER BY id LIMIT $3",
+    )
+    .bind(&owner)
+    .bind(query.after)
+    .bind(limit)
+    .fetch_all(&state.pool)
+    .await?;
+    let next_after = (entries.len() as i64 == limit)
+        .then(|| entries.last().map(|e| e.id))
+        .flatten();
+    Ok(Json(LedgerPage { entries, next_after }).into_response())
 }
 
 /// `GET /v1/operations/{key}` — what the gateway did under Idempotency-Key
-/// `key` for the calling client: the movement, or 404 when nothing was
-/// committed under it (never asked, refused before commit, or still in
-/// flight). Reconciliation asks this instead of guessing.
+/// `key` of the calling client (or, under a grant, of `client`): the
+/// movement, or 404 when nothing was committed under it (never asked,
+/// refused before commit, or still in flight). Reconciliation asks this
+/// instead of guessing.
 #[utoipa::path(
     get,
     path = "/v1/operations/{key}",
     tag = "gateway",
     params(
         ("key" = String, Path, description = "the Idempotency-Key the operation was made with"),
-        ("X-Client-Id" = Option<String>, Header, description = "the calling service (the key's scope)"),
+        ("client" = Option<String>, Query, description = "whose key (default: the caller; another only under a GATEWAY_READERS grant)"),
     ),
     responses(
         (status = 200, description = "The movement made under the key", body = LedgerEntry),
-        (status = 400, description = "Bad client header", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Bad query", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or unknown credential", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Another caller's key without a grant", body = service_kit::problem::Problem, content_type = "application/problem+json"),
         (status = 404, description = "Nothing committed under the key", body = service_kit::problem::Problem, content_type = "application/problem+json"),
         (status = 500, description = "Internal error", body = service_kit::problem::Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn operation(
     State(state): State<AppState>,
+    axum::Extension(caller): axum::Extension<idempotency::Scope>,
     axum::extract::Path(key): axum::extract::Path<String>,
-    headers: axum::http::HeaderMap,
+    query: Result<axum::extract::Query<LedgerQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, GatewayError> {
-    let client = idempotency::client_scope(&headers).map_err(GatewayError::BadRequest)?;
+    let axum::extract::Query(query) = query.map_err(|e| GatewayError::BadRequest(e.body_text()))?;
+    let client = match owner(&state, &caller, query.client) {
+        Ok(o) => o,
+        Err(refused) => return Ok(refused),
+    };
     let entry: Option<LedgerEntry> = sqlx::query_as(
         "SELECT id, kind, order_id, amount_cents, status, client_id, idempotency_key, created_at
          FROM ledger WHERE client_id = $1 AND idempotency_key = $2 ORDER BY created_at, id LIMIT 1",
@@ -364,8 +432,10 @@ pub async fn operation(
     })
 }
 
-fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, GatewayError> {
-    serde_json::from_slice(body).map_err(|e| GatewayError::BadRequest(format!("invalid body: {e}")))
+/// Parses a request body; the error names the field, never the value.
+pub(crate) fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, GatewayError> {
+    service_kit::problem::parse_json(body)
+        .map_err(|e| GatewayError::BadRequest(format!("invalid body: {}", e.detail())))
 }
 
 async fn insert(

@@ -3,9 +3,15 @@
 //! original result, a key reused with other parameters is refused — and whose
 //! ledger is the ground truth for "charged twice?".
 //!
+//! Every `/v1` route authenticates its caller (`Authorization: Bearer`, one
+//! configured secret per calling service, `GATEWAY_CLIENTS`): the caller is
+//! the scope of its Idempotency-Keys and the owner of its operations; a
+//! caller reads another's operations only when `GATEWAY_READERS` grants it.
+//!
 //! Declines: card `4000000000000002` is always declined (Stripe's test card
 //! for a generic decline). Faults ([`faults`]) can be set at start from the
-//! environment or at run time through `/admin/faults` when enabled.
+//! environment or at run time through `/admin/faults` — in builds with the
+//! `failpoints` feature only: a production build refuses to start with them.
 
 pub mod faults;
 pub mod ledger;
@@ -15,9 +21,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::FromRef;
 use axum::routing::{get, post};
 use axum::Router;
-use service_kit::{DbArgs, LogArgs, Supervisor};
+use idempotency::FingerprintKey;
+use service_kit::bearer::BearerScheme;
+use service_kit::bearer::Callers;
+use service_kit::{DbArgs, LogArgs, Secret, Supervisor};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -45,21 +55,25 @@ pub struct Config {
     /// HTTP address.
     #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8083")]
     pub http_addr: SocketAddr,
-    /// Enables `GET/PUT /admin/faults` (never in production).
+    /// The callers and their secrets, `name=secret[,name=secret…]`, e.g.
+    /// `order-api=…,payment-service=…` (each secret ≥ 32 characters).
+    #[arg(long, env = "GATEWAY_CLIENTS", hide_env_values = true)]
+    pub clients: Callers,
+    /// Which caller may read which other caller's operations,
+    /// `reader=owner[,…]`, e.g. `order-api=payment-service` (order-api's
+    /// reconciliation asks what payment-service's keys did).
+    #[arg(long, env = "GATEWAY_READERS", default_value = "")]
+    pub readers: Readers,
+    /// Enables `GET/PUT /admin/faults` (builds with failpoints only).
     #[arg(long, env = "GATEWAY_ADMIN", default_value_t = false)]
     pub admin: bool,
     /// Idempotency-Key lifetime.
     #[command(flatten)]
     pub keys: idempotency::KeyArgs,
-    /// Key of the vault's card fingerprints (HMAC-SHA256). Set a secret one
-    /// outside development; changing it gives known cards new tokens.
-    #[arg(
-        long,
-        env = "GATEWAY_VAULT_KEY",
-        default_value = "development-vault-key",
-        hide_default_value = true
-    )]
-    pub vault_key: String,
+    /// Key of the vault's card fingerprints (HMAC-SHA256), no default;
+    /// changing it gives known cards new tokens.
+    #[arg(long, env = "GATEWAY_VAULT_KEY", hide_env_values = true)]
+    pub vault_key: Secret,
     /// Initial faults.
     #[command(flatten)]
     pub faults: faults::Faults,
@@ -81,7 +95,48 @@ pub struct AppState {
     /// How long a completed Idempotency-Key is remembered.
     pub key_ttl: Duration,
     /// Key of the vault's card fingerprints.
-    pub vault_key: Arc<[u8]>,
+    pub vault_key: Secret,
+    /// Key of the Idempotency-Key request fingerprints.
+    pub fingerprint_key: FingerprintKey,
+    /// Who may read whose operations.
+    pub readers: Readers,
+}
+
+impl FromRef<AppState> for FingerprintKey {
+    fn from_ref(state: &AppState) -> Self {
+        state.fingerprint_key.clone()
+    }
+}
+
+/// Read grants: `reader=owner` pairs. A caller always reads its own
+/// operations.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Readers(Arc<Vec<(String, String)>>);
+
+impl Readers {
+    /// Whether `reader` may read `owner`'s operations.
+    pub fn may_read(&self, reader: &str, owner: &str) -> bool {
+        reader == owner || self.0.iter().any(|(r, o)| r == reader && o == owner)
+    }
+}
+
+impl std::str::FromStr for Readers {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let pairs = s
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                p.split_once('=')
+                    .filter(|(r, o)| !r.is_empty() && !o.is_empty())
+                    .map(|(r, o)| (r.to_owned(), o.to_owned()))
+                    .ok_or_else(|| format!("{p:?}: each grant is reader=owner"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self(Arc::new(pairs)))
+    }
 }
 
 /// The gateway's OpenAPI 3.1 document (`utoipa`), served at `/openapi.json`
@@ -94,6 +149,8 @@ pub struct AppState {
         description = "A Stripe-like payment provider for the effectively-once saga: every POST needs an Idempotency-Key; errors are RFC 9457 problem+json."
     ),
     paths(vault::create, ledger::charge, ledger::refund, ledger::operation, ledger::list),
+    modifiers(&BearerScheme),
+    security(("bearer" = [])),
     components(schemas(
         vault::TokenRequest,
         vault::CardToken,
@@ -101,6 +158,7 @@ pub struct AppState {
         ledger::RefundRequest,
         ledger::Movement,
         ledger::LedgerEntry,
+        ledger::LedgerPage,
         ledger::EntryKind,
         ledger::EntryStatus,
         service_kit::problem::Problem
@@ -121,11 +179,15 @@ pub struct App {
     state: AppState,
     listener: TcpListener,
     admin: bool,
+    callers: Callers,
 }
 
 /// Connects, migrates and binds.
 pub async fn build(config: Config) -> anyhow::Result<App> {
     config.unsafe_no_idempotency_key.apply()?;
+    // Fault injection exists only in test builds.
+    service_kit::unsafe_switch::check("GATEWAY_ADMIN", config.admin)?;
+    service_kit::unsafe_switch::check("GATEWAY_* faults", config.faults.any())?;
     let pool = service_kit::db::connect(
         &config.db.url,
         config.db.pool_size,
@@ -137,12 +199,15 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         pool,
         faults: Arc::new(faults::FaultSwitch::new(config.faults)),
         key_ttl: config.keys.ttl(),
-        vault_key: Arc::from(config.vault_key.as_bytes()),
+        vault_key: config.vault_key,
+        fingerprint_key: config.keys.fingerprint_key(),
+        readers: config.readers,
     };
     Ok(App {
         state,
         listener,
         admin: config.admin,
+        callers: config.clients,
     })
 }
 
@@ -154,21 +219,31 @@ impl App {
 
     /// Serves until `shutdown`, or until a task dies (then returns its error).
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        tracing::info!(addr = %self.local_addr(), admin = self.admin, "mock-gateway listening");
+        tracing::info!(
+            addr = %self.local_addr(),
+            admin = self.admin,
+            callers = ?self.callers,
+            "mock-gateway listening"
+        );
         let mut tasks = Supervisor::new(shutdown);
         let mut api = Router::new()
             .route("/v1/charges", post(ledger::charge))
             .route("/v1/refunds", post(ledger::refund))
             .route("/v1/ledger", get(ledger::list))
             .route("/v1/tokens", post(vault::create))
-            .route("/v1/operations/{key}", get(ledger::operation))
+            .route("/v1/operations/{key}", get(ledger::operation));
+        if self.admin {
+            api = api.route("/admin/faults", get(faults::get).put(faults::put));
+        }
+        let api = api
+            .route_layer(axum::middleware::from_fn_with_state(
+                self.callers.clone(),
+                service_kit::bearer::require,
+            ))
             .route(
                 "/openapi.json",
                 get(|| async { ([(axum::http::header::CONTENT_TYPE, "application/json")], openapi_json()) }),
             );
-        if self.admin {
-            api = api.route("/admin/faults", get(faults::get).put(faults::put));
-        }
         tasks.spawn(
             "idempotency reaper",
             idempotency::run_reaper(self.state.pool.clone(), tasks.token()),
@@ -181,20 +256,60 @@ impl App {
     }
 }
 
+/// A gateway started by [`start_local`]: its URL and its callers' secrets.
+#[derive(Debug, Clone)]
+pub struct LocalGateway {
+    /// Base URL.
+    pub url: String,
+    /// order-api's credential.
+    pub order_api_key: Secret,
+    /// payment-service's credential.
+    pub payment_key: Secret,
+}
+
+/// A random secret (64 hex characters).
+pub fn random_secret() -> Secret {
+    use rand::RngCore as _;
+    let mut bytes = [0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut bytes);
+    Secret::new(&hex::encode(bytes)).expect("64 characters")
+}
+
 /// Starts a gateway on an ephemeral port over database `database_url`, with
-/// the default settings, for tests and benches of its clients. Returns its
-/// base URL; the gateway stops when `shutdown` is cancelled.
-pub async fn start_local(database_url: &str, shutdown: CancellationToken) -> anyhow::Result<String> {
+/// the default settings and random secrets for order-api and
+/// payment-service (order-api may read payment-service's operations), for
+/// tests and benches of its clients. The gateway stops when `shutdown` is
+/// cancelled.
+pub async fn start_local(database_url: &str, shutdown: CancellationToken) -> anyhow::Result<LocalGateway> {
     use clap::Parser as _;
+    let (order_api_key, payment_key) = (random_secret(), random_secret());
+    let clients = format!(
+        "order-api={},payment-service={}",
+        order_api_key.expose(),
+        payment_key.expose()
+    );
+    let (vault, fingerprint) = (random_secret(), random_secret());
     let config = Config::try_parse_from([
         "mock-gateway",
         "--database-url",
         database_url,
         "--http-addr",
         "127.0.0.1:0",
+        "--clients",
+        &clients,
+        "--readers",
+        "order-api=payment-service",
+        "--vault-key",
+        vault.expose(),
+        "--idempotency-fingerprint-key",
+        fingerprint.expose(),
     ])?;
     let app = build(config).await?;
-    let base = format!("http://{}", app.local_addr());
+    let url = format!("http://{}", app.local_addr());
     tokio::spawn(app.run(shutdown));
-    Ok(base)
+    Ok(LocalGateway {
+        url,
+        order_api_key,
+        payment_key,
+    })
 }

@@ -106,14 +106,14 @@ pub async fn card(conn: &mut sqlx::PgConnection, token: &str) -> Result<Option<C
     responses(
         (status = 201, description = "The card's token", body = CardToken),
         (status = 400, description = "Malformed body", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        (status = 401, description = "No or unknown credential", body = service_kit::problem::Problem, content_type = "application/problem+json"),
         (status = 422, description = "Not a card number", body = service_kit::problem::Problem, content_type = "application/problem+json"),
         (status = 500, description = "Internal error", body = service_kit::problem::Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn create(State(state): State<AppState>, body: axum::body::Bytes) -> Result<Response, GatewayError> {
-    let req: TokenRequest =
-        serde_json::from_slice(&body).map_err(|e| GatewayError::BadRequest(format!("invalid body: {e}")))?;
-    let token = tokenise(&state.pool, &state.vault_key, &req.card).await?;
+    let req: TokenRequest = crate::ledger::parse(&body)?;
+    let token = tokenise(&state.pool, state.vault_key.expose().as_bytes(), &req.card).await?;
     telemetry::metrics::incr("gateway_tokens_issued_total", &[]);
     Ok((StatusCode::CREATED, Json(token)).into_response())
 }

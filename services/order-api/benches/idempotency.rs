@@ -126,8 +126,10 @@ async fn main() {
     let state = AppState {
         pool: pool.clone(),
         idempotency_ttl: Duration::from_secs(86_400),
-        gateway: order_api::gateway::Client::new(&gateway_url, Duration::from_secs(5)).unwrap(),
+        gateway: order_api::gateway::Client::new(&gateway_url.url, &gateway_url.order_api_key, Duration::from_secs(5))
+            .unwrap(),
         auth: order_api::auth::Auth::new(pool.clone(), Default::default()),
+        fingerprint_key: idempotency::FingerprintKey::for_tests(),
     };
     let app: Router = order_api::http::router(state.clone()).merge(
         Router::new()

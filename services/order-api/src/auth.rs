@@ -125,15 +125,9 @@ impl Auth {
 
     /// The client of the request's bearer key.
     async fn client(&self, headers: &axum::http::HeaderMap) -> Result<String, Refusal> {
-        let key = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            .filter(|k| !k.is_empty())
-            .ok_or(Refusal::Unauthenticated(
-                "an API key is required: Authorization: Bearer <key>",
-            ))?;
+        let key = service_kit::bearer::presented(headers).ok_or(Refusal::Unauthenticated(
+            "an API key is required: Authorization: Bearer <key>",
+        ))?;
         let digest = hash(key);
         let ttl = Duration::from_secs(self.args.key_cache_secs);
         if let Some((client, at)) = self.keys.lock().expect("keys lock").get(&digest) {

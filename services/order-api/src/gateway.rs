@@ -11,8 +11,9 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 use tracing::Instrument as _;
 
-/// The client id payment-service calls the gateway with: operation keys
-/// are scoped to it, so a lookup must name it too.
+/// The gateway caller whose operations order-api's reconciliation reads
+/// (payment-service's keys; the gateway grants order-api that read with
+/// `GATEWAY_READERS=order-api=payment-service`).
 pub const PAYMENT_CLIENT: &str = "payment-service";
 
 /// Why the gateway gave no answer.
@@ -69,10 +70,17 @@ pub struct Client {
 }
 
 impl Client {
-    /// A client for `base` with a per-request `timeout`.
-    pub fn new(base: &str, timeout: Duration) -> reqwest::Result<Self> {
+    /// A client for `base` presenting credential `key`, with a per-request
+    /// `timeout`.
+    pub fn new(base: &str, key: &service_kit::Secret, timeout: Duration) -> anyhow::Result<Self> {
+        let mut auth = reqwest::header::HeaderValue::from_str(&format!("Bearer {}", key.expose()))?;
+        auth.set_sensitive(true);
+        let headers = reqwest::header::HeaderMap::from_iter([(reqwest::header::AUTHORIZATION, auth)]);
         Ok(Self {
-            http: reqwest::Client::builder().timeout(timeout).build()?,
+            http: reqwest::Client::builder()
+                .default_headers(headers)
+                .timeout(timeout)
+                .build()?,
             base: base.trim_end_matches('/').to_owned(),
             tokens: TokenCache::default(),
         })
@@ -110,7 +118,7 @@ impl Client {
         let req = self
             .http
             .get(format!("{}/v1/operations/{key}", self.base))
-            .header("x-client-id", PAYMENT_CLIENT);
+            .query(&[("client", PAYMENT_CLIENT)]);
         let (status, text) = self.send(req, "GET /v1/operations/{key}").await?;
         match status {
             200 => serde_json::from_str(&text)

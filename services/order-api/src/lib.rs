@@ -42,6 +42,10 @@ pub struct Config {
     /// becomes a token there) and its record of operations (reconciliation).
     #[arg(long, env = "GATEWAY_URL", default_value = "http://127.0.0.1:8083")]
     pub gateway_url: String,
+    /// order-api's credential at the gateway (`Authorization: Bearer`),
+    /// ≥ 32 characters, no default.
+    #[arg(long, env = "GATEWAY_API_KEY", hide_env_values = true)]
+    pub gateway_api_key: service_kit::Secret,
     /// Timeout of one gateway call, in milliseconds.
     #[arg(long, env = "GATEWAY_TIMEOUT_MS", default_value_t = 2_000)]
     pub gateway_timeout_ms: u64,
@@ -83,6 +87,14 @@ pub struct AppState {
     pub gateway: gateway::Client,
     /// API keys and per-client limits.
     pub auth: std::sync::Arc<auth::Auth>,
+    /// Key of the Idempotency-Key request fingerprints.
+    pub fingerprint_key: idempotency::FingerprintKey,
+}
+
+impl axum::extract::FromRef<AppState> for idempotency::FingerprintKey {
+    fn from_ref(state: &AppState) -> Self {
+        state.fingerprint_key.clone()
+    }
 }
 
 /// A built, not yet running, order-api.
@@ -121,8 +133,13 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     let state = AppState {
         pool,
         idempotency_ttl: config.keys.ttl(),
-        gateway: gateway::Client::new(&config.gateway_url, Duration::from_millis(config.gateway_timeout_ms))?,
+        gateway: gateway::Client::new(
+            &config.gateway_url,
+            &config.gateway_api_key,
+            Duration::from_millis(config.gateway_timeout_ms),
+        )?,
         auth,
+        fingerprint_key: config.keys.fingerprint_key(),
     };
     Ok(App {
         state,

@@ -57,10 +57,17 @@ pub struct Client {
 }
 
 impl Client {
-    /// A client for `base` with a per-request `timeout`.
-    pub fn new(base: &str, timeout: Duration) -> reqwest::Result<Self> {
+    /// A client for `base` presenting credential `key`, with a per-request
+    /// `timeout`.
+    pub fn new(base: &str, key: &service_kit::Secret, timeout: Duration) -> anyhow::Result<Self> {
+        let mut auth = reqwest::header::HeaderValue::from_str(&format!("Bearer {}", key.expose()))?;
+        auth.set_sensitive(true);
+        let headers = reqwest::header::HeaderMap::from_iter([(reqwest::header::AUTHORIZATION, auth)]);
         Ok(Self {
-            http: reqwest::Client::builder().timeout(timeout).build()?,
+            http: reqwest::Client::builder()
+                .default_headers(headers)
+                .timeout(timeout)
+                .build()?,
             base: base.trim_end_matches('/').to_owned(),
         })
     }
@@ -96,7 +103,6 @@ impl Client {
         let resp = self
             .http
             .get(format!("{}/v1/operations/{key}", self.base))
-            .header("x-client-id", crate::NAME)
             .send()
             .await
             .map_err(|e| CallError::Retry(e.to_string()))?;
@@ -140,7 +146,6 @@ impl Client {
                 .post(format!("{}{path}", self.base))
                 .headers(headers)
                 .header("idempotency-key", key)
-                .header("x-client-id", crate::NAME)
                 .json(body)
                 .send()
                 .await

@@ -14,7 +14,7 @@ use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-/// Process name, in logs and metrics; also the client id it shows the gateway.
+/// Process name, in logs and metrics.
 pub const NAME: &str = "payment-service";
 
 /// payment-service configuration, from arguments or environment variables.
@@ -34,6 +34,10 @@ pub struct Config {
     /// Base URL of the payment gateway.
     #[arg(long, env = "GATEWAY_URL", default_value = "http://127.0.0.1:8083")]
     pub gateway_url: String,
+    /// payment-service's credential at the gateway (`Authorization:
+    /// Bearer`), ≥ 32 characters, no default.
+    #[arg(long, env = "GATEWAY_API_KEY", hide_env_values = true)]
+    pub gateway_api_key: service_kit::Secret,
     /// Gateway request timeout in milliseconds.
     #[arg(long, env = "GATEWAY_TIMEOUT_MS", default_value_t = 2_000)]
     pub gateway_timeout_ms: u64,
@@ -97,7 +101,11 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     )
     .await?;
     config.kafka.ensure_topics(&topics::ALL).await?;
-    let gateway = gateway::Client::new(&config.gateway_url, Duration::from_millis(config.gateway_timeout_ms))?;
+    let gateway = gateway::Client::new(
+        &config.gateway_url,
+        &config.gateway_api_key,
+        Duration::from_millis(config.gateway_timeout_ms),
+    )?;
     let listener = TcpListener::bind(config.http_addr).await?;
     config.unsafe_no_inbox.apply()?;
     service_kit::unsafe_switch::check("PAYMENT_UNSAFE_DISABLE_DEDUP", config.unsafe_disable_dedup)?;
@@ -155,6 +163,8 @@ mod tests {
             "payment-service",
             "--database-url",
             "postgres://unused",
+            "--gateway-api-key",
+            &"k".repeat(32),
             "--inbox-retention-secs",
             "3600",
         ])
@@ -168,6 +178,8 @@ mod tests {
             "payment-service",
             "--database-url",
             "postgres://unused",
+            "--gateway-api-key",
+            &"k".repeat(32),
             "--gateway-key-ttl-secs",
             "86400",
         ])

@@ -8,7 +8,10 @@ use uuid::Uuid;
 
 struct Gateway {
     base: String,
+    /// Presents caller `tests`'s credential on every request.
     http: reqwest::Client,
+    /// Caller `someone-else`'s credential.
+    other_key: String,
     /// Dropped with this value, also when the test panics.
     _db: TempDb,
     token: tokio_util::sync::CancellationToken,
@@ -17,15 +20,21 @@ struct Gateway {
 impl Gateway {
     async fn start(faults: mock_gateway::faults::Faults) -> Self {
         let db = TempDb::new("eo_gw");
+        let (key, other_key) = ("t".repeat(40), "o".repeat(40));
         let config = mock_gateway::Config {
             db: service_kit::DbArgs {
                 url: db.url().to_owned(),
                 pool_size: 16,
             },
             http_addr: "127.0.0.1:0".parse().unwrap(),
+            clients: format!("tests={key},someone-else={other_key}").parse().unwrap(),
+            readers: Default::default(),
             admin: true,
-            keys: idempotency::KeyArgs { ttl_secs: 86_400 },
-            vault_key: "test-vault-key".into(),
+            keys: idempotency::KeyArgs {
+                ttl_secs: 86_400,
+                fingerprint_key: "f".repeat(40).parse().unwrap(),
+            },
+            vault_key: "v".repeat(40).parse().unwrap(),
             faults,
             unsafe_no_idempotency_key: Default::default(),
             log: service_kit::LogArgs::default(),
@@ -34,9 +43,18 @@ impl Gateway {
         let base = format!("http://{}", app.local_addr());
         let token = tokio_util::sync::CancellationToken::new();
         tokio::spawn(app.run(token.clone()));
+        let auth = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}")).unwrap();
+        let http = reqwest::Client::builder()
+            .default_headers(reqwest::header::HeaderMap::from_iter([(
+                reqwest::header::AUTHORIZATION,
+                auth,
+            )]))
+            .build()
+            .unwrap();
         Self {
             base,
-            http: reqwest::Client::new(),
+            http,
+            other_key,
             _db: db,
             token,
         }
@@ -47,7 +65,6 @@ impl Gateway {
             .http
             .post(format!("{}{path}", self.base))
             .header("idempotency-key", key)
-            .header("x-client-id", "tests")
             .json(body)
             .timeout(Duration::from_secs(2))
             .send()
@@ -73,26 +90,28 @@ impl Gateway {
         body["token"].as_str().unwrap().to_owned()
     }
 
+    /// GET as caller `tests` or `someone-else`.
     async fn get(&self, path: &str, client: &str) -> (u16, Value) {
-        let r = self
-            .http
-            .get(format!("{}{path}", self.base))
-            .header("x-client-id", client)
-            .send()
-            .await
-            .unwrap();
+        let mut req = self.http.get(format!("{}{path}", self.base));
+        if client == "someone-else" {
+            req = req.bearer_auth(&self.other_key);
+        }
+        let r = req.send().await.unwrap();
         (r.status().as_u16(), r.json().await.unwrap())
     }
 
+    /// Caller `tests`'s ledger entries (one page).
     async fn ledger(&self) -> Vec<Value> {
-        self.http
+        let page: Value = self
+            .http
             .get(format!("{}/v1/ledger", self.base))
             .send()
             .await
             .unwrap()
             .json()
             .await
-            .unwrap()
+            .unwrap();
+        page["entries"].as_array().unwrap().clone()
     }
 
     async fn stop(self) {
@@ -228,7 +247,6 @@ async fn injected_faults_fail_before_commit_or_commit_then_hang() {
         .http
         .post(format!("{}/v1/charges", gw.base))
         .header("idempotency-key", "k")
-        .header("x-client-id", "tests")
         .json(&charge(order, 100, &gw.token("4242424242424242").await))
         .timeout(Duration::from_secs(1))
         .send()
@@ -324,6 +342,9 @@ async fn an_operation_is_looked_up_by_its_key_within_its_clients_scope() {
     // Another client's key space, and a key never used: 404 problem+json.
     let (s, _) = gw.get("/v1/operations/charge-x", "someone-else").await;
     assert_eq!(s, 404);
+    // Naming the other client's scope without a grant: 403.
+    let (s, problem) = gw.get("/v1/operations/charge-x?client=tests", "someone-else").await;
+    assert_eq!(s, 403, "{problem}");
     let (s, problem) = gw.get("/v1/operations/never", "tests").await;
     assert_eq!(s, 404);
     assert_eq!(problem["status"], 404);

@@ -18,9 +18,6 @@ pub enum ApiError {
     /// Refused by the Idempotency-Key layer (bad key, in flight, reused).
     #[error(transparent)]
     Refused(#[from] idempotency::Refused),
-    /// Another client's order.
-    #[error("this order belongs to another client")]
-    Forbidden,
     /// Not in a state that allows the action.
     #[error("{0}")]
     Conflict(String),
@@ -71,7 +68,6 @@ impl ApiError {
             ),
             Self::Refused(r) => (r.status(), r.problem_type(), r.title()),
             Self::Conflict(_) => (StatusCode::CONFLICT, "/problems/conflict", "Conflict"),
-            Self::Forbidden => (StatusCode::FORBIDDEN, "/problems/forbidden", "Forbidden"),
             Self::NotFound => (StatusCode::NOT_FOUND, "/problems/not-found", "Not found"),
             Self::Unavailable(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,

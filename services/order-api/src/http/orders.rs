@@ -113,11 +113,13 @@ impl CreateOrder {
 }
 
 /// Parses a JSON body: syntax errors are 400, shape errors (missing or
-/// mistyped fields) 422. Nothing is written for either.
+/// mistyped fields) 422, naming the field and never the value (a `card`
+/// sent as a number is not echoed). Nothing is written for either.
 pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| match e.classify() {
-        serde_json::error::Category::Data => ApiError::Unprocessable(format!("invalid order: {e}")),
-        _ => ApiError::BadRequest(format!("malformed JSON body: {e}")),
+    use service_kit::problem::JsonError;
+    service_kit::problem::parse_json(body).map_err(|e| match e {
+        JsonError::Data(d) => ApiError::Unprocessable(format!("invalid order: {d}")),
+        JsonError::Syntax(d) => ApiError::BadRequest(d),
     })
 }
 
@@ -226,8 +228,7 @@ async fn respond(
     responses(
         (status = 200, description = "The order and its saga history", body = OrderView),
         (status = 401, description = "No API key, or an unknown or revoked one", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "Another client's order", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such order", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such order, or another client's (the two are not told apart)", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Over the client's request rate (Retry-After)", body = Problem, content_type = "application/problem+json"),
         (status = 500, description = "Internal error", body = Problem, content_type = "application/problem+json"),
     )
@@ -241,7 +242,8 @@ pub async fn show(
     let mut conn = state.pool.acquire().await?;
     let order = orders::get(&mut conn, id).await?.ok_or(ApiError::NotFound)?;
     if order.client_id != client.0 {
-        return Err(ApiError::Forbidden);
+        // Not 403: that would tell a client another client's order exists.
+        return Err(ApiError::NotFound);
     }
     let history = orders::history(&mut conn, id).await?;
     Ok(Json(OrderView { order, history }).into_response())
@@ -260,8 +262,7 @@ pub async fn show(
         (status = 200, description = "Already being cancelled or cancelled", body = Order),
         (status = 400, description = "Malformed Idempotency-Key", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "No API key, or an unknown or revoked one", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "Another client's order", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such order", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such order, or another client's (the two are not told apart)", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over the size limit", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Over the client's request rate (Retry-After)", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Not cancellable in its state, or the key in flight", body = Problem, content_type = "application/problem+json"),
@@ -283,7 +284,7 @@ pub async fn cancel(
         Box::pin(async move {
             let order = orders::lock(conn, id).await?.ok_or(ApiError::NotFound)?;
             if order.client_id != client {
-                return Err(ApiError::Forbidden);
+                return Err(ApiError::NotFound);
             }
             let status = match order.status {
                 Status::Refunding | Status::Cancelling | Status::Cancelled => StatusCode::OK,

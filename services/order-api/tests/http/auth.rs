@@ -77,16 +77,25 @@ async fn the_key_scope_is_the_authenticated_client_whatever_x_client_id_says() {
 }
 
 #[tokio::test]
-async fn another_clients_order_is_a_403() {
+async fn another_clients_order_is_a_404_like_an_order_that_does_not_exist() {
     let api = TestApi::start(Duration::from_secs(3600)).await;
     let a = api.post("/orders", "a-1", Some("client-a"), ORDER).await;
     let id = a.json()["id"].as_str().unwrap().to_owned();
     assert_eq!(api.get(&format!("/orders/{id}"), "client-a").await.status, 200);
-    assert_problem(&api.get(&format!("/orders/{id}"), "client-b").await, 403);
+    let theirs = api.get(&format!("/orders/{id}"), "client-b").await;
+    let none = api.get(&format!("/orders/{}", uuid::Uuid::now_v7()), "client-b").await;
+    assert_problem(&theirs, 404);
+    assert_eq!(theirs.json(), none.json(), "nothing tells the two apart");
     let cancel = api
         .post(&format!("/orders/{id}/cancel"), "b-1", Some("client-b"), "{}")
         .await;
-    assert_problem(&cancel, 403);
+    assert_problem(&cancel, 404);
+    let status: String = sqlx::query_scalar("SELECT status FROM orders WHERE id = $1::uuid")
+        .bind(&id)
+        .fetch_one(&api.pool)
+        .await
+        .unwrap();
+    assert_ne!(status, "CANCELLING", "nothing written");
     api.stop().await;
 }
 

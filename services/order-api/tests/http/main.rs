@@ -52,8 +52,14 @@ impl TestApi {
         let state = AppState {
             pool: pool.clone(),
             idempotency_ttl: ttl,
-            gateway: order_api::gateway::Client::new(&gateway_url, Duration::from_secs(5)).unwrap(),
+            gateway: order_api::gateway::Client::new(
+                &gateway_url.url,
+                &gateway_url.order_api_key,
+                Duration::from_secs(5),
+            )
+            .unwrap(),
             auth: order_api::auth::Auth::new(pool.clone(), limits),
+            fingerprint_key: ::idempotency::FingerprintKey::for_tests(),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

@@ -1,0 +1,79 @@
+//! Deployment secrets: values read from the environment that key a hash or
+//! authenticate a caller. A [`Secret`] has no default — a service without
+//! one refuses to start and names the variable (clap's required argument) —
+//! is at least [`Secret::MIN_LEN`] bytes, and never prints.
+
+use std::sync::Arc;
+
+/// A secret value. `Debug` and `Display` print `[redacted]`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(Arc<str>);
+
+impl Secret {
+    /// Shortest accepted secret, in bytes (128 bits as hex).
+    pub const MIN_LEN: usize = 32;
+
+    /// A secret of `value`; refused when shorter than [`Self::MIN_LEN`].
+    pub fn new(value: &str) -> Result<Self, String> {
+        if value.len() < Self::MIN_LEN {
+            return Err(format!(
+                "a secret is at least {} characters (generate one with `openssl rand -hex 32`)",
+                Self::MIN_LEN
+            ));
+        }
+        Ok(Self(Arc::from(value)))
+    }
+
+    /// The value, for keying a MAC or comparing a presented credential.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::str::FromStr for Secret {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::new(s)
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+impl std::fmt::Display for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+/// Whether `a` and `b` are equal, in time independent of where they differ
+/// (comparing SHA-256 digests, so their lengths leak nothing either).
+pub fn constant_time_eq(a: &str, b: &str) -> bool {
+    use sha2::{Digest as _, Sha256};
+    let (x, y) = (Sha256::digest(a.as_bytes()), Sha256::digest(b.as_bytes()));
+    x.iter().zip(y.iter()).fold(0u8, |acc, (p, q)| acc | (p ^ q)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_short_secret_is_refused_and_none_prints() {
+        assert!(Secret::new("short").is_err());
+        let s = Secret::new(&"k".repeat(32)).unwrap();
+        assert_eq!(format!("{s} {s:?}"), "[redacted] [redacted]");
+        assert_eq!(s.expose(), "k".repeat(32));
+    }
+
+    #[test]
+    fn equality_without_early_exit() {
+        assert!(constant_time_eq("abc", "abc"));
+        assert!(!constant_time_eq("abc", "abd"));
+        assert!(!constant_time_eq("abc", "abcd"));
+    }
+}

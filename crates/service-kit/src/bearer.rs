@@ -1,0 +1,179 @@
+//! Service-to-service and operator authentication with configured secrets:
+//! `Authorization: Bearer <secret>`, where each secret names one caller.
+//!
+//! The gateway knows its callers from `GATEWAY_CLIENTS`
+//! (`order-api=<secret>,payment-service=<secret>`), inventory-service its
+//! operator from `INVENTORY_OPERATOR_KEY`. A request whose secret matches
+//! runs as that caller — its [`idempotency::Scope`]; any other is a 401
+//! problem+json, before any handler (and any database) is reached.
+//! Comparison is in constant time; the secrets never print.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use idempotency::secret::constant_time_eq;
+use idempotency::{Scope, Secret};
+
+use crate::problem::Problem;
+
+/// The callers a service accepts: (name, secret) pairs.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Callers(Arc<Vec<(String, Secret)>>);
+
+impl Callers {
+    /// One caller.
+    pub fn one(name: &str, secret: Secret) -> Self {
+        Self(Arc::new(vec![(name.to_owned(), secret)]))
+    }
+
+    /// The caller presenting `presented`, if any. Every entry is compared,
+    /// so the time taken does not say which one matched.
+    pub fn caller(&self, presented: &str) -> Option<&str> {
+        let mut found = None;
+        for (name, secret) in self.0.iter() {
+            if constant_time_eq(secret.expose(), presented) {
+                found = Some(name.as_str());
+            }
+        }
+        found
+    }
+
+    /// The callers' names.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(|(n, _)| n.as_str())
+    }
+}
+
+impl std::str::FromStr for Callers {
+    type Err = String;
+
+    /// `name=secret[,name=secret…]`; names 1..=64 of `[A-Za-z0-9._-]`, each
+    /// secret a [`Secret`], no name or secret twice.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut callers: Vec<(String, Secret)> = Vec::new();
+        for entry in s.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            let (name, secret) = entry
+                .split_once('=')
+                .ok_or_else(|| "each caller is name=secret".to_owned())?;
+            let valid = !name.is_empty()
+                && name.len() <= 64
+                && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+            if !valid {
+                return Err(format!("caller name {name:?}: 1..=64 of A-Z a-z 0-9 . _ -"));
+            }
+            let secret = Secret::new(secret).map_err(|e| format!("caller {name}: {e}"))?;
+            if callers.iter().any(|(n, s)| n == name || *s == secret) {
+                return Err(format!("caller {name}: a name or a secret given twice"));
+            }
+            callers.push((name.to_owned(), secret));
+        }
+        if callers.is_empty() {
+            return Err("at least one caller (name=secret)".into());
+        }
+        Ok(Self(Arc::new(callers)))
+    }
+}
+
+impl std::fmt::Debug for Callers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.names()).finish()
+    }
+}
+
+/// The bearer secret of a request, if it carries one.
+pub fn presented(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+}
+
+/// The 401 every refused request gets (with `WWW-Authenticate: Bearer`).
+pub fn unauthenticated(detail: &str) -> Response {
+    let mut resp = Problem::new(
+        StatusCode::UNAUTHORIZED,
+        "/problems/unauthenticated",
+        "Unauthenticated",
+        detail,
+    )
+    .into_response();
+    resp.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    resp
+}
+
+/// The middleware: a known caller's request runs with its [`Scope`]; any
+/// other is refused.
+pub async fn require(State(callers): State<Callers>, mut req: Request, next: Next) -> Response {
+    let Some(secret) = presented(req.headers()) else {
+        telemetry::metrics::incr("api_refusals_total", &[("reason", "unauthenticated")]);
+        return unauthenticated("a credential is required: Authorization: Bearer <secret>");
+    };
+    let Some(caller) = callers.caller(secret).map(str::to_owned) else {
+        telemetry::metrics::incr("api_refusals_total", &[("reason", "unauthenticated")]);
+        return unauthenticated("unknown credential");
+    };
+    req.extensions_mut().insert(Scope(caller));
+    next.run(req).await
+}
+
+/// The OpenAPI security scheme of a bearer-authenticated API, named
+/// `bearer`: add it with `modifiers(&BearerScheme)` and
+/// `security(("bearer" = []))`.
+pub struct BearerScheme;
+
+impl utoipa::Modify for BearerScheme {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some("Authorization: Bearer <credential>"))
+                    .build(),
+            ),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secret(c: char) -> String {
+        c.to_string().repeat(32)
+    }
+
+    #[test]
+    fn callers_parse_and_match_by_secret() {
+        let callers: Callers = format!("order-api={},payment-service={}", secret('a'), secret('b'))
+            .parse()
+            .unwrap();
+        assert_eq!(callers.caller(&secret('a')), Some("order-api"));
+        assert_eq!(callers.caller(&secret('b')), Some("payment-service"));
+        assert_eq!(callers.caller(&secret('c')), None);
+        assert_eq!(callers.caller(""), None);
+        assert!(!format!("{callers:?}").contains(&secret('a')), "secrets never print");
+    }
+
+    #[test]
+    fn bad_lists_are_refused() {
+        for bad in [
+            String::new(),
+            "order-api".into(),
+            "order-api=short".into(),
+            format!("bad name={}", secret('a')),
+            format!("a={},a={}", secret('a'), secret('b')),
+            format!("a={},b={}", secret('a'), secret('a')),
+        ] {
+            assert!(bad.parse::<Callers>().is_err(), "{bad:?} accepted");
+        }
+    }
+}
