@@ -7,7 +7,7 @@
 #[derive(Debug, Clone, clap::Args)]
 pub struct DbArgs {
     /// PostgreSQL URL of the service's own database (created if missing).
-    #[arg(long = "database-url", env = "DATABASE_URL")]
+    #[arg(long = "database-url", env = "DATABASE_URL", hide_env_values = true)]
     pub url: String,
     /// Connections in the pool (opened on demand).
     #[arg(long = "database-pool-size", env = "DATABASE_POOL_SIZE", default_value_t = 16,

@@ -40,9 +40,26 @@ pub fn parse(url: &str) -> Result<PgConnectOptions> {
     PgConnectOptions::from_str(url)
         .map(|o| o.disable_statement_logging())
         .map_err(|source| Error::DatabaseUrl {
-            url: url.to_owned(),
+            url: redact(url),
             source,
         })
+}
+
+/// `url` with its password replaced by `***`, for errors and logs:
+/// `postgres://app:secret@db/orders` → `postgres://app:***@db/orders`.
+pub fn redact(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return url.to_owned();
+    };
+    match rest[..at].find(':') {
+        Some(colon) => format!("{}{}:***{}", &url[..scheme_end], &rest[..colon], &rest[at..]),
+        None => url.to_owned(),
+    }
 }
 
 /// Creates the database if needed, opens a pool and runs `migrators` in order.
@@ -82,5 +99,19 @@ mod tests {
         );
         assert_eq!(database_name("postgres://u@h").unwrap(), "postgres");
         assert!(database_name("not a url").is_err());
+    }
+
+    #[test]
+    fn a_password_never_shows_in_an_error() {
+        assert_eq!(
+            redact("postgres://app:s3cr%40t@db:5432/orders"),
+            "postgres://app:***@db:5432/orders"
+        );
+        assert_eq!(redact("postgres://app@db/orders"), "postgres://app@db/orders");
+        assert_eq!(redact("postgres://db/orders?user=a"), "postgres://db/orders?user=a");
+        let e = parse("postgres://app:hunter2@db:notaport/orders")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("hunter2"), "{e}");
     }
 }

@@ -109,9 +109,13 @@ impl Supervisor {
         let app = app.layer(axum::middleware::from_fn(crate::http::trace));
         let token = self.token();
         self.spawn("http", async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move { token.cancelled().await })
-                .await
+            // The peer address reaches handlers (`ConnectInfo`): per-address limits.
+            axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+            )
+            .with_graceful_shutdown(async move { token.cancelled().await })
+            .await
         });
     }
 

@@ -50,18 +50,22 @@ async fn dump(stack: &e2e::Stack, db: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_database_or_topic_holds_a_card_number_after_a_run() {
     let mut stack = crate::stack("cards").await;
-    // An order from before tokenisation, its number in clear.
-    let legacy = uuid::Uuid::now_v7();
+    // Orders from before tokenisation, their numbers in clear — the first
+    // (in backfill order) a value the vault refuses, which must not stop
+    // the backfill of the rows after it.
+    let (refused, legacy) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
     let mut orders = sqlx::PgConnection::connect(&stack.db_url("orders")).await.unwrap();
-    sqlx::query(
-        "INSERT INTO orders (id, client_id, sku, quantity, amount_cents, card, status)
-         VALUES ($1, 'legacy', 'WIDGET', 1, 100, $2, 'CONFIRMED')",
-    )
-    .bind(legacy)
-    .bind(GOOD_CARD)
-    .execute(&mut orders)
-    .await
-    .unwrap();
+    for (id, card) in [(refused, "12-34"), (legacy, GOOD_CARD)] {
+        sqlx::query(
+            "INSERT INTO orders (id, client_id, sku, quantity, amount_cents, card, status)
+             VALUES ($1, 'legacy', 'WIDGET', 1, 100, $2, 'CONFIRMED')",
+        )
+        .bind(id)
+        .bind(card)
+        .execute(&mut orders)
+        .await
+        .unwrap();
+    }
     // The start-up backfill tokenises it.
     stack.restart(Service::OrderApi).await.unwrap();
     let started = Instant::now();
@@ -79,6 +83,15 @@ async fn no_database_or_topic_holds_a_card_number_after_a_run() {
         assert!(started.elapsed() < Duration::from_secs(30), "legacy card not tokenised");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    let parked: Option<String> = sqlx::query_scalar("SELECT card_parked FROM orders WHERE id = $1")
+        .bind(refused)
+        .fetch_one(&mut orders)
+        .await
+        .unwrap();
+    assert!(
+        parked.as_deref().is_some_and(|p| p.contains("refused by the vault")),
+        "the refused row is parked: {parked:?}"
+    );
 
     let client = Client::new(&stack, Duration::from_secs(5)).unwrap();
     client.seed_stock("WIDGET", 100).await.unwrap();

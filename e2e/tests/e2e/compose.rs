@@ -246,3 +246,41 @@ fn compose_publishes_only_the_api_and_the_uis_on_loopback() {
         assert!(text.lines().any(|l| l.trim() == ".env"), "{ignore} must ignore .env");
     }
 }
+
+/// `--help` shows the environment's values next to each variable unless an
+/// argument hides them: every secret and every database URL (which may hold
+/// a password) hides its value.
+#[test]
+fn help_prints_no_secret_and_no_database_url_from_the_environment() {
+    fn check<C: CommandFactory>(name: &str) -> usize {
+        let mut hidden = 0;
+        for arg in C::command().get_arguments() {
+            let Some(env) = arg.get_env().map(|e| e.to_string_lossy().into_owned()) else {
+                continue;
+            };
+            let sensitive = [
+                "DATABASE_URL",
+                "OUTBOX_DATABASE_URLS",
+                "GATEWAY_VAULT_KEY",
+                "IDEMPOTENCY_FINGERPRINT_KEY",
+                "GATEWAY_API_KEY",
+                "GATEWAY_CLIENTS",
+                "INVENTORY_OPERATOR_KEY",
+            ]
+            .contains(&env.as_str());
+            if sensitive {
+                assert!(arg.is_hide_env_values_set(), "{name}: --help would print ${env}");
+                hidden += 1;
+            }
+        }
+        hidden
+    }
+    let hidden = check::<order_api::Config>("order-api")
+        + check::<inventory_service::Config>("inventory-service")
+        + check::<payment_service::Config>("payment-service")
+        + check::<mock_gateway::Config>("mock-gateway")
+        + check::<outbox_relay::Config>("outbox-relay");
+    // 5 database URLs, 2 fingerprint keys, 2 gateway credentials, the
+    // gateway's callers and vault key, the operator key.
+    assert_eq!(hidden, 12, "sensitive variables found");
+}

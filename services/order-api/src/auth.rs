@@ -9,6 +9,13 @@
 //! 413, more than `API_RATE_LIMIT_PER_SEC` requests per second (bursts up
 //! to `API_RATE_BURST`) a 429 with `Retry-After`. The limits are per
 //! instance of order-api.
+//!
+//! Before a key is looked up, two guards keep a flood of bad keys off the
+//! database: a key found unknown is remembered as unknown (a negative cache,
+//! for `API_KEY_CACHE_SECS`) and answered 401 without a query, and each
+//! remote address may cause at most `API_KEY_LOOKUPS_PER_SEC` lookups of
+//! keys not in either cache (bursts up to 4× that); past it, a 429 without
+//! a query. A known key never waits on either.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -40,6 +47,10 @@ pub struct AuthArgs {
     /// revoked key works at most this long).
     #[arg(long, env = "API_KEY_CACHE_SECS", default_value_t = 30)]
     pub key_cache_secs: u64,
+    /// Database lookups of uncached keys one remote address may cause per
+    /// second (bursts up to 4×); past it, 429 without a lookup.
+    #[arg(long, env = "API_KEY_LOOKUPS_PER_SEC", default_value_t = 20.0)]
+    pub lookups_per_sec: f64,
 }
 
 impl Default for AuthArgs {
@@ -49,6 +60,7 @@ impl Default for AuthArgs {
             burst: 4_000.0,
             max_body_bytes: 16 * 1024,
             key_cache_secs: 30,
+            lookups_per_sec: 20.0,
         }
     }
 }
@@ -61,6 +73,12 @@ pub struct Auth {
     keys: Mutex<HashMap<String, (String, Instant)>>,
     /// client → (tokens, last refill)
     buckets: Mutex<HashMap<String, (f64, Instant)>>,
+    /// key hash → when it was found unknown
+    unknown: Mutex<HashMap<String, Instant>>,
+    /// remote address → lookup tokens
+    lookups: Mutex<HashMap<std::net::IpAddr, (f64, Instant)>>,
+    /// Database lookups made (tests and benches read it).
+    lookups_made: std::sync::atomic::AtomicU64,
 }
 
 /// Why a request is refused before it reaches a handler.
@@ -120,11 +138,20 @@ impl Auth {
             args,
             keys: Mutex::default(),
             buckets: Mutex::default(),
+            unknown: Mutex::default(),
+            lookups: Mutex::default(),
+            lookups_made: Default::default(),
         })
     }
 
-    /// The client of the request's bearer key.
-    async fn client(&self, headers: &axum::http::HeaderMap) -> Result<String, Refusal> {
+    /// How many keys this instance has looked up in the database.
+    pub fn lookups_made(&self) -> u64 {
+        self.lookups_made.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The client of the request's bearer key; `peer` is the remote
+    /// address (None when the server does not know it, e.g. in-process).
+    async fn client(&self, headers: &axum::http::HeaderMap, peer: Option<std::net::IpAddr>) -> Result<String, Refusal> {
         let key = service_kit::bearer::presented(headers).ok_or(Refusal::Unauthenticated(
             "an API key is required: Authorization: Bearer <key>",
         ))?;
@@ -135,6 +162,25 @@ impl Auth {
                 return Ok(client.clone());
             }
         }
+        if self
+            .unknown
+            .lock()
+            .expect("unknown lock")
+            .get(&digest)
+            .is_some_and(|at| at.elapsed() < ttl)
+        {
+            telemetry::metrics::incr("api_key_lookups_avoided_total", &[("reason", "known_unknown")]);
+            return Err(Refusal::Unauthenticated("unknown or revoked API key"));
+        }
+        if let Some(peer) = peer {
+            let rate = self.args.lookups_per_sec;
+            if !take(&self.lookups, peer, rate, (rate * 4.0).max(1.0)) {
+                telemetry::metrics::incr("api_key_lookups_avoided_total", &[("reason", "address_limit")]);
+                return Err(Refusal::TooMany(rate));
+            }
+        }
+        telemetry::metrics::incr("api_key_lookups_total", &[]);
+        self.lookups_made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let client: Option<String> =
             sqlx::query_scalar("SELECT client_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL")
                 .bind(&digest)
@@ -144,7 +190,17 @@ impl Auth {
                     tracing::error!(error = %e, "API key lookup failed");
                     Refusal::Unauthenticated("the API key could not be checked; retry")
                 })?;
-        let client = client.ok_or(Refusal::Unauthenticated("unknown or revoked API key"))?;
+        let Some(client) = client else {
+            let mut unknown = self.unknown.lock().expect("unknown lock");
+            if unknown.len() > 100_000 {
+                unknown.retain(|_, at| at.elapsed() < ttl);
+                if unknown.len() > 100_000 {
+                    unknown.clear();
+                }
+            }
+            unknown.insert(digest, Instant::now());
+            return Err(Refusal::Unauthenticated("unknown or revoked API key"));
+        };
         let mut keys = self.keys.lock().expect("keys lock");
         if keys.len() > 10_000 {
             keys.retain(|_, (_, at)| at.elapsed() < ttl);
@@ -156,26 +212,48 @@ impl Auth {
     /// Takes one request from `client`'s token bucket.
     fn admit(&self, client: &str) -> Result<(), Refusal> {
         let (rate, burst) = (self.args.rate_per_sec, self.args.burst.max(1.0));
-        let mut buckets = self.buckets.lock().expect("buckets lock");
-        let now = Instant::now();
-        let (tokens, last) = buckets.entry(client.to_owned()).or_insert((burst, now));
-        *tokens = (*tokens + now.duration_since(*last).as_secs_f64() * rate).min(burst);
-        *last = now;
-        if *tokens < 1.0 {
-            return Err(Refusal::TooMany(rate));
+        if take(&self.buckets, client.to_owned(), rate, burst) {
+            Ok(())
+        } else {
+            Err(Refusal::TooMany(rate))
         }
-        *tokens -= 1.0;
-        Ok(())
     }
+}
+
+/// Takes one token from `key`'s bucket (refilled at `rate`/s up to
+/// `burst`); false when it is empty. Buckets full again are forgotten when
+/// the map grows large.
+fn take<K: std::hash::Hash + Eq>(buckets: &Mutex<HashMap<K, (f64, Instant)>>, key: K, rate: f64, burst: f64) -> bool {
+    let mut buckets = buckets.lock().expect("buckets lock");
+    let now = Instant::now();
+    if buckets.len() > 100_000 {
+        buckets.retain(|_, (tokens, last)| *tokens + now.duration_since(*last).as_secs_f64() * rate < burst);
+    }
+    let (tokens, last) = buckets.entry(key).or_insert((burst, now));
+    *tokens = (*tokens + now.duration_since(*last).as_secs_f64() * rate).min(burst);
+    *last = now;
+    if *tokens < 1.0 {
+        return false;
+    }
+    *tokens -= 1.0;
+    true
 }
 
 /// The middleware: authenticate, apply the client's limits, and hand the
 /// handler the client as the request's [`idempotency::Scope`].
 pub async fn middleware(State(auth): State<Arc<Auth>>, mut req: Request, next: Next) -> Response {
-    let client = match auth.client(req.headers()).await {
+    let peer = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0.ip());
+    let client = match auth.client(req.headers(), peer).await {
         Ok(c) => c,
         Err(refusal) => {
-            telemetry::metrics::incr("api_refusals_total", &[("reason", "unauthenticated")]);
+            let reason = match refusal {
+                Refusal::TooMany(_) => "lookup_limited",
+                _ => "unauthenticated",
+            };
+            telemetry::metrics::incr("api_refusals_total", &[("reason", reason)]);
             return refusal.into_response();
         }
     };

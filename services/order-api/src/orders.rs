@@ -306,27 +306,48 @@ pub async fn run_history_retention(
 }
 
 /// Tokenises the card numbers of orders written before orders kept tokens
-/// (the `card` column), a batch at a time, and clears the numbers. Returns
-/// how many rows it converted; stops at the first gateway error.
-pub async fn tokenise_legacy_cards(pool: &sqlx::PgPool, gateway: &crate::gateway::Client) -> anyhow::Result<u64> {
-    let mut done = 0;
+/// (the `card` column), a batch at a time, and clears the numbers. A value
+/// the vault refuses (not a card number) is parked — `card_parked` says
+/// why — and the rows after it go on; an unavailable vault ends the pass
+/// (retried later). Returns (converted, parked).
+pub async fn tokenise_legacy_cards(
+    pool: &sqlx::PgPool,
+    gateway: &crate::gateway::Client,
+) -> anyhow::Result<(u64, u64)> {
+    let (mut done, mut parked) = (0, 0);
     loop {
-        let rows: Vec<(Uuid, String)> =
-            sqlx::query_as("SELECT id, card FROM orders WHERE card IS NOT NULL ORDER BY id LIMIT 100")
-                .fetch_all(pool)
-                .await?;
+        let rows: Vec<(Uuid, String)> = sqlx::query_as(
+            "SELECT id, card FROM orders WHERE card IS NOT NULL AND card_parked IS NULL ORDER BY id LIMIT 100",
+        )
+        .fetch_all(pool)
+        .await?;
         if rows.is_empty() {
-            return Ok(done);
+            return Ok((done, parked));
         }
         for (id, card) in rows {
-            let token = gateway.tokenise(&card).await?;
-            sqlx::query("UPDATE orders SET card_token = $2, card_last4 = $3, card = NULL WHERE id = $1")
-                .bind(id)
-                .bind(&token.token)
-                .bind(&token.last4)
-                .execute(pool)
-                .await?;
-            done += 1;
+            match gateway.tokenise(&card).await {
+                Ok(token) => {
+                    sqlx::query("UPDATE orders SET card_token = $2, card_last4 = $3, card = NULL WHERE id = $1")
+                        .bind(id)
+                        .bind(&token.token)
+                        .bind(&token.last4)
+                        .execute(pool)
+                        .await?;
+                    done += 1;
+                }
+                Err(crate::gateway::Error::Refused(why)) => {
+                    // The value is not a card number (the vault says so);
+                    // never logged, only the order and the vault's reason.
+                    tracing::warn!(order_id = %id, reason = %why, "legacy card refused by the vault; row parked");
+                    sqlx::query("UPDATE orders SET card_parked = $2 WHERE id = $1")
+                        .bind(id)
+                        .bind(format!("refused by the vault: {why}"))
+                        .execute(pool)
+                        .await?;
+                    parked += 1;
+                }
+                Err(unavailable) => return Err(unavailable.into()),
+            }
         }
     }
 }
@@ -341,9 +362,9 @@ pub async fn run_legacy_card_backfill(
 ) {
     loop {
         match tokenise_legacy_cards(&pool, &gateway).await {
-            Ok(n) => {
-                if n > 0 {
-                    tracing::info!(rows = n, "card numbers of earlier orders replaced by tokens");
+            Ok((n, parked)) => {
+                if n > 0 || parked > 0 {
+                    tracing::info!(rows = n, parked, "card numbers of earlier orders replaced by tokens");
                 }
                 return shutdown.cancelled().await;
             }

@@ -23,6 +23,7 @@ pub struct Config {
     #[arg(
         long,
         env = "OUTBOX_DATABASE_URLS",
+        hide_env_values = true,
         value_delimiter = ',',
         default_value = "postgres://postgres@127.0.0.1:5432/orders,postgres://postgres@127.0.0.1:5432/inventory,postgres://postgres@127.0.0.1:5432/payments"
     )]

@@ -148,3 +148,60 @@ async fn a_revoked_key_stops_working() {
     assert_problem(&api.post("/orders", "k-2", None, ORDER).await, 401);
     api.stop().await;
 }
+
+/// A flood of bad keys costs no database round trip per request: a key
+/// found unknown is answered from memory after, and one address causes at
+/// most its lookup allowance for fresh keys (429 past it). A client whose
+/// key was looked up before is served throughout.
+#[tokio::test]
+async fn a_flood_of_bad_keys_does_not_reach_the_database_per_request() {
+    let api = TestApi::start_with(
+        Duration::from_secs(3600),
+        AuthArgs {
+            lookups_per_sec: 10.0,
+            ..AuthArgs::default()
+        },
+    )
+    .await;
+    let good = api
+        .get("/orders/00000000-0000-0000-0000-000000000000", "client-a")
+        .await;
+    assert_eq!(good.status, 404, "a known key, looked up once");
+    let before = api.auth.lookups_made();
+    let get = |key: String| {
+        let req = api
+            .http
+            .get(api.url("/orders/00000000-0000-0000-0000-000000000000"))
+            .bearer_auth(key);
+        async move { req.send().await.unwrap().status().as_u16() }
+    };
+    // One bad key, 300 times: one lookup.
+    for _ in 0..300 {
+        assert_eq!(get("eo_bad".into()).await, 401);
+    }
+    assert_eq!(api.auth.lookups_made() - before, 1, "the unknown key is remembered");
+    // 300 different bad keys from one address: the allowance (burst 40 at
+    // 10/s) is looked up, the rest refused without a lookup.
+    let started = std::time::Instant::now();
+    let mut statuses = std::collections::BTreeMap::<u16, u32>::new();
+    for i in 0..300 {
+        *statuses.entry(get(format!("eo_bad_{i}")).await).or_default() += 1;
+    }
+    let allowance = 40 + (started.elapsed().as_secs_f64() * 10.0).ceil() as u64;
+    let looked_up = api.auth.lookups_made() - before - 1;
+    assert!(
+        looked_up <= allowance,
+        "{looked_up} lookups for 300 fresh bad keys (allowance {allowance})"
+    );
+    assert!(
+        statuses.get(&429).copied().unwrap_or(0) >= 300 - allowance as u32,
+        "{statuses:?}"
+    );
+    assert!(statuses.keys().all(|s| [401, 429].contains(s)), "{statuses:?}");
+    // The known client, from the same address, is still served.
+    let again = api
+        .get("/orders/00000000-0000-0000-0000-000000000000", "client-a")
+        .await;
+    assert_eq!(again.status, 404, "{}", String::from_utf8_lossy(&again.body));
+    api.stop().await;
+}

@@ -28,6 +28,8 @@ pub struct TestApi {
     gateway: tokio_util::sync::CancellationToken,
     /// API keys by client, provisioned on first use.
     keys: Mutex<HashMap<String, String>>,
+    /// The API's authentication (its lookup count).
+    pub auth: std::sync::Arc<order_api::auth::Auth>,
 }
 
 impl Drop for TestApi {
@@ -61,9 +63,11 @@ impl TestApi {
             auth: order_api::auth::Auth::new(pool.clone(), limits),
             fingerprint_key: ::idempotency::FingerprintKey::for_tests(),
         };
+        let auth = state.auth.clone();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, order_api::http::router(state)).await });
+        let app = order_api::http::router(state).into_make_service_with_connect_info::<SocketAddr>();
+        tokio::spawn(async move { axum::serve(listener, app).await });
         Self {
             addr,
             pool,
@@ -72,6 +76,7 @@ impl TestApi {
             _gateway_db: gateway_db,
             gateway,
             keys: Mutex::default(),
+            auth,
         }
     }
 
