@@ -180,6 +180,9 @@ impl Stack {
             api_key: String::new(),
             secrets: Secrets::generate(),
         };
+        if let Some(kept) = stack.opts.secrets.clone() {
+            stack.secrets = kept;
+        }
         for s in Service::ALL {
             if s == Service::Broker {
                 // A cluster answers only once a majority of its controllers runs.

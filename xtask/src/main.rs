@@ -418,10 +418,18 @@ async fn main() -> anyhow::Result<()> {
             opts.db_prefix = String::new();
             opts.fixed_ports = true;
             opts.echo = true;
+            // The databases outlive a stop, so do the secrets that key what
+            // they store (card and request fingerprints).
+            let secrets_file = workspace_root().join(".data/secrets.env");
+            opts.secrets = std::fs::read_to_string(&secrets_file)
+                .ok()
+                .and_then(|t| e2e::stack::Secrets::from_env_file(&t));
             let stack = Stack::start(opts).await?;
+            std::fs::write(&secrets_file, stack.secrets().to_env_file())?;
             let key = stack.create_api_key("shop-1").await?;
             std::fs::write(workspace_root().join(".data/api-key"), &key)?;
             eprintln!("API key of client shop-1 (also in .data/api-key): {key}");
+            eprintln!("the services' secrets (the operator's INVENTORY_OPERATOR_KEY, the gateway callers' keys): .data/secrets.env");
             eprintln!(
                 "stack up: order-api http://127.0.0.1:8080, inventory :8081, payment :8082, gateway :8083, relay :8084, broker 127.0.0.1:9092; logs in .data/logs. ctrl-c stops."
             );

@@ -30,6 +30,8 @@ pub struct StackOptions {
     /// Kafka nodes (each broker and controller): 1, or 3 for a replicated
     /// cluster (topics with 3 replicas, `min.insync.replicas` 2).
     pub brokers: u32,
+    /// The services' secrets; fresh random ones when None.
+    pub secrets: Option<super::Secrets>,
 }
 
 impl StackOptions {
@@ -50,6 +52,7 @@ impl StackOptions {
             extra_env: Vec::new(),
             gateway_proxy: false,
             brokers: 1,
+            secrets: None,
         })
     }
 }

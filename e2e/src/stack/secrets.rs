@@ -42,6 +42,43 @@ impl Secrets {
         }
     }
 
+    /// As a file of `NAME=value` lines (docker/gen-env.sh's names).
+    pub fn to_env_file(&self) -> String {
+        self.fields()
+            .iter()
+            .map(|(name, value)| format!("{name}={value}\n"))
+            .collect()
+    }
+
+    /// Reads [`Self::to_env_file`]'s format back; None when a name is missing.
+    pub fn from_env_file(text: &str) -> Option<Self> {
+        let get = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
+                .map(|v| v.trim().to_owned())
+                .filter(|v| v.len() >= 32)
+        };
+        Some(Self {
+            vault: get("GATEWAY_VAULT_KEY")?,
+            order_api_fingerprint: get("ORDER_API_FINGERPRINT_KEY")?,
+            gateway_fingerprint: get("GATEWAY_FINGERPRINT_KEY")?,
+            order_api_gateway: get("ORDER_API_GATEWAY_KEY")?,
+            payment_gateway: get("PAYMENT_GATEWAY_KEY")?,
+            operator: get("INVENTORY_OPERATOR_KEY")?,
+        })
+    }
+
+    fn fields(&self) -> [(&'static str, &str); 6] {
+        [
+            ("GATEWAY_VAULT_KEY", &self.vault),
+            ("ORDER_API_FINGERPRINT_KEY", &self.order_api_fingerprint),
+            ("GATEWAY_FINGERPRINT_KEY", &self.gateway_fingerprint),
+            ("ORDER_API_GATEWAY_KEY", &self.order_api_gateway),
+            ("PAYMENT_GATEWAY_KEY", &self.payment_gateway),
+            ("INVENTORY_OPERATOR_KEY", &self.operator),
+        ]
+    }
+
     /// The environment that gives service `s` its secrets.
     pub fn env(&self, s: Service) -> Vec<(String, String)> {
         let pair = |k: &str, v: &str| (k.to_owned(), v.to_owned());
@@ -87,5 +124,24 @@ impl Stack {
     /// The services' secrets (operator and gateway credentials for tests).
     pub fn secrets(&self) -> &Secrets {
         &self.secrets
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Secrets;
+
+    #[test]
+    fn the_env_file_round_trips_and_names_what_compose_reads() {
+        let s = Secrets::generate();
+        let text = s.to_env_file();
+        let back = Secrets::from_env_file(&text).expect("reads back");
+        assert_eq!(back.to_env_file(), text);
+        let gen = include_str!("../../../docker/gen-env.sh");
+        for line in text.lines() {
+            let name = line.split('=').next().unwrap();
+            assert!(gen.contains(&format!("echo \"{name}=")), "gen-env.sh lacks {name}");
+        }
+        assert!(Secrets::from_env_file("GATEWAY_VAULT_KEY=short").is_none());
     }
 }

@@ -1,5 +1,6 @@
 //! End-to-end tests over real processes: Apache Kafka, PostgreSQL, the five services.
 
+mod access;
 mod api;
 mod cards;
 mod chaos;
