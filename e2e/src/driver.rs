@@ -134,6 +134,14 @@ impl Client {
         }
     }
 
+    /// Places an order ([`Self::place_order`]) and waits until it is
+    /// terminal ([`Self::wait_terminal`], 60 s); returns it as it ended.
+    pub async fn place_and_settle(&self, key: &str, order: &OrderRequest) -> anyhow::Result<OrderView> {
+        let placed = self.place_order(key, order, Duration::from_secs(10)).await?;
+        let mut done = self.wait_terminal(&[placed.id], Duration::from_secs(60)).await?;
+        done.remove(&placed.id).context("the placed order")
+    }
+
     /// `GET /orders/{id}`.
     pub async fn order(&self, id: Uuid) -> anyhow::Result<OrderView> {
         Ok(self

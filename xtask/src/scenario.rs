@@ -230,9 +230,9 @@ pub const ALL: [Scenario; 25] = [
     Scenario {
         n: 25,
         title: "card numbers kept in databases and on topics",
-        injected: "a run with good, declined and refunded orders, plus an order written before tokenisation",
-        acts: "the gateway's vault (POST /v1/tokens) — orders keep a token and the last four digits; ChargePayment carries the token; a start-up backfill tokenises old rows",
-        checked: "no table of any database and no message of any topic holds a test card number",
+        injected: "a run with good, declined and refunded orders, plus orders written before tokenisation (one with a value the vault refuses); then a brute force over every number that fits each card's BIN and last four",
+        acts: "the gateway's vault (POST /v1/tokens) — orders keep a token and the last four digits; ChargePayment carries the token; a start-up backfill tokenises old rows and parks the refused one; Idempotency-Key fingerprints are keyed (HMAC under a deployment secret)",
+        checked: "no table of any database and no message of any topic holds a test card number, and no stored hash or fingerprint gives one up to the brute force",
         test: t("e2e", Some("e2e"), "no_database_or_topic_holds_a_card_number_after_a_run"),
     },
 ];

@@ -122,21 +122,32 @@ pub async fn require(State(callers): State<Callers>, mut req: Request, next: Nex
     next.run(req).await
 }
 
-/// The OpenAPI security scheme of a bearer-authenticated API, named
-/// `bearer`: add it with `modifiers(&BearerScheme)` and
-/// `security(("bearer" = []))`.
-pub struct BearerScheme;
+/// The OpenAPI security scheme of a bearer-authenticated API: a service
+/// declares a const one and adds it with `modifiers(&SCHEME)` and
+/// `security(("<name>" = []))`.
+pub struct BearerScheme {
+    /// The scheme's name in `components.securitySchemes`.
+    pub name: &'static str,
+    /// What the credential is and where it comes from.
+    pub description: &'static str,
+}
+
+/// The scheme of a caller's configured secret, named `bearer`.
+pub const CALLER_SCHEME: BearerScheme = BearerScheme {
+    name: "bearer",
+    description: "Authorization: Bearer <credential>",
+};
 
 impl utoipa::Modify for BearerScheme {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
         let components = openapi.components.get_or_insert_with(Default::default);
         components.add_security_scheme(
-            "bearer",
+            self.name,
             SecurityScheme::Http(
                 HttpBuilder::new()
                     .scheme(HttpAuthScheme::Bearer)
-                    .description(Some("Authorization: Bearer <credential>"))
+                    .description(Some(self.description))
                     .build(),
             ),
         );

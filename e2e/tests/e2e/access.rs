@@ -112,14 +112,7 @@ async fn no_wrong_or_foreign_credential_opens_any_endpoint_or_writes_anything() 
         amount_cents: 300,
         card: GOOD_CARD.into(),
     };
-    let placed = client
-        .place_order(&new_key(), &order, Duration::from_secs(10))
-        .await
-        .unwrap();
-    client
-        .wait_terminal(&[placed.id], Duration::from_secs(60))
-        .await
-        .unwrap();
+    let placed = client.place_and_settle(&new_key(), &order).await.unwrap();
     let other_client = stack.create_api_key("another-shop").await.unwrap();
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(5))

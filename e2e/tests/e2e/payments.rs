@@ -122,14 +122,7 @@ async fn cancelling_a_confirmed_order_refunds_once_and_releases_its_stock() {
     let stack = crate::stack("cancel").await;
     let client = Client::new(&stack, Duration::from_secs(5)).unwrap();
     client.seed_stock("WIDGET", 10).await.unwrap();
-    let placed = client
-        .place_order("k-c", &order(), Duration::from_secs(10))
-        .await
-        .unwrap();
-    client
-        .wait_terminal(&[placed.id], Duration::from_secs(60))
-        .await
-        .unwrap();
+    let placed = client.place_and_settle("k-c", &order()).await.unwrap();
     assert_eq!(client.stock().await.unwrap()["WIDGET"], (9, 1));
     let first = client.cancel("cancel-1", placed.id).await.unwrap();
     assert_eq!(first.status, 202, "{}", first.body);

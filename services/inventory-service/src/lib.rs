@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use axum::routing::{get, put};
 use axum::Router;
 use contract::topics::{self, consumers};
-use service_kit::bearer::BearerScheme;
+use service_kit::bearer::CALLER_SCHEME;
 use service_kit::{DbArgs, LogArgs, SagaConsumer, Supervisor};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
@@ -60,7 +60,7 @@ pub struct Config {
         description = "Stock levels of the effectively-once saga (seeding and audit); reservations travel over Kafka. Errors are RFC 9457 problem+json."
     ),
     paths(stock::list, stock::set),
-    modifiers(&BearerScheme),
+    modifiers(&CALLER_SCHEME),
     security(("bearer" = [])),
     components(schemas(stock::StockLevel, stock::SetStock, service_kit::problem::Problem))
 )]

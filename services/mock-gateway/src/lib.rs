@@ -25,8 +25,8 @@ use axum::extract::FromRef;
 use axum::routing::{get, post};
 use axum::Router;
 use idempotency::FingerprintKey;
-use service_kit::bearer::BearerScheme;
 use service_kit::bearer::Callers;
+use service_kit::bearer::CALLER_SCHEME;
 use service_kit::{DbArgs, LogArgs, Secret, Supervisor};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
@@ -149,7 +149,7 @@ impl std::str::FromStr for Readers {
         description = "A Stripe-like payment provider for the effectively-once saga: every POST needs an Idempotency-Key; errors are RFC 9457 problem+json."
     ),
     paths(vault::create, ledger::charge, ledger::refund, ledger::operation, ledger::list),
-    modifiers(&BearerScheme),
+    modifiers(&CALLER_SCHEME),
     security(("bearer" = [])),
     components(schemas(
         vault::TokenRequest,

@@ -19,7 +19,7 @@ pub use error::{ApiError, Problem};
         description = "Orders of the effectively-once saga. Every POST needs an Idempotency-Key; errors are RFC 9457 problem+json."
     ),
     paths(orders::create, orders::show, orders::cancel),
-    modifiers(&BearerAuth),
+    modifiers(&API_KEY),
     security(("api_key" = [])),
     components(schemas(
         orders::CreateOrder,
@@ -33,23 +33,10 @@ pub use error::{ApiError, Problem};
 pub struct ApiDoc;
 
 /// The API key scheme: `Authorization: Bearer <key>` on every `/orders` route.
-struct BearerAuth;
-
-impl utoipa::Modify for BearerAuth {
-    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-        let components = openapi.components.get_or_insert_with(Default::default);
-        components.add_security_scheme(
-            "api_key",
-            SecurityScheme::Http(
-                HttpBuilder::new()
-                    .scheme(HttpAuthScheme::Bearer)
-                    .description(Some("An API key from `order-api keys create --client <id>`"))
-                    .build(),
-            ),
-        );
-    }
-}
+const API_KEY: service_kit::bearer::BearerScheme = service_kit::bearer::BearerScheme {
+    name: "api_key",
+    description: "An API key from `order-api keys create --client <id>`",
+};
 
 /// The document as pretty JSON.
 pub fn openapi_json() -> String {
