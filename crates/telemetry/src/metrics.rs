@@ -265,7 +265,15 @@ fn describe() {
     );
     c!(
         "api_refusals_total",
-        "Requests refused before a handler: unauthenticated, too_large or rate_limited."
+        "Requests refused before a handler: unauthenticated, lookup_limited, too_large or rate_limited."
+    );
+    c!(
+        "api_key_lookups_total",
+        "API-key lookups that reached the database (a key neither cached nor known bad)."
+    );
+    c!(
+        "api_key_lookups_avoided_total",
+        "API-key lookups skipped: a key known not to exist, or the caller's address over its lookup limit."
     );
 }
 

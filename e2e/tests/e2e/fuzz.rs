@@ -16,9 +16,16 @@ use std::process::Command;
 
 use e2e::stack::Service;
 
-/// Runs schemathesis over `service`'s committed document with `credential`;
-/// returns the failure report, or the number of requests generated.
-async fn fuzz(stack: &e2e::Stack, service: Service, document: &str, credential: &str) -> Result<usize, String> {
+/// Runs schemathesis over `service`'s committed document with `credential`,
+/// up to `examples` per operation and phase; returns the failure report, or
+/// the number of requests generated.
+async fn fuzz(
+    stack: &e2e::Stack,
+    service: Service,
+    document: &str,
+    credential: &str,
+    examples: u32,
+) -> Result<usize, String> {
     let st = testkit::schemathesis::ensure().expect("schemathesis available");
     let schema = format!("{}/../docs/openapi/{document}.json", env!("CARGO_MANIFEST_DIR"));
     let url = stack.url(service);
@@ -28,7 +35,8 @@ async fn fuzz(stack: &e2e::Stack, service: Service, document: &str, credential: 
             .args(["run", &schema, "--url", &url, "--checks", "all"])
             .args(["--header", &auth])
             .args(["--exclude-checks", "positive_data_acceptance"])
-            .args(["--max-examples", "400", "--seed", "20261130", "--no-color"])
+            .args(["--max-examples", &examples.to_string()])
+            .args(["--seed", "20261130", "--no-color"])
             .output()
     })
     .await
@@ -58,14 +66,16 @@ async fn fuzz(stack: &e2e::Stack, service: Service, document: &str, credential: 
 async fn schemathesis_finds_nothing_wrong_with_any_http_api() {
     let stack = crate::stack("fuzz").await;
     let secrets = stack.secrets().clone();
+    // Examples per operation: inventory has two operations, the others
+    // several, so it needs more of each to reach 1,000 requests.
     let runs = [
-        (Service::OrderApi, "order-api", stack.api_key().to_owned()),
-        (Service::Gateway, "mock-gateway", secrets.payment_gateway.clone()),
-        (Service::Inventory, "inventory-service", secrets.operator.clone()),
+        (Service::OrderApi, "order-api", stack.api_key().to_owned(), 400),
+        (Service::Gateway, "mock-gateway", secrets.payment_gateway.clone(), 400),
+        (Service::Inventory, "inventory-service", secrets.operator.clone(), 1_000),
     ];
     let mut failures = Vec::new();
-    for (service, document, credential) in runs {
-        if let Err(report) = fuzz(&stack, service, document, &credential).await {
+    for (service, document, credential, examples) in runs {
+        if let Err(report) = fuzz(&stack, service, document, &credential, examples).await {
             failures.push(report);
         }
     }

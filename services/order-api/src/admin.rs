@@ -1,5 +1,5 @@
 //! Operator commands (`order-api <command>`), run against the service's
-//! database with the service's own configuration.
+//! database; they need its URL and nothing else.
 
 use uuid::Uuid;
 
@@ -53,8 +53,8 @@ pub enum Review {
 }
 
 /// Runs `command`.
-pub async fn run(command: Command, config: &crate::Config) -> anyhow::Result<()> {
-    let pool = crate::connect(&config.db.url, 2).await?;
+pub async fn run(command: Command, db: &service_kit::DbArgs) -> anyhow::Result<()> {
+    let pool = crate::connect(&db.url, 2).await?;
     match command {
         Command::Review {
             action: None | Some(Review::List),

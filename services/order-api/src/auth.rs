@@ -15,7 +15,10 @@
 //! for `API_KEY_CACHE_SECS`) and answered 401 without a query, and each
 //! remote address may cause at most `API_KEY_LOOKUPS_PER_SEC` lookups of
 //! keys not in either cache (bursts up to 4× that); past it, a 429 without
-//! a query. A known key never waits on either.
+//! a query. A known key never waits on either. Concurrent requests with the
+//! same uncached key share one lookup: after a restart, hundreds of a
+//! client's requests in flight cost one query and one unit of the
+//! address's allowance, not hundreds.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -77,6 +80,8 @@ pub struct Auth {
     unknown: Mutex<HashMap<String, Instant>>,
     /// remote address → lookup tokens
     lookups: Mutex<HashMap<std::net::IpAddr, (f64, Instant)>>,
+    /// key hash → the lookup of it in progress (one at a time per key)
+    in_flight: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Database lookups made (tests and benches read it).
     lookups_made: std::sync::atomic::AtomicU64,
 }
@@ -93,6 +98,9 @@ pub enum Refusal {
     /// Over the client's request rate.
     #[error("more than {0} requests per second")]
     TooMany(f64),
+    /// Over the remote address's allowance of key lookups.
+    #[error("more than {0} lookups of uncached API keys per second from this address")]
+    TooManyLookups(f64),
 }
 
 impl IntoResponse for Refusal {
@@ -104,7 +112,7 @@ impl IntoResponse for Refusal {
                 "/problems/too-large",
                 "Request too large",
             ),
-            Self::TooMany(_) => (
+            Self::TooMany(_) | Self::TooManyLookups(_) => (
                 StatusCode::TOO_MANY_REQUESTS,
                 "/problems/rate-limited",
                 "Too many requests",
@@ -116,7 +124,7 @@ impl IntoResponse for Refusal {
                 resp.headers_mut()
                     .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             }
-            Self::TooMany(_) => {
+            Self::TooMany(_) | Self::TooManyLookups(_) => {
                 resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(1));
             }
             Self::TooLarge(_) => {}
@@ -140,6 +148,7 @@ impl Auth {
             buckets: Mutex::default(),
             unknown: Mutex::default(),
             lookups: Mutex::default(),
+            in_flight: Mutex::default(),
             lookups_made: Default::default(),
         })
     }
@@ -157,26 +166,56 @@ impl Auth {
         ))?;
         let digest = hash(key);
         let ttl = Duration::from_secs(self.args.key_cache_secs);
-        if let Some((client, at)) = self.keys.lock().expect("keys lock").get(&digest) {
+        if let Some(known) = self.remembered(&digest, ttl) {
+            return known;
+        }
+        // One lookup per key at a time; whoever waited finds its result in
+        // a cache.
+        let gate = self
+            .in_flight
+            .lock()
+            .expect("in-flight lock")
+            .entry(digest.clone())
+            .or_default()
+            .clone();
+        let _turn = gate.lock().await;
+        let result = match self.remembered(&digest, ttl) {
+            Some(known) => known,
+            None => self.look_up(digest.clone(), ttl, peer).await,
+        };
+        self.in_flight.lock().expect("in-flight lock").remove(&digest);
+        result
+    }
+
+    /// What the caches say about the key with `digest`: its client, a
+    /// refusal if it is known not to exist, or None if it must be looked up.
+    fn remembered(&self, digest: &str, ttl: Duration) -> Option<Result<String, Refusal>> {
+        if let Some((client, at)) = self.keys.lock().expect("keys lock").get(digest) {
             if at.elapsed() < ttl {
-                return Ok(client.clone());
+                return Some(Ok(client.clone()));
             }
         }
         if self
             .unknown
             .lock()
             .expect("unknown lock")
-            .get(&digest)
+            .get(digest)
             .is_some_and(|at| at.elapsed() < ttl)
         {
             telemetry::metrics::incr("api_key_lookups_avoided_total", &[("reason", "known_unknown")]);
-            return Err(Refusal::Unauthenticated("unknown or revoked API key"));
+            return Some(Err(Refusal::Unauthenticated("unknown or revoked API key")));
         }
+        None
+    }
+
+    /// Looks the key with `digest` up in the database, if `peer` has
+    /// lookups left, and remembers the answer.
+    async fn look_up(&self, digest: String, ttl: Duration, peer: Option<std::net::IpAddr>) -> Result<String, Refusal> {
         if let Some(peer) = peer {
             let rate = self.args.lookups_per_sec;
             if !take(&self.lookups, peer, rate, (rate * 4.0).max(1.0)) {
                 telemetry::metrics::incr("api_key_lookups_avoided_total", &[("reason", "address_limit")]);
-                return Err(Refusal::TooMany(rate));
+                return Err(Refusal::TooManyLookups(rate));
             }
         }
         telemetry::metrics::incr("api_key_lookups_total", &[]);
@@ -250,7 +289,7 @@ pub async fn middleware(State(auth): State<Arc<Auth>>, mut req: Request, next: N
         Ok(c) => c,
         Err(refusal) => {
             let reason = match refusal {
-                Refusal::TooMany(_) => "lookup_limited",
+                Refusal::TooManyLookups(_) => "lookup_limited",
                 _ => "unauthenticated",
             };
             telemetry::metrics::incr("api_refusals_total", &[("reason", reason)]);

@@ -24,10 +24,13 @@ use tokio_util::sync::CancellationToken;
 /// Process name, in logs and metrics.
 pub const NAME: &str = "order-api";
 
+/// The `orders` database when `DATABASE_URL` is not set.
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/orders";
+
 /// order-api configuration, from arguments or environment variables.
 #[derive(Debug, Clone, clap::Parser)]
 #[command(name = "order-api", about = "Orders HTTP API and saga orchestrator")]
-#[command(mut_arg("url", |a| a.default_value("postgres://postgres@127.0.0.1:5432/orders")))]
+#[command(mut_arg("url", |a| a.default_value(DEFAULT_DATABASE_URL)))]
 pub struct Config {
     /// The `orders` database.
     #[command(flatten)]

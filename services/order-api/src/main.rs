@@ -1,25 +1,40 @@
-use clap::Parser;
+use clap::{Parser, Subcommand};
 
-/// order-api: serves the API and runs the saga; with a subcommand, an
-/// operator's action against its database.
+/// order-api: serves the API and runs the saga.
 #[derive(Parser)]
 #[command(name = "order-api", about = "Orders HTTP API and saga orchestrator")]
-struct Cli {
-    #[command(subcommand)]
-    command: Option<order_api::admin::Command>,
+#[command(after_help = "Operator commands (they need only DATABASE_URL): \
+                        `order-api review --help`, `order-api keys --help`.")]
+struct Serve {
     #[command(flatten)]
     config: order_api::Config,
 }
 
+/// `order-api <command>`: an operator's action against the service's
+/// database. It needs the database and nothing else: no gateway
+/// credential, no fingerprint key, no broker.
+#[derive(Parser)]
+#[command(name = "order-api")]
+#[command(mut_arg("url", |a| a.default_value(order_api::DEFAULT_DATABASE_URL)))]
+struct Operator {
+    #[command(subcommand)]
+    command: order_api::admin::Command,
+    #[command(flatten)]
+    db: service_kit::DbArgs,
+    #[command(flatten)]
+    log: service_kit::LogArgs,
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    let _process = service_kit::init(order_api::NAME, &cli.config.log);
-    match cli.command {
-        Some(command) => order_api::admin::run(command, &cli.config).await,
-        None => {
-            let app = order_api::build(cli.config).await?;
-            app.run(service_kit::shutdown::on_signal()).await
-        }
+    let first = std::env::args().nth(1).unwrap_or_default();
+    if order_api::admin::Command::has_subcommand(&first) {
+        let op = Operator::parse();
+        let _process = service_kit::init(order_api::NAME, &op.log);
+        return order_api::admin::run(op.command, &op.db).await;
     }
+    let cli = Serve::parse();
+    let _process = service_kit::init(order_api::NAME, &cli.config.log);
+    let app = order_api::build(cli.config).await?;
+    app.run(service_kit::shutdown::on_signal()).await
 }

@@ -205,3 +205,45 @@ async fn a_flood_of_bad_keys_does_not_reach_the_database_per_request() {
     assert_eq!(again.status, 404, "{}", String::from_utf8_lossy(&again.body));
     api.stop().await;
 }
+
+#[tokio::test]
+async fn concurrent_requests_with_one_uncached_key_share_one_lookup() {
+    // The allowance is 4 lookups; 200 requests at once from one client
+    // (as after a restart of order-api, with the client's retries queued)
+    // must all be served: one lookup, no 429.
+    let api = TestApi::start_with(
+        Duration::from_secs(3600),
+        AuthArgs {
+            lookups_per_sec: 1.0,
+            ..AuthArgs::default()
+        },
+    )
+    .await;
+    let key = api.key("client-a").await;
+    let before = api.auth.lookups_made();
+    // The table locked: every lookup waits until all requests are in.
+    let mut lock = api.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let unlock = async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        lock.commit().await.unwrap();
+    };
+    let requests = (0..200).map(|_| {
+        let req = api
+            .http
+            .get(api.url("/orders/00000000-0000-0000-0000-000000000000"))
+            .bearer_auth(&key);
+        async move { req.send().await.unwrap().status().as_u16() }
+    });
+    let (statuses, ()) = tokio::join!(futures::future::join_all(requests), unlock);
+    let mut counts = std::collections::BTreeMap::<u16, u32>::new();
+    for s in statuses {
+        *counts.entry(s).or_default() += 1;
+    }
+    assert_eq!(counts, [(404, 200)].into(), "every request served");
+    assert_eq!(api.auth.lookups_made() - before, 1, "one lookup for 200 requests");
+    api.stop().await;
+}
