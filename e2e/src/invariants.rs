@@ -170,6 +170,7 @@ pub async fn audit(stack: &Stack, expected: &Expected) -> anyhow::Result<Audit> 
             "{ORDER_PER_KEY}: two idempotency keys were acknowledged with the same order"
         ));
     }
+    order_per_key(&mut orders_db, expected, &known, &mut a.violations).await?;
     let most = expected.acknowledged.len() + expected.indeterminate;
     if orders.len() < expected.acknowledged.len() || orders.len() > most {
         a.violations.push(format!(
@@ -246,4 +247,57 @@ pub async fn audit(stack: &Stack, expected: &Expected) -> anyhow::Result<Audit> 
         a.stock.insert(sku, (initial, available, reserved));
     }
     Ok(a)
+}
+
+/// One order per key, key by key, from the stored Idempotency-Key
+/// responses (each written in the transaction that created its order):
+/// every acknowledged key's stored 201 names the order the client was
+/// given, and every order in the database is named by exactly one key.
+async fn order_per_key(
+    db: &mut PgConnection,
+    expected: &Expected,
+    known: &BTreeSet<Uuid>,
+    violations: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let stored: Vec<(String, Vec<u8>)> =
+        sqlx::query_as("SELECT key, body FROM idempotency_keys WHERE status_code = 201")
+            .fetch_all(&mut *db)
+            .await?;
+    let mut named: BTreeMap<String, Uuid> = BTreeMap::new();
+    let mut keys_per_order: BTreeMap<Uuid, usize> = BTreeMap::new();
+    for (key, body) in stored {
+        let id = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["id"].as_str().and_then(|s| s.parse::<Uuid>().ok()));
+        match id {
+            Some(id) => {
+                *keys_per_order.entry(id).or_default() += 1;
+                named.insert(key, id);
+            }
+            None => violations.push(format!("{ORDER_PER_KEY}: key {key}'s stored 201 names no order")),
+        }
+    }
+    let mut wrong = Vec::new();
+    for (key, id) in &expected.acknowledged {
+        match named.get(key) {
+            Some(stored) if stored == id => {}
+            Some(stored) => wrong.push(format!("key {key}: acknowledged order {id}, stored {stored}")),
+            None => wrong.push(format!("key {key}: acknowledged order {id}, no stored response")),
+        }
+    }
+    if !wrong.is_empty() {
+        violations.push(format!(
+            "{ORDER_PER_KEY}: {} acknowledged keys whose stored response is not their order (first: {})",
+            wrong.len(),
+            wrong[0]
+        ));
+    }
+    let unnamed = known.iter().filter(|id| !keys_per_order.contains_key(id)).count();
+    let shared = keys_per_order.values().filter(|n| **n > 1).count();
+    if unnamed + shared > 0 {
+        violations.push(format!(
+            "{ORDER_PER_KEY}: {unnamed} orders no key created, {shared} named by more than one key"
+        ));
+    }
+    Ok(())
 }

@@ -17,8 +17,10 @@ use crate::proxy::FaultProxy;
 mod extra;
 mod observe;
 mod options;
+mod restart;
 mod secrets;
 pub use options::{default_bin_dir, StackOptions};
+pub use restart::{Killed, Restarted};
 pub use secrets::Secrets;
 
 /// One process of the stack.
@@ -241,22 +243,6 @@ impl Stack {
         Ok(())
     }
 
-    /// SIGKILLs Kafka node `id` and starts it again (its data stays), then
-    /// waits until every node answers. Node 1 is [`Service::Broker`].
-    pub async fn restart_broker_node(&mut self, id: u32) -> anyhow::Result<()> {
-        if id == 1 {
-            return self.restart(Service::Broker).await;
-        }
-        if let Some(mut child) = self.node_procs.remove(&id) {
-            child.start_kill()?;
-            child.wait().await?;
-            *self.kills.entry(Service::Broker).or_default() += 1;
-        }
-        self.spawn_node(id)?;
-        let (bootstrap, n) = (self.brokers(), self.broker_nodes.len());
-        testkit::broker::wait_ready(&bootstrap, n, Duration::from_secs(90)).await
-    }
-
     /// Full URL of one service database (`orders`, `inventory`, `payments`, `gateway`).
     pub fn db_url(&self, db: &str) -> String {
         if self.opts.db_prefix.is_empty() {
@@ -376,13 +362,6 @@ impl Stack {
         unreachable!("the loop returns")
     }
 
-    /// SIGKILLs a process and starts it again without waiting for it to be
-    /// ready: an armed crash point may fire before the first health check.
-    pub async fn restart_unready(&mut self, s: Service) -> anyhow::Result<()> {
-        self.kill(s).await?;
-        self.spawn(s)
-    }
-
     fn spawn(&mut self, s: Service) -> anyhow::Result<()> {
         let child = self.launch(s, self.env(s), s.name())?;
         self.procs.insert(s, child);
@@ -470,22 +449,6 @@ impl Stack {
     /// The fault proxy between payment-service and the gateway, if enabled.
     pub fn gateway_proxy(&self) -> Option<&FaultProxy> {
         self.proxy.as_ref()
-    }
-
-    /// SIGKILLs a process (a crash: no shutdown hooks run) and reaps it.
-    pub async fn kill(&mut self, s: Service) -> anyhow::Result<()> {
-        if let Some(mut child) = self.procs.remove(&s) {
-            child.start_kill()?;
-            child.wait().await?;
-            *self.kills.entry(s).or_default() += 1;
-        }
-        Ok(())
-    }
-
-    /// SIGKILLs and starts a process again.
-    pub async fn restart(&mut self, s: Service) -> anyhow::Result<()> {
-        self.kill(s).await?;
-        self.start_service(s).await
     }
 
     /// Whether the process is alive; reaps it (and forgets it) when it exited

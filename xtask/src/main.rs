@@ -1,5 +1,6 @@
 //! `cargo xtask <command>`: run the tests, the stack, the demo.
 
+mod documents;
 mod scenario;
 
 use std::path::PathBuf;
@@ -111,6 +112,10 @@ enum Cmd {
         #[arg(long, default_value_t = 3)]
         out_of_stock: usize,
     },
+    /// Regenerate the committed API documents from the code: docs/openapi
+    /// (one OpenAPI document per HTTP service) and docs/contract (the
+    /// AsyncAPI document and the message schemas). The tests only compare.
+    Docs,
 }
 
 #[derive(Subcommand)]
@@ -206,14 +211,19 @@ fn run_scenario(n: u8) -> anyhow::Result<i32> {
         Some(target) => cmd.args(["--test", target]),
         None => cmd.arg("--lib"),
     };
+    // A filter that matches no test (renamed, removed) makes cargo exit 0:
+    // counted below, it is a failure, not a pass.
     cmd.args(["--", test.name, "--nocapture"]);
-    let status = cmd.status().context("running cargo test")?;
-    if status.success() {
+    let run = run_counted(cmd).context("running cargo test")?;
+    if run.exit_code() != 0 {
+        println!("\nScenario {n} FAILED: see the test output above");
+        Ok(run.exit_code())
+    } else if run.passed == 0 {
+        println!("\nScenario {n} FAILED: no test named {} ran", test.name);
+        Ok(1)
+    } else {
         println!("\nScenario {n} held: {}", s.checked);
         Ok(0)
-    } else {
-        println!("\nScenario {n} FAILED: see the test output above");
-        Ok(status.code().unwrap_or(1))
     }
 }
 
@@ -248,50 +258,79 @@ async fn dlq(action: &DlqAction, brokers: &str) -> anyhow::Result<()> {
 /// Runs `cargo test --workspace`, echoing its output, and ends with one
 /// line totalling every test binary's result.
 fn run_tests(args: &[String]) -> anyhow::Result<i32> {
+    let mut cmd = cargo();
+    cmd.args([
+        "test",
+        "--workspace",
+        "--no-fail-fast",
+        "--features",
+        FAILPOINT_FEATURES,
+    ])
+    .args(args);
+    let run = run_counted(cmd)?;
+    println!("all tests: {} passed, {} failed", run.passed, run.failed);
+    Ok(run.exit_code())
+}
+
+/// What a `cargo test` run reported.
+struct TestRun {
+    status: std::process::ExitStatus,
+    passed: u64,
+    failed: u64,
+}
+
+impl TestRun {
+    /// 0 when the run succeeded and no test failed.
+    fn exit_code(&self) -> i32 {
+        if self.status.success() && self.failed == 0 {
+            0
+        } else {
+            self.status.code().unwrap_or(1).max(1)
+        }
+    }
+}
+
+/// Runs `cmd` (a `cargo test`), echoing its output, and totals the
+/// `test result:` lines of every test binary.
+fn run_counted(mut cmd: Command) -> anyhow::Result<TestRun> {
     use std::io::{BufRead, BufReader};
-    let mut child = cargo()
-        .args([
-            "test",
-            "--workspace",
-            "--no-fail-fast",
-            "--features",
-            FAILPOINT_FEATURES,
-        ])
-        .args(args)
-        .stdout(std::process::Stdio::piped())
-        .spawn()?;
+    let mut child = cmd.stdout(std::process::Stdio::piped()).spawn()?;
     let (mut passed, mut failed) = (0u64, 0u64);
     for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
         let line = line?;
         println!("{line}");
         if let Some(rest) = line.strip_prefix("test result: ") {
-            let count = |word: &str| -> u64 {
-                rest.split(';')
-                    .find_map(|part| {
-                        part.trim()
-                            .trim_start_matches("ok. ")
-                            .trim_start_matches("FAILED. ")
-                            .strip_suffix(word)
-                    })
-                    .and_then(|n| n.trim().parse().ok())
-                    .unwrap_or(0)
-            };
-            passed += count(" passed");
-            failed += count(" failed");
+            passed += result_count(rest, " passed");
+            failed += result_count(rest, " failed");
         }
     }
     let status = child.wait()?;
-    println!("all tests: {passed} passed, {failed} failed");
-    Ok(if status.success() && failed == 0 {
-        0
-    } else {
-        status.code().unwrap_or(1).max(1)
-    })
+    Ok(TestRun { status, passed, failed })
+}
+
+/// The number before `word` in a `test result:` line's rest
+/// ("ok. 3 passed; 0 failed; …").
+fn result_count(rest: &str, word: &str) -> u64 {
+    rest.split(';')
+        .find_map(|part| {
+            part.trim()
+                .trim_start_matches("ok. ")
+                .trim_start_matches("FAILED. ")
+                .strip_suffix(word)
+        })
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Cmd::Docs = &cli.command {
+        for path in documents::regenerate()? {
+            println!("wrote {}", path.display());
+        }
+        return Ok(());
+    }
     if let Cmd::Dlq { action, brokers } = &cli.command {
         return dlq(action, brokers).await;
     }
@@ -299,7 +338,7 @@ async fn main() -> anyhow::Result<()> {
     testkit::broker::ensure()?;
     build_services()?;
     match cli.command {
-        Cmd::Dlq { .. } => unreachable!("handled above"),
+        Cmd::Dlq { .. } | Cmd::Docs => unreachable!("handled above"),
         Cmd::Chaos {
             orders,
             seed,
@@ -480,5 +519,23 @@ async fn main() -> anyhow::Result<()> {
             println!("demo passed");
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::result_count;
+
+    #[test]
+    fn a_result_line_is_counted_and_a_run_of_no_test_is_zero() {
+        let ok = "ok. 3 passed; 0 failed; 1 ignored; 0 measured; 36 filtered out; finished in 87.66s";
+        assert_eq!((result_count(ok, " passed"), result_count(ok, " failed")), (3, 0));
+        let failed = "FAILED. 1 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out";
+        assert_eq!(
+            (result_count(failed, " passed"), result_count(failed, " failed")),
+            (1, 2)
+        );
+        let none = "ok. 0 passed; 0 failed; 0 ignored; 0 measured; 39 filtered out; finished in 0.00s";
+        assert_eq!(result_count(none, " passed"), 0);
     }
 }

@@ -9,6 +9,12 @@ use serde_json::{json, Value};
 
 use crate::{Envelope, Message};
 
+/// A generated document as committed under docs/contract: pretty JSON
+/// and a final newline.
+pub fn document_text(doc: &Value) -> String {
+    serde_json::to_string_pretty(doc).expect("a JSON value serializes") + "\n"
+}
+
 /// `event_type` → the JSON Schema of an envelope carrying that message.
 pub fn message_schemas() -> BTreeMap<String, Value> {
     let envelope = serde_json::to_value(schemars::schema_for!(Envelope)).expect("schema is JSON");
@@ -35,9 +41,30 @@ pub fn message_schemas() -> BTreeMap<String, Value> {
         if !required.contains(&json!("payload")) {
             required.push(json!("payload"));
         }
+        close(&mut schema);
         out.insert(event_type.to_owned(), schema);
     }
     out
+}
+
+/// Marks every object schema with properties `additionalProperties: false`
+/// (unless it combines subschemas, where that would refuse the siblings'
+/// properties): a document names every field a message of this version
+/// carries, so a message with another field was not produced by it. Readers
+/// still ignore unknown fields (the next minor may add some); the schema of
+/// that minor then names them.
+fn close(schema: &mut Value) {
+    match schema {
+        Value::Object(obj) => {
+            let combines = ["allOf", "oneOf", "anyOf"].iter().any(|k| obj.contains_key(*k));
+            if obj.contains_key("properties") && !combines && !obj.contains_key("additionalProperties") {
+                obj.insert("additionalProperties".into(), Value::Bool(false));
+            }
+            obj.values_mut().for_each(close);
+        }
+        Value::Array(items) => items.iter_mut().for_each(close),
+        _ => {}
+    }
 }
 
 /// A schema as an AsyncAPI component: without the `$schema` keyword (the

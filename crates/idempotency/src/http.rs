@@ -102,6 +102,7 @@ pub struct KeyArgs {
     #[arg(
         long = "idempotency-fingerprint-key",
         env = "IDEMPOTENCY_FINGERPRINT_KEY",
+        value_name = "IDEMPOTENCY_FINGERPRINT_KEY",
         hide_env_values = true
     )]
     pub fingerprint_key: Secret,

@@ -38,6 +38,63 @@ impl std::str::FromStr for Secret {
     }
 }
 
+impl clap::builder::ValueParserFactory for Secret {
+    type Parser = SecretParser<Secret>;
+
+    fn value_parser() -> Self::Parser {
+        SecretParser::default()
+    }
+}
+
+/// Parses a value holding secrets with `T::from_str`; a refusal names the
+/// argument (and its variable) and the reason, never the value — clap's
+/// own errors quote the value they refused.
+pub struct SecretParser<T>(std::marker::PhantomData<fn() -> T>);
+
+impl<T> Default for SecretParser<T> {
+    fn default() -> Self {
+        Self(std::marker::PhantomData)
+    }
+}
+
+impl<T> Clone for SecretParser<T> {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl<T> clap::builder::TypedValueParser for SecretParser<T>
+where
+    T: std::str::FromStr<Err = String> + Clone + Send + Sync + 'static,
+{
+    type Value = T;
+
+    fn parse_ref(
+        &self,
+        _cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<T, clap::Error> {
+        let name = arg.map_or_else(
+            || "a secret".to_owned(),
+            |a| match (a.get_long(), a.get_env()) {
+                (Some(long), Some(env)) => format!("--{long} ({})", env.to_string_lossy()),
+                (Some(long), None) => format!("--{long}"),
+                _ => a.get_id().to_string(),
+            },
+        );
+        let text = value
+            .to_str()
+            .ok_or_else(|| clap::Error::raw(clap::error::ErrorKind::InvalidUtf8, format!("{name} is not UTF-8\n")))?;
+        text.parse().map_err(|reason: String| {
+            clap::Error::raw(
+                clap::error::ErrorKind::ValueValidation,
+                format!("invalid value for {name} (not shown): {reason}\n"),
+            )
+        })
+    }
+}
+
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("[redacted]")

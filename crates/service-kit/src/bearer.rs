@@ -77,6 +77,14 @@ impl std::str::FromStr for Callers {
     }
 }
 
+impl clap::builder::ValueParserFactory for Callers {
+    type Parser = idempotency::secret::SecretParser<Callers>;
+
+    fn value_parser() -> Self::Parser {
+        Default::default()
+    }
+}
+
 impl std::fmt::Debug for Callers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list().entries(self.names()).finish()

@@ -6,9 +6,28 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 const SCRIPT: &str = r#"
-import json, sys
-from jsonschema import Draft202012Validator
+import json, sys, uuid
+from datetime import datetime
+from jsonschema import Draft202012Validator, FormatChecker
 schemas_dir, = sys.argv[1:]
+# Formats checked, not only annotated: uuid, RFC 3339 date-time (with its
+# zone), and the integer widths schemars names.
+formats = FormatChecker(formats=())
+@formats.checks("uuid", raises=ValueError)
+def is_uuid(v):
+    return not isinstance(v, str) or str(uuid.UUID(v)) == v.lower()
+@formats.checks("date-time", raises=ValueError)
+def is_date_time(v):
+    return not isinstance(v, str) or ("T" in v.upper() and datetime.fromisoformat(v.replace("z", "Z")).tzinfo is not None)
+@formats.checks("int32")
+def is_int32(v):
+    return not isinstance(v, int) or -2**31 <= v < 2**31
+@formats.checks("int64")
+def is_int64(v):
+    return not isinstance(v, int) or -2**63 <= v < 2**63
+@formats.checks("uint32")
+def is_uint32(v):
+    return not isinstance(v, int) or 0 <= v < 2**32
 validators = {}
 bad = []
 n = 0
@@ -17,7 +36,7 @@ for line in sys.stdin:
     t = doc.get("event_type")
     if t not in validators:
         try:
-            validators[t] = Draft202012Validator(json.load(open(f"{schemas_dir}/{t}.json")))
+            validators[t] = Draft202012Validator(json.load(open(f"{schemas_dir}/{t}.json")), format_checker=formats)
         except FileNotFoundError:
             bad.append(f"{t}: no schema"); continue
     n += 1

@@ -32,6 +32,8 @@ pub struct ClientStats {
     pub cancels: usize,
     /// Deliberate re-sends of an acknowledged request.
     pub resends: usize,
+    /// 201 answers whose body is not an order (each is also a violation).
+    pub unparsable_201: usize,
     /// Idempotency violations seen by clients (a key answered with two orders).
     pub violations: Vec<String>,
     /// When the last order's first attempt was sent, ms after the start: the
@@ -140,9 +142,19 @@ pub(super) async fn place(
                 if attempts > 1 && r.replayed {
                     s.replays += 1;
                 }
-                break serde_json::from_str::<crate::driver::OrderView>(&r.body)
-                    .ok()
-                    .map(|o| o.id);
+                match serde_json::from_str::<crate::driver::OrderView>(&r.body) {
+                    Ok(o) => break Some(o.id),
+                    Err(e) => {
+                        // Acknowledged, but with no order the client can
+                        // hold on to: counted, and a failure of the run.
+                        s.unparsable_201 += 1;
+                        s.violations.push(format!(
+                            "order {} acknowledged with a 201 that is not an order ({e}): {}",
+                            p.key, r.body
+                        ));
+                        return None;
+                    }
+                }
             }
             Ok(r) if r.status == 409 => stats.lock().expect("stats").in_flight_409 += 1,
             Ok(r) if r.status < 500 => {

@@ -357,15 +357,22 @@ async fn inject(
             ]
             .choose(rng)
             .expect("non-empty");
-            stack.restart(s).await?;
-            (format!("SIGKILL + restart {}", s.name()), true, None)
+            let restarted = stack.restart(s).await?;
+            (
+                format!("SIGKILL + restart {} ({restarted})", s.name()),
+                restarted.evident(),
+                None,
+            )
         }
         Fault::BrokerRestart => {
             let node = rng.gen_range(1..=stack.broker_nodes().len() as u32);
-            stack.restart_broker_node(node).await?;
+            let restarted = stack.restart_broker_node(node).await?;
             (
-                format!("SIGKILL + restart kafka node {node} of {}", stack.broker_nodes().len()),
-                true,
+                format!(
+                    "SIGKILL + restart kafka node {node} of {} ({restarted})",
+                    stack.broker_nodes().len()
+                ),
+                restarted.evident(),
                 None,
             )
         }

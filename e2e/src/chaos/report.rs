@@ -266,7 +266,7 @@ pub fn markdown(r: &Report) -> String {
     let _ = writeln!(s, "\nBy intended kind → final status: {:?}\n", r.outcomes);
     let _ = writeln!(s, "## HTTP layer\n");
     let c = &r.clients;
-    let _ = writeln!(s, "retries with the same key {}, of which answered by a replay {}, 409 in flight {}, deliberate re-sends {}, cancels {}\n", c.retries, c.replays, c.in_flight_409, c.resends, c.cancels);
+    let _ = writeln!(s, "retries with the same key {}, of which answered by a replay {}, 409 in flight {}, deliberate re-sends {}, cancels {}, 201s that were not an order {}\n", c.retries, c.replays, c.in_flight_409, c.resends, c.cancels, c.unparsable_201);
     let _ = writeln!(s, "## Faults\n");
     let _ = writeln!(s, "kills per service: {:?}\n", r.kills);
     let _ = writeln!(s, "crash points fired: {:?}\n", r.crash_points);

@@ -284,3 +284,40 @@ fn help_prints_no_secret_and_no_database_url_from_the_environment() {
     // gateway's callers and vault key, the operator key.
     assert_eq!(hidden, 12, "sensitive variables found");
 }
+
+/// A service started without its secrets (an empty environment: no
+/// defaults exist to fall back on) refuses to start and names each
+/// missing variable; a secret shorter than 32 characters is refused too.
+#[test]
+fn a_service_without_its_secrets_refuses_to_start_and_names_them() {
+    let bin = e2e::stack::default_bin_dir().expect("the services' binaries");
+    let required: [(&str, &[&str]); 4] = [
+        ("order-api", &["GATEWAY_API_KEY", "IDEMPOTENCY_FINGERPRINT_KEY"]),
+        ("payment-service", &["GATEWAY_API_KEY"]),
+        ("inventory-service", &["INVENTORY_OPERATOR_KEY"]),
+        (
+            "mock-gateway",
+            &["GATEWAY_CLIENTS", "GATEWAY_VAULT_KEY", "IDEMPOTENCY_FINGERPRINT_KEY"],
+        ),
+    ];
+    for (service, vars) in required {
+        let out = std::process::Command::new(bin.join(service))
+            .env_clear()
+            .output()
+            .unwrap_or_else(|e| panic!("{service}: {e} (build the services first)"));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{service} started without secrets: {err}");
+        for var in vars {
+            assert!(err.contains(var), "{service} does not name {var}: {err}");
+        }
+    }
+    let out = std::process::Command::new(bin.join("inventory-service"))
+        .env_clear()
+        .env("INVENTORY_OPERATOR_KEY", "too-short")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("INVENTORY_OPERATOR_KEY") && err.contains("32"), "{err}");
+    assert!(!err.contains("too-short"), "the refused value is echoed: {err}");
+}

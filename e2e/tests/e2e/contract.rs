@@ -42,3 +42,35 @@ pub async fn check_topics(stack: &e2e::Stack) -> usize {
     assert!(checked > 0, "no message was checked");
     checked
 }
+
+#[test]
+fn a_message_with_an_undocumented_field_or_a_malformed_value_is_refused() {
+    let message = contract::Message::ReserveStock {
+        sku: "WIDGET".into(),
+        quantity: 2,
+    };
+    let good = serde_json::to_value(contract::Envelope::new(uuid::Uuid::now_v7(), &message, None)).unwrap();
+    let schemas = Path::new(DOCS).join("schemas");
+    assert_eq!(
+        testkit::jsonschema::validate_envelopes(&schemas, std::slice::from_ref(&good)).unwrap(),
+        1
+    );
+    let spoiled: [(&str, fn(&mut serde_json::Value)); 5] = [
+        ("an extra envelope field", |m| m["shard"] = 3.into()),
+        ("an extra payload field", |m| m["payload"]["colour"] = "red".into()),
+        ("an event id that is no uuid", |m| m["event_id"] = "42".into()),
+        ("a time without its zone", |m| {
+            m["occurred_at"] = "2026-12-01T10:00:00".into()
+        }),
+        ("a quantity wider than int32", |m| {
+            m["payload"]["quantity"] = (1u64 << 40).into()
+        }),
+    ];
+    for (what, spoil) in spoiled {
+        let mut bad = good.clone();
+        spoil(&mut bad);
+        let refused = testkit::jsonschema::validate_envelopes(&schemas, &[bad]);
+        assert!(refused.is_err(), "{what} was accepted");
+        println!("contract: {what} refused: {}", refused.unwrap_err());
+    }
+}

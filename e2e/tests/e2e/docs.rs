@@ -1,9 +1,12 @@
 //! The docs cannot go stale silently: every file a doc links or names
-//! exists, every function it names is defined somewhere in the workspace,
-//! and operations.md lists every environment variable the code reads.
+//! exists, every function it names is defined — a path (`a::b::f`) in the
+//! module it names, a bare name somewhere in the workspace — and
+//! operations.md lists every environment variable the code reads.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+
+mod resolve;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
@@ -105,7 +108,7 @@ fn function(span: &str) -> Option<String> {
     };
     if span.contains("::") && !span.contains(' ') {
         let last = span.rsplit("::").next()?.trim_end_matches("()");
-        return plain(last).then(|| last.to_owned());
+        return plain(last).then(|| span.trim_end_matches("()").to_owned());
     }
     (plain(span) && span.matches('_').count() >= 3 && !METRIC_SUFFIXES.iter().any(|s| span.ends_with(s)))
         .then(|| span.to_owned())
@@ -136,6 +139,9 @@ fn file_functions(text: &str) -> Vec<(String, String)> {
 #[test]
 fn every_path_and_function_the_docs_name_exists() {
     let code = CODE.with(Clone::clone);
+    let tree = resolve::Tree::load(&root());
+    let mut all = Vec::new();
+    sources(&root(), &mut all);
     let mut missing = BTreeSet::new();
     let (mut paths, mut functions) = (0, 0);
     for doc in docs() {
@@ -166,6 +172,12 @@ fn every_path_and_function_the_docs_name_exists() {
                 }
             } else if let Some(f) = function(&span) {
                 functions += 1;
+                if f.contains("::") {
+                    if let Err(why) = tree.defines(&f, &all) {
+                        missing.insert(format!("{name}: {f}: {why}"));
+                    }
+                    continue;
+                }
                 let defined = ["fn {f}(", "fn {f}<", "mod {f};", "mod {f} {"]
                     .iter()
                     .any(|pattern| code.contains(&pattern.replace("{f}", &f)));

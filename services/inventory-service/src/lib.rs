@@ -37,7 +37,12 @@ pub struct Config {
     pub http_addr: SocketAddr,
     /// The operator's credential for the stock endpoints
     /// (`Authorization: Bearer …`), ≥ 32 characters, no default.
-    #[arg(long, env = "INVENTORY_OPERATOR_KEY", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "INVENTORY_OPERATOR_KEY",
+        value_name = "INVENTORY_OPERATOR_KEY",
+        hide_env_values = true
+    )]
     pub operator_key: service_kit::Secret,
     /// Inbox retention.
     #[command(flatten)]

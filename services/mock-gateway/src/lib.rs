@@ -57,7 +57,12 @@ pub struct Config {
     pub http_addr: SocketAddr,
     /// The callers and their secrets, `name=secret[,name=secret…]`, e.g.
     /// `order-api=…,payment-service=…` (each secret ≥ 32 characters).
-    #[arg(long, env = "GATEWAY_CLIENTS", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "GATEWAY_CLIENTS",
+        value_name = "GATEWAY_CLIENTS",
+        hide_env_values = true
+    )]
     pub clients: Callers,
     /// Which caller may read which other caller's operations,
     /// `reader=owner[,…]`, e.g. `order-api=payment-service` (order-api's
@@ -72,7 +77,12 @@ pub struct Config {
     pub keys: idempotency::KeyArgs,
     /// Key of the vault's card fingerprints (HMAC-SHA256), no default;
     /// changing it gives known cards new tokens.
-    #[arg(long, env = "GATEWAY_VAULT_KEY", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "GATEWAY_VAULT_KEY",
+        value_name = "GATEWAY_VAULT_KEY",
+        hide_env_values = true
+    )]
     pub vault_key: Secret,
     /// Initial faults.
     #[command(flatten)]

@@ -47,7 +47,12 @@ pub struct Config {
     pub gateway_url: String,
     /// order-api's credential at the gateway (`Authorization: Bearer`),
     /// ≥ 32 characters, no default.
-    #[arg(long, env = "GATEWAY_API_KEY", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "GATEWAY_API_KEY",
+        value_name = "GATEWAY_API_KEY",
+        hide_env_values = true
+    )]
     pub gateway_api_key: service_kit::Secret,
     /// Timeout of one gateway call, in milliseconds.
     #[arg(long, env = "GATEWAY_TIMEOUT_MS", default_value_t = 2_000)]
