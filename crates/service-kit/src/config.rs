@@ -80,3 +80,30 @@ pub enum LogFormat {
     /// One JSON object per line.
     Json,
 }
+
+/// The payment gateway and this service's credential there.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GatewayArgs {
+    /// Base URL of the payment gateway.
+    #[arg(long = "gateway-url", env = "GATEWAY_URL", default_value = "http://127.0.0.1:8083")]
+    pub url: String,
+    /// This service's credential at the gateway (`Authorization: Bearer`),
+    /// ≥ 32 characters, no default.
+    #[arg(
+        long = "gateway-api-key",
+        env = "GATEWAY_API_KEY",
+        value_name = "GATEWAY_API_KEY",
+        hide_env_values = true
+    )]
+    pub api_key: crate::Secret,
+    /// Timeout of one gateway call, in milliseconds.
+    #[arg(long = "gateway-timeout-ms", env = "GATEWAY_TIMEOUT_MS", default_value_t = 2_000)]
+    pub timeout_ms: u64,
+}
+
+impl GatewayArgs {
+    /// The timeout of one call.
+    pub fn timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.timeout_ms)
+    }
+}

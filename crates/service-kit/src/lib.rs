@@ -36,7 +36,7 @@ pub mod shutdown;
 pub mod supervisor;
 pub mod unsafe_switch;
 
-pub use config::{DbArgs, LogArgs, LogFormat, TraceArgs};
+pub use config::{DbArgs, GatewayArgs, LogArgs, LogFormat, TraceArgs};
 pub use consumer::SagaConsumer;
 pub use idempotency::Secret;
 pub use supervisor::{Health, Supervisor};

@@ -126,13 +126,19 @@ impl Supervisor {
     pub async fn wait(mut self) -> anyhow::Result<()> {
         let mut first: Option<anyhow::Error> = None;
         tokio::select! {
+            biased;
             _ = self.shutdown.cancelled() => {}
             Some(joined) = self.tasks.join_next() => {
+                // A task that ended cleanly because shutdown was asked (its
+                // token fired before this select saw the signal) is a clean end.
+                let asked = self.shutdown.is_cancelled() && matches!(&joined, Ok((_, Ok(()))));
+                if !asked {
                 let error = died(joined);
                 tracing::error!(error = format!("{error:#}"), "task died: stopping the service");
                 self.health.fail(format!("{error:#}"));
                 first = Some(error);
                 self.shutdown.cancel();
+                }
             }
         }
         let deadline = tokio::time::sleep(self.grace);
@@ -204,6 +210,25 @@ mod tests {
         sup.wait().await.unwrap();
         assert_eq!(stopped.load(std::sync::atomic::Ordering::SeqCst), 2);
         assert_eq!(health.failure(), None);
+    }
+
+    #[tokio::test]
+    async fn a_task_that_ends_because_shutdown_was_asked_is_a_clean_end() {
+        // The task sees the token before `wait` sees the signal: a race
+        // once read as "task ended before shutdown". Many rounds so that
+        // either side of the race is taken.
+        for _ in 0..200 {
+            let token = CancellationToken::new();
+            let mut sup = Supervisor::new(token.clone());
+            let t = sup.token();
+            sup.spawn("history retention", async move { t.cancelled().await });
+            let health = sup.health();
+            let waiting = tokio::spawn(sup.wait());
+            tokio::task::yield_now().await;
+            token.cancel();
+            waiting.await.unwrap().unwrap();
+            assert_eq!(health.failure(), None);
+        }
     }
 
     #[tokio::test]

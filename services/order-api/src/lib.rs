@@ -42,21 +42,10 @@ pub struct Config {
     #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8080")]
     pub http_addr: SocketAddr,
     /// The payment gateway: its card vault (every new order's card number
-    /// becomes a token there) and its record of operations (reconciliation).
-    #[arg(long, env = "GATEWAY_URL", default_value = "http://127.0.0.1:8083")]
-    pub gateway_url: String,
-    /// order-api's credential at the gateway (`Authorization: Bearer`),
-    /// ≥ 32 characters, no default.
-    #[arg(
-        long,
-        env = "GATEWAY_API_KEY",
-        value_name = "GATEWAY_API_KEY",
-        hide_env_values = true
-    )]
-    pub gateway_api_key: service_kit::Secret,
-    /// Timeout of one gateway call, in milliseconds.
-    #[arg(long, env = "GATEWAY_TIMEOUT_MS", default_value_t = 2_000)]
-    pub gateway_timeout_ms: u64,
+    /// becomes a token there) and its record of operations (reconciliation);
+    /// order-api's credential there.
+    #[command(flatten)]
+    pub gateway: service_kit::GatewayArgs,
     /// Deadlines per saga state and the reconciler.
     #[command(flatten)]
     pub deadlines: saga::reconcile::DeadlineArgs,
@@ -141,11 +130,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     let state = AppState {
         pool,
         idempotency_ttl: config.keys.ttl(),
-        gateway: gateway::Client::new(
-            &config.gateway_url,
-            &config.gateway_api_key,
-            Duration::from_millis(config.gateway_timeout_ms),
-        )?,
+        gateway: gateway::Client::new(&config.gateway.url, &config.gateway.api_key, config.gateway.timeout())?,
         auth,
         fingerprint_key: config.keys.fingerprint_key(),
     };

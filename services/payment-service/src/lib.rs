@@ -31,21 +31,10 @@ pub struct Config {
     /// Address of the admin endpoints.
     #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8082")]
     pub http_addr: SocketAddr,
-    /// Base URL of the payment gateway.
-    #[arg(long, env = "GATEWAY_URL", default_value = "http://127.0.0.1:8083")]
-    pub gateway_url: String,
-    /// payment-service's credential at the gateway (`Authorization:
-    /// Bearer`), ≥ 32 characters, no default.
-    #[arg(
-        long,
-        env = "GATEWAY_API_KEY",
-        value_name = "GATEWAY_API_KEY",
-        hide_env_values = true
-    )]
-    pub gateway_api_key: service_kit::Secret,
-    /// Gateway request timeout in milliseconds.
-    #[arg(long, env = "GATEWAY_TIMEOUT_MS", default_value_t = 2_000)]
-    pub gateway_timeout_ms: u64,
+    /// The payment gateway (charges and refunds) and payment-service's
+    /// credential there.
+    #[command(flatten)]
+    pub gateway: service_kit::GatewayArgs,
     /// How long the gateway remembers an Idempotency-Key, in seconds (the
     /// provider's documented key lifetime; the mock gateway's
     /// `IDEMPOTENCY_TTL_SECS`). Must be at least `INBOX_RETENTION_SECS`.
@@ -106,11 +95,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     )
     .await?;
     config.kafka.ensure_topics(&topics::ALL).await?;
-    let gateway = gateway::Client::new(
-        &config.gateway_url,
-        &config.gateway_api_key,
-        Duration::from_millis(config.gateway_timeout_ms),
-    )?;
+    let gateway = gateway::Client::new(&config.gateway.url, &config.gateway.api_key, config.gateway.timeout())?;
     let listener = TcpListener::bind(config.http_addr).await?;
     config.unsafe_no_inbox.apply()?;
     service_kit::unsafe_switch::check("PAYMENT_UNSAFE_DISABLE_DEDUP", config.unsafe_disable_dedup)?;
