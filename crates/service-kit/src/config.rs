@@ -85,11 +85,17 @@ pub enum LogFormat {
 #[derive(Debug, Clone, clap::Args)]
 pub struct GatewayArgs {
     /// Base URL of the payment gateway.
-    #[arg(long = "gateway-url", env = "GATEWAY_URL", default_value = "http://127.0.0.1:8083")]
+    #[arg(
+        id = "gateway_url",
+        long = "gateway-url",
+        env = "GATEWAY_URL",
+        default_value = "http://127.0.0.1:8083"
+    )]
     pub url: String,
     /// This service's credential at the gateway (`Authorization: Bearer`),
     /// ≥ 32 characters, no default.
     #[arg(
+        id = "gateway_api_key",
         long = "gateway-api-key",
         env = "GATEWAY_API_KEY",
         value_name = "GATEWAY_API_KEY",
@@ -97,7 +103,12 @@ pub struct GatewayArgs {
     )]
     pub api_key: crate::Secret,
     /// Timeout of one gateway call, in milliseconds.
-    #[arg(long = "gateway-timeout-ms", env = "GATEWAY_TIMEOUT_MS", default_value_t = 2_000)]
+    #[arg(
+        id = "gateway_timeout_ms",
+        long = "gateway-timeout-ms",
+        env = "GATEWAY_TIMEOUT_MS",
+        default_value_t = 2_000
+    )]
     pub timeout_ms: u64,
 }
 

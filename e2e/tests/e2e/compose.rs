@@ -253,6 +253,9 @@ fn compose_publishes_only_the_api_and_the_uis_on_loopback() {
 #[test]
 fn help_prints_no_secret_and_no_database_url_from_the_environment() {
     fn check<C: CommandFactory>(name: &str) -> usize {
+        // clap's own consistency checks (unique argument ids across the
+        // flattened groups, …), which otherwise run only when a binary starts.
+        C::command().debug_assert();
         let mut hidden = 0;
         for arg in C::command().get_arguments() {
             let Some(env) = arg.get_env().map(|e| e.to_string_lossy().into_owned()) else {
