@@ -266,15 +266,12 @@ async fn order_per_key(
     let mut named: BTreeMap<String, Uuid> = BTreeMap::new();
     let mut keys_per_order: BTreeMap<Uuid, usize> = BTreeMap::new();
     for (key, body) in stored {
-        let id = serde_json::from_slice::<serde_json::Value>(&body)
-            .ok()
-            .and_then(|v| v["id"].as_str().and_then(|s| s.parse::<Uuid>().ok()));
-        match id {
-            Some(id) => {
+        match serde_json::from_slice::<crate::driver::OrderView>(&body).map(|o| o.id) {
+            Ok(id) => {
                 *keys_per_order.entry(id).or_default() += 1;
                 named.insert(key, id);
             }
-            None => violations.push(format!("{ORDER_PER_KEY}: key {key}'s stored 201 names no order")),
+            Err(_) => violations.push(format!("{ORDER_PER_KEY}: key {key}'s stored 201 names no order")),
         }
     }
     let mut wrong = Vec::new();

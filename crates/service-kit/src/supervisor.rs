@@ -133,11 +133,11 @@ impl Supervisor {
                 // token fired before this select saw the signal) is a clean end.
                 let asked = self.shutdown.is_cancelled() && matches!(&joined, Ok((_, Ok(()))));
                 if !asked {
-                let error = died(joined);
-                tracing::error!(error = format!("{error:#}"), "task died: stopping the service");
-                self.health.fail(format!("{error:#}"));
-                first = Some(error);
-                self.shutdown.cancel();
+                    let error = died(joined);
+                    tracing::error!(error = format!("{error:#}"), "task died: stopping the service");
+                    self.health.fail(format!("{error:#}"));
+                    first = Some(error);
+                    self.shutdown.cancel();
                 }
             }
         }
