@@ -127,6 +127,7 @@ pub async fn run(stack: &Stack, mix: Mix) -> anyhow::Result<Outcome> {
         initial_stock: STOCK.iter().map(|(s, n)| ((*s).to_owned(), i64::from(*n))).collect(),
         acknowledged: placed.iter().map(|p| (p.1.clone(), p.2.id)).collect(),
         indeterminate: 0,
+        rescue_expected: Default::default(),
     };
     let audit = audit(stack, &expected).await?;
     Ok(Outcome {

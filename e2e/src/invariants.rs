@@ -33,10 +33,16 @@ pub struct Expected {
     /// Orders whose outcome the client never learned (it gave up retrying):
     /// each may or may not exist, at most once.
     pub indeterminate: usize,
+    /// Orders whose message the run loses on purpose (a dead-lettered
+    /// command, a participant kept down past the deadline): exactly these
+    /// may be finished by the reconciler. Empty for a run whose faults
+    /// cannot lose a message.
+    pub rescue_expected: BTreeSet<Uuid>,
 }
 
 /// The audit of one run.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct Audit {
     /// Orders per status.
     pub orders_by_status: BTreeMap<String, i64>,
@@ -59,8 +65,19 @@ pub struct Audit {
     /// Per SKU: (initial, available, reserved by live orders).
     pub stock: BTreeMap<String, (i64, i64, i64)>,
     /// Events each consumer's inbox let through although their effect was
-    /// already applied (a business key caught them): `inbox_misses` rows.
-    pub inbox_misses: BTreeMap<String, i64>,
+    /// already applied (a business key caught them): `inbox_misses` rows,
+    /// per consumer and per business key that caught the repeat.
+    pub inbox_misses: BTreeMap<String, BTreeMap<String, i64>>,
+    /// Orders the deadline reconciler had to act on, per action (the
+    /// history's cause: `Resent:<command>`, `Reconciled:<reply>`,
+    /// `DeadlineExceeded`): each is a message that did not arrive in time.
+    pub rescued: BTreeMap<String, BTreeSet<Uuid>>,
+    /// The history rows behind [`Audit::rescued`] (the first 20), as evidence.
+    pub rescue_evidence: Vec<String>,
+    /// When each broken invariant's first evidence was written (an inbox
+    /// miss, a reconciler's history row, a second capture, a stuck order's
+    /// creation), by invariant name: where a picture marks it.
+    pub first_seen: BTreeMap<String, chrono::DateTime<chrono::Utc>>,
     /// Every broken invariant, in words.
     pub violations: Vec<String>,
 }
@@ -124,6 +141,15 @@ pub async fn audit(stack: &Stack, expected: &Expected) -> anyhow::Result<Audit> 
         }
     }
     if !a.double_charged.is_empty() {
+        let first: Option<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar(
+            "SELECT min(created_at) FROM (
+                 SELECT created_at, row_number() OVER (PARTITION BY order_id ORDER BY created_at) AS n
+                 FROM ledger WHERE kind = 'charge' AND status = 'captured') c
+             WHERE n = 2",
+        )
+        .fetch_one(&mut gateway_db)
+        .await?;
+        seen(&mut a, CHARGED_ONCE, first);
         a.violations.push(format!(
             "{CHARGED_ONCE}: {} orders captured more than once",
             a.double_charged.len()
@@ -160,6 +186,11 @@ pub async fn audit(stack: &Stack, expected: &Expected) -> anyhow::Result<Audit> 
         .map(|o| o.0)
         .collect();
     if !a.stuck.is_empty() {
+        let first: Option<chrono::DateTime<chrono::Utc>> =
+            sqlx::query_scalar("SELECT min(created_at) FROM orders WHERE status NOT IN ('CONFIRMED', 'CANCELLED')")
+                .fetch_one(&mut orders_db)
+                .await?;
+        seen(&mut a, NOTHING_STUCK, first);
         a.violations.push(format!(
             "{NOTHING_STUCK}: {} orders stuck in a non-terminal state",
             a.stuck.len()
@@ -170,7 +201,8 @@ pub async fn audit(stack: &Stack, expected: &Expected) -> anyhow::Result<Audit> 
             "{ORDER_PER_KEY}: two idempotency keys were acknowledged with the same order"
         ));
     }
-    order_per_key(&mut orders_db, expected, &known, &mut a.violations).await?;
+    order_per_key(&mut orders_db, expected, &known, &mut a).await?;
+    check_rescued(&mut orders_db, expected, &mut a).await?;
     let most = expected.acknowledged.len() + expected.indeterminate;
     if orders.len() < expected.acknowledged.len() || orders.len() > most {
         a.violations.push(format!(
@@ -185,15 +217,20 @@ pub async fn audit(stack: &Stack, expected: &Expected) -> anyhow::Result<Audit> 
     // no business key ever has to catch one.
     for db in ["orders", "inventory", "payments"] {
         let mut c = connect(&stack.db_url(db)).await?;
-        let misses: Vec<(String, i64)> =
-            sqlx::query_as("SELECT consumer, count(*)::int8 FROM inbox_misses GROUP BY consumer")
+        let misses: Vec<(String, String, i64)> =
+            sqlx::query_as("SELECT consumer, caught_by, count(*)::int8 FROM inbox_misses GROUP BY consumer, caught_by")
                 .fetch_all(&mut c)
                 .await?;
-        for (consumer, n) in misses {
+        let first: Option<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar("SELECT min(seen_at) FROM inbox_misses")
+            .fetch_one(&mut c)
+            .await?;
+        seen(&mut a, STEP_ONCE, first);
+        for (consumer, caught_by, n) in misses {
             a.violations.push(format!(
-                "{STEP_ONCE}: {n} events reached {consumer}'s effect again (its inbox let them through; a business key caught them)"
+                "{STEP_ONCE}: {n} events reached {consumer}'s effect again (its inbox let them through; \
+                 the {caught_by} caught them)"
             ));
-            a.inbox_misses.insert(consumer, n);
+            a.inbox_misses.entry(consumer).or_default().insert(caught_by, n);
         }
     }
 
@@ -249,6 +286,77 @@ pub async fn audit(stack: &Stack, expected: &Expected) -> anyhow::Result<Audit> 
     Ok(a)
 }
 
+/// Keeps the earliest evidence of `invariant` breaking.
+fn seen(a: &mut Audit, invariant: &str, at: Option<chrono::DateTime<chrono::Utc>>) {
+    if let Some(at) = at {
+        let first = a.first_seen.entry(invariant.to_owned()).or_insert(at);
+        *first = (*first).min(at);
+    }
+}
+
+/// The orders the deadline reconciler acted on, per action (the history's
+/// cause), and the history rows that say so (the first 20).
+pub type Rescued = (BTreeMap<String, BTreeSet<Uuid>>, Vec<String>);
+
+/// Reads [`Rescued`] from the orders database's history.
+pub async fn rescued(db: &mut PgConnection) -> anyhow::Result<Rescued> {
+    let rows: Vec<(Uuid, String, Option<String>, String, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
+        "SELECT order_id, cause, from_status, to_status, at FROM order_history
+         WHERE cause LIKE 'Resent:%' OR cause LIKE 'Reconciled:%' OR cause = 'DeadlineExceeded'
+         ORDER BY id",
+    )
+    .fetch_all(&mut *db)
+    .await?;
+    let (mut per_cause, mut evidence): Rescued = Default::default();
+    for (order, cause, from, to, at) in &rows {
+        per_cause.entry(cause.clone()).or_default().insert(*order);
+        if evidence.len() < 20 {
+            evidence.push(format!(
+                "{} order {order}: {} → {to} by {cause}",
+                at.format("%H:%M:%S%.3f"),
+                from.as_deref().unwrap_or("-")
+            ));
+        }
+    }
+    Ok((per_cause, evidence))
+}
+
+/// Nothing rescued in silence: a re-send or a reconciliation means a
+/// message did not arrive before its deadline — lost (acknowledged before
+/// it was handled, recorded without its effect) or stuck. The reconciler
+/// hides that from the order's status, so the audit counts it and accepts
+/// exactly the orders the run lost on purpose.
+async fn check_rescued(db: &mut PgConnection, expected: &Expected, a: &mut Audit) -> anyhow::Result<()> {
+    (a.rescued, a.rescue_evidence) = rescued(db).await?;
+    let touched: BTreeSet<Uuid> = a.rescued.values().flatten().copied().collect();
+    let unexpected: Vec<&Uuid> = touched.difference(&expected.rescue_expected).collect();
+    if !unexpected.is_empty() {
+        let first: Option<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar(
+            "SELECT min(at) FROM order_history
+             WHERE cause LIKE 'Resent:%' OR cause LIKE 'Reconciled:%' OR cause = 'DeadlineExceeded'",
+        )
+        .fetch_one(&mut *db)
+        .await?;
+        seen(a, NOTHING_LOST, first);
+        let per_cause: BTreeMap<&str, usize> = a.rescued.iter().map(|(c, o)| (c.as_str(), o.len())).collect();
+        a.violations.push(format!(
+            "{NOTHING_LOST}: {} orders reached the deadline reconciler in a run that loses no message on purpose \
+             (orders per action: {per_cause:?}; first: {}) — a message was lost and rescued in silence",
+            unexpected.len(),
+            a.rescue_evidence.first().map_or("", String::as_str)
+        ));
+    }
+    let missed: Vec<&Uuid> = expected.rescue_expected.difference(&touched).collect();
+    if !missed.is_empty() {
+        a.violations.push(format!(
+            "{NOTHING_LOST}: {} orders lost on purpose never reached the reconciler (first: {})",
+            missed.len(),
+            missed[0]
+        ));
+    }
+    Ok(())
+}
+
 /// One order per key, key by key, from the stored Idempotency-Key
 /// responses (each written in the transaction that created its order):
 /// every acknowledged key's stored 201 names the order the client was
@@ -257,8 +365,9 @@ async fn order_per_key(
     db: &mut PgConnection,
     expected: &Expected,
     known: &BTreeSet<Uuid>,
-    violations: &mut Vec<String>,
+    a: &mut Audit,
 ) -> anyhow::Result<()> {
+    let violations = &mut a.violations;
     let stored: Vec<(String, Vec<u8>)> =
         sqlx::query_as("SELECT key, body FROM idempotency_keys WHERE status_code = 201")
             .fetch_all(&mut *db)
@@ -289,12 +398,23 @@ async fn order_per_key(
             wrong[0]
         ));
     }
-    let unnamed = known.iter().filter(|id| !keys_per_order.contains_key(id)).count();
+    let unnamed: Vec<Uuid> = known
+        .iter()
+        .filter(|id| !keys_per_order.contains_key(id))
+        .copied()
+        .collect();
     let shared = keys_per_order.values().filter(|n| **n > 1).count();
-    if unnamed + shared > 0 {
+    if !unnamed.is_empty() || shared > 0 {
         violations.push(format!(
-            "{ORDER_PER_KEY}: {unnamed} orders no key created, {shared} named by more than one key"
+            "{ORDER_PER_KEY}: {} orders no key created, {shared} named by more than one key",
+            unnamed.len()
         ));
+        let first: Option<chrono::DateTime<chrono::Utc>> =
+            sqlx::query_scalar("SELECT min(created_at) FROM orders WHERE id = ANY($1)")
+                .bind(&unnamed)
+                .fetch_one(&mut *db)
+                .await?;
+        seen(a, ORDER_PER_KEY, first);
     }
     Ok(())
 }

@@ -116,6 +116,12 @@ enum Cmd {
     /// (one OpenAPI document per HTTP service) and docs/contract (the
     /// AsyncAPI document and the message schemas). The tests only compare.
     Docs,
+    /// Draw a chaos report's picture again from its report.json (e.g. a
+    /// committed one under docs/results), beside it as <name>.svg.
+    Picture {
+        /// A chaos run's report.json.
+        report: std::path::PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -331,6 +337,13 @@ async fn main() -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    if let Cmd::Picture { report } = &cli.command {
+        let parsed: e2e::chaos::Report = serde_json::from_slice(&std::fs::read(report)?)?;
+        let out = report.with_extension("svg");
+        std::fs::write(&out, e2e::chaos::svg(&parsed))?;
+        println!("wrote {}", out.display());
+        return Ok(());
+    }
     if let Cmd::Dlq { action, brokers } = &cli.command {
         return dlq(action, brokers).await;
     }
@@ -338,7 +351,7 @@ async fn main() -> anyhow::Result<()> {
     testkit::broker::ensure()?;
     build_services()?;
     match cli.command {
-        Cmd::Dlq { .. } | Cmd::Docs => unreachable!("handled above"),
+        Cmd::Dlq { .. } | Cmd::Docs | Cmd::Picture { .. } => unreachable!("handled above"),
         Cmd::Chaos {
             orders,
             seed,
@@ -377,7 +390,7 @@ async fn main() -> anyhow::Result<()> {
                     report.caught() == Some(true),
                     "{} off was not caught: \"{}\" held ({:?})",
                     layer.name(),
-                    layer.expected().0,
+                    layer.expected().invariant,
                     report.problems
                 );
             } else {

@@ -78,10 +78,14 @@ pub const ALL: [Scenario; 25] = [
     Scenario {
         n: 6,
         title: "the effect and the inbox record must commit together",
-        injected: "a command the handler refuses after starting its transaction",
-        acts: "layer 3 — inbox row, effect and reply in one transaction: nothing is written",
-        checked: "no inbox row, no reservation, no outbox row",
-        test: t("inventory-service", Some("stock"), "an_unexpected_message_type_is_permanent_and_writes_nothing"),
+        injected: "the chaos suite with the inbox rows committed apart from, and before, their effects (UNSAFE_INBOX_SEPARATE_TX) and a crash between the two (inbox::after_record_before_effect)",
+        acts: "layer 3 — one transaction for inbox row, effect and reply (service_kit::consumer::apply_batch); committed apart, the redelivery is absorbed with no effect behind it",
+        checked: "the run fails as it must: the crashed batch's orders never get their reservation (stuck, or moved only by the deadline reconciler, which the audit counts); with one transaction the same suite passes",
+        test: t(
+            "e2e",
+            Some("e2e"),
+            "with_the_inbox_row_committed_before_the_effect_a_crash_between_them_loses_the_effect",
+        ),
     },
     Scenario {
         n: 7,
@@ -152,7 +156,7 @@ pub const ALL: [Scenario; 25] = [
         title: "acknowledging before processing loses messages",
         injected: "inventory dies 3 s into handling a command (crash point consumer::while_handling), offsets committed every 100 ms",
         acts: "the consumer stores an offset only after the handler's transaction (crates/kafka/src/consumer.rs)",
-        checked: "after the restart the command is handled and the order CONFIRMED (with the offset stored first, it stays PENDING)",
+        checked: "after the restart the command is handled and the order CONFIRMED without the deadline reconciler (with the offset committed first, the reconciler re-sends it at 15 s and the history fails the test)",
         test: t("e2e", Some("e2e"), "scenario_15_a_consumer_that_dies_mid_handling_gets_the_message_again"),
     },
     Scenario {

@@ -53,6 +53,13 @@ pub struct KafkaArgs {
     #[arg(long = "unsafe-no-producer-idempotence", env = "UNSAFE_NO_PRODUCER_IDEMPOTENCE", default_value_t = false,
           action = clap::ArgAction::Set, hide_short_help = true)]
     pub unsafe_no_producer_idempotence: bool,
+    /// NEGATIVE CONTROL ONLY (failpoints builds): acknowledge before
+    /// processing — each batch's offsets are stored and committed before its
+    /// handler runs, so a crash mid-handling loses the batch (scenario 15).
+    /// Refused by a build without failpoints.
+    #[arg(long = "unsafe-offset-before-handling", env = "UNSAFE_OFFSET_BEFORE_HANDLING", default_value_t = false,
+          action = clap::ArgAction::Set, hide_short_help = true)]
+    pub unsafe_offset_before_handling: bool,
     /// This instance's static identity in its consumer groups
     /// (`group.instance.id`, KIP-345), e.g. a StatefulSet pod name; unset,
     /// the instance is a dynamic member. A static member that restarts
@@ -78,9 +85,22 @@ impl KafkaArgs {
             topic_retention_secs: 3 * 86_400,
             replication_factor: 1,
             unsafe_no_producer_idempotence: false,
+            unsafe_offset_before_handling: false,
             group_instance_id: None,
             debug: None,
         }
+    }
+
+    /// Whether consumers acknowledge before processing (the negative
+    /// control's switch; refused outside failpoints builds).
+    pub fn offset_before_handling(&self) -> crate::Result<bool> {
+        if self.unsafe_offset_before_handling {
+            unsafe_switch(
+                "UNSAFE_OFFSET_BEFORE_HANDLING",
+                "offsets are committed BEFORE their messages are handled",
+            )?;
+        }
+        Ok(self.unsafe_offset_before_handling)
     }
 
     /// The base client configuration for these settings.
@@ -121,19 +141,22 @@ impl KafkaArgs {
         let mut config = self.client_config();
         config.set("linger.ms", self.linger_ms.to_string());
         if self.unsafe_no_producer_idempotence {
-            if !fail::has_failpoints() {
-                return Err(crate::Error::Refused(
-                    "UNSAFE_NO_PRODUCER_IDEMPOTENCE is set, but this build has no failpoints feature: \
-                     the unsafe switches exist only in test builds"
-                        .into(),
-                ));
-            }
-            tracing::error!(
-                "UNSAFE_NO_PRODUCER_IDEMPOTENCE is set: the producer is NOT idempotent (negative control only)"
-            );
+            unsafe_switch("UNSAFE_NO_PRODUCER_IDEMPOTENCE", "the producer is NOT idempotent")?;
             config.set("enable.idempotence", "false");
             return Ok(crate::client::with_delivery_settings(config, std::time::Duration::from_secs(15)).create()?);
         }
         crate::client::idempotent_producer(config, std::time::Duration::from_secs(15))
     }
+}
+
+/// Refuses an unsafe switch in a build without failpoints; in a test build,
+/// says loudly that it is on.
+fn unsafe_switch(var: &str, what: &str) -> crate::Result<()> {
+    if !fail::has_failpoints() {
+        return Err(crate::Error::Refused(format!(
+            "{var} is set, but this build has no failpoints feature: the unsafe switches exist only in test builds"
+        )));
+    }
+    tracing::error!("{var} is set: {what} (negative control only)");
+    Ok(())
 }

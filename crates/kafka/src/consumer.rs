@@ -55,6 +55,10 @@ pub const CRASH_BEFORE_OFFSET_COMMIT: &str = "consumer::before_offset_commit";
 /// committed by then and the message lost; stored after, it comes back.
 pub const CRASH_WHILE_HANDLING: &str = "consumer::while_handling";
 
+/// Crash point (failpoints builds), reached only with `UNSAFE_OFFSET_BEFORE_HANDLING`:
+/// the batch's offsets are committed, its handler has not run — the batch is lost.
+pub const CRASH_AFTER_ACK_BEFORE_HANDLING: &str = "consumer::after_ack_before_handling";
+
 /// Failpoint (failpoints builds): the consume loop fails as if its broker
 /// session broke for good — the supervisor must turn the service not-ready
 /// and exit non-zero.
@@ -188,6 +192,7 @@ where
         name: Arc::from(settings.group_id.as_str()),
         handler: Arc::new(handler),
         max_batch: settings.max_batch.max(1),
+        ack_first: settings.kafka.offset_before_handling()?,
         shutdown: shutdown.clone(),
         revoked: CancellationToken::new(),
         _done: None,
@@ -371,6 +376,9 @@ struct Lane<T, H> {
     name: Arc<str>,
     handler: Arc<H>,
     max_batch: usize,
+    /// NEGATIVE CONTROL: store and commit each batch's offsets before
+    /// handling it (acknowledge first).
+    ack_first: bool,
     shutdown: CancellationToken,
     /// Cancelled when the partition is revoked from this member.
     revoked: CancellationToken,
@@ -388,6 +396,7 @@ impl<T, H> Lane<T, H> {
             name: self.name.clone(),
             handler: self.handler.clone(),
             max_batch: self.max_batch,
+            ack_first: self.ack_first,
             shutdown: self.shutdown.clone(),
             revoked,
             _done: Some(done),
@@ -423,6 +432,14 @@ where
                     Err(_) => break,
                 }
             }
+            if self.ack_first {
+                self.acknowledge_first(&batch);
+                fail::fail_point!(CRASH_AFTER_ACK_BEFORE_HANDLING, |_| telemetry::crash_point(
+                    CRASH_AFTER_ACK_BEFORE_HANDLING
+                ));
+                self.handle(&batch).await;
+                continue;
+            }
             // Shutdown mid-batch: leave its offsets for redelivery.
             if !self.handle(&batch).await {
                 return;
@@ -439,6 +456,19 @@ where
             {
                 tracing::warn!(consumer = &*self.name, error = %e, "offset store failed");
             }
+        }
+    }
+
+    /// NEGATIVE CONTROL (`UNSAFE_OFFSET_BEFORE_HANDLING`): the batch's last offset stored
+    /// and committed before any of it is handled, as a consumer that commits at receipt does.
+    fn acknowledge_first(&self, batch: &[OwnedMessage]) {
+        let last = batch.last().expect("a batch has a message");
+        let acked = self
+            .consumer
+            .store_offset(last.topic(), last.partition(), last.offset())
+            .and_then(|()| self.consumer.commit_consumer_state(CommitMode::Sync));
+        if let Err(e) = acked {
+            tracing::warn!(consumer = &*self.name, error = %e, "offset commit before handling failed");
         }
     }
 

@@ -1,16 +1,86 @@
 //! A service's saga consumer as supervised tasks: the consume loop on its
-//! topic and the retention of its inbox, which live and die together.
+//! topic and the retention of its inbox, which live and die together — and
+//! [`apply_batch`], the inbox loop every batching consumer runs.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use contract::topics::consumers::Consumer;
 use contract::Envelope;
 use kafka::consumer::{ConsumerSettings, HandleError, Handled, Traced};
 use kafka::KafkaArgs;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
+use tracing::Instrument as _;
 
 use crate::Supervisor;
+
+/// Crash point (failpoints builds), reached only with the negative
+/// control's switch `UNSAFE_INBOX_SEPARATE_TX`: the batch's inbox rows are
+/// committed, its effects are not — the redelivery is absorbed as a
+/// duplicate and the effect never happens.
+pub const CRASH_AFTER_INBOX_BEFORE_EFFECT: &str = "inbox::after_record_before_effect";
+
+static INBOX_SEPARATE_TX: AtomicBool = AtomicBool::new(false);
+
+/// NEGATIVE CONTROL ONLY: from now on [`apply_batch`] commits the inbox
+/// rows in their own transaction, before the effects. Called only behind
+/// [`crate::unsafe_switch::InboxSeparateTx`].
+pub(crate) fn unsafe_inbox_separate_tx() {
+    INBOX_SEPARATE_TX.store(true, Ordering::SeqCst);
+}
+
+/// One step of [`apply_batch`]'s transaction (boxed: a closure's future
+/// that borrows the connection must be `Send` for every borrow).
+pub type Step<'c, E> = std::pin::Pin<Box<dyn Future<Output = Result<(), E>> + Send + 'c>>;
+
+/// The inbox loop of a batching consumer, in one transaction: one
+/// multi-row inbox insert for the batch ([`inbox::record_batch`]), then
+/// `prepare(conn, ctx)` (e.g. row locks in a fixed order), then
+/// `effect(conn, envelope, ctx, index)` for each envelope new to
+/// `consumer`'s inbox, in order,
+/// inside that envelope's consumer span; duplicates are skipped. All commit
+/// together or none does — the seeds' rule: the inbox row and the effect
+/// in one transaction. Returns one outcome per envelope.
+/// `ctx` is what the steps read besides the envelope (e.g. the decoded
+/// messages, by index).
+pub async fn apply_batch<C: Sync + ?Sized, E: std::fmt::Display>(
+    pool: &PgPool,
+    consumer: &str,
+    batch: &[Traced<Envelope>],
+    ctx: &C,
+    prepare: impl for<'c> FnOnce(&'c mut PgConnection, &'c C) -> Step<'c, E>,
+    mut effect: impl for<'c> FnMut(&'c mut PgConnection, &'c Envelope, &'c C, usize) -> Step<'c, E>,
+) -> Result<Vec<Handled>, HandleError> {
+    let ids: Vec<_> = batch.iter().map(|t| t.message.event_id).collect();
+    let mut tx = pool.begin().await.map_err(HandleError::transient)?;
+    let recorded = inbox::record_batch(&mut tx, consumer, &ids)
+        .await
+        .map_err(HandleError::transient)?;
+    if INBOX_SEPARATE_TX.load(Ordering::Relaxed) {
+        // The negative control: "processed" is durable before the effect is.
+        tx.commit().await.map_err(HandleError::transient)?;
+        fail::fail_point!(CRASH_AFTER_INBOX_BEFORE_EFFECT, |_| telemetry::crash_point(
+            CRASH_AFTER_INBOX_BEFORE_EFFECT
+        ));
+        tx = pool.begin().await.map_err(HandleError::transient)?;
+    }
+    prepare(&mut tx, ctx).await.map_err(HandleError::transient)?;
+    let mut handled = Vec::with_capacity(batch.len());
+    for (i, (item, recorded)) in batch.iter().zip(recorded).enumerate() {
+        if recorded == inbox::Recorded::Duplicate {
+            handled.push(Handled::Duplicate);
+            continue;
+        }
+        effect(&mut tx, &item.message, ctx, i)
+            .instrument(item.span.clone())
+            .await
+            .map_err(HandleError::transient)?;
+        handled.push(Handled::Applied);
+    }
+    tx.commit().await.map_err(HandleError::transient)?;
+    Ok(handled)
+}
 
 /// One consumer of the saga.
 #[derive(Debug, Clone)]

@@ -39,6 +39,26 @@ impl NoInbox {
     }
 }
 
+/// `UNSAFE_INBOX_SEPARATE_TX`: a batching consumer commits its inbox rows
+/// before, and apart from, the effects they stand for.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct InboxSeparateTx {
+    /// NEGATIVE CONTROL ONLY (test builds): commit the inbox rows in their own transaction, before the effect.
+    #[arg(long = "unsafe-inbox-separate-tx", env = "UNSAFE_INBOX_SEPARATE_TX", default_value_t = false,
+          action = clap::ArgAction::Set, hide_short_help = true)]
+    pub inbox_separate_tx: bool,
+}
+
+impl InboxSeparateTx {
+    /// Applies the switch (refused outside test builds).
+    pub fn apply(&self) -> anyhow::Result<()> {
+        if check("UNSAFE_INBOX_SEPARATE_TX", self.inbox_separate_tx)? {
+            crate::consumer::unsafe_inbox_separate_tx();
+        }
+        Ok(())
+    }
+}
+
 /// `UNSAFE_NO_IDEMPOTENCY_KEY`: every HTTP request is treated as new.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct NoIdempotencyKey {

@@ -14,7 +14,8 @@ use super::plan::{Kind, Planned};
 use crate::driver::Client;
 
 /// What the clients saw.
-#[derive(Debug, Default, Clone, Serialize)]
+#[derive(Debug, Default, Clone, Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct ClientStats {
     /// Orders acknowledged with 201.
     pub acknowledged: usize,

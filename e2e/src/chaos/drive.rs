@@ -40,6 +40,7 @@ pub(super) async fn drive(stack: &mut Stack, cfg: &ChaosConfig) -> anyhow::Resul
     let plan = plan::plan(&mut rng, cfg.orders);
 
     let started = Instant::now();
+    let started_at = chrono::Utc::now();
     let clients = Clients::start(&client, plan, cfg.clients, cfg.rate_per_sec, started);
     let sampler = Sampler::start(stack.db_url("orders"), clients.acked.clone(), cfg);
     let schedule = faults::run_schedule(stack, &client, &mut rng, cfg, started, &clients).await?;
@@ -55,12 +56,14 @@ pub(super) async fn drive(stack: &mut Stack, cfg: &ChaosConfig) -> anyhow::Resul
         initial_stock: stock.iter().map(|(s, n)| ((*s).to_owned(), i64::from(*n))).collect(),
         acknowledged: acked.iter().map(|(k, (id, _))| (k.clone(), *id)).collect(),
         indeterminate: stats.indeterminate,
+        rescue_expected: Default::default(),
     };
     let run = Run {
         schedule,
         acked,
         stats,
         samples,
+        started_at,
         drained,
         load_ms,
         quiesce_ms,
@@ -125,6 +128,7 @@ struct Run {
     acked: BTreeMap<String, (uuid::Uuid, Kind)>,
     stats: ClientStats,
     samples: Vec<Sample>,
+    started_at: chrono::DateTime<chrono::Utc>,
     drained: anyhow::Result<()>,
     load_ms: u64,
     quiesce_ms: u64,
@@ -211,6 +215,7 @@ async fn verdict(stack: &Stack, cfg: &ChaosConfig, expected: &Expected, run: Run
         faults_fired,
         timeline,
         samples: run.samples,
+        started_at: run.started_at,
         duplicates,
         quiesce_ms: run.quiesce_ms,
         load_ms: run.load_ms,

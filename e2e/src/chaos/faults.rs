@@ -6,12 +6,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use contract::Envelope;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::Rng;
 use serde::Serialize;
-use uuid::Uuid;
 
 use super::clients::Clients;
 use super::report::Duplicates;
@@ -21,7 +19,7 @@ use crate::proxy::Mode;
 use crate::stack::{Service, Stack};
 
 /// The fault kinds of the suite, numbered as in the issue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
 pub enum Fault {
     /// 1. SIGKILL (abort) order-api after its commit, before the response.
     OrderApiAfterCommit,
@@ -76,7 +74,7 @@ impl Fault {
 }
 
 /// One fault as it happened.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct FaultEvent {
     /// Milliseconds since the load started.
     pub at_ms: u64,
@@ -285,7 +283,15 @@ pub(super) async fn run_schedule(
         }
         let fault = round.remove(0);
         let at_ms = started.elapsed().as_millis() as u64;
-        let (detail, fired, window) = inject(stack, client, rng, fault, &mut crash_points, &mut duplicates).await?;
+        let (detail, fired, window) = inject(
+            stack,
+            client,
+            rng,
+            (fault, cfg.layer_off),
+            &mut crash_points,
+            &mut duplicates,
+        )
+        .await?;
         if let Some(window) = window {
             open = Some((timeline.len(), window));
         }
@@ -325,11 +331,11 @@ async fn inject(
     stack: &mut Stack,
     client: &Client,
     rng: &mut StdRng,
-    fault: Fault,
+    (fault, layer_off): (Fault, Option<super::LayerOff>),
     crash_points: &mut BTreeMap<String, u32>,
     duplicates: &mut Duplicates,
 ) -> anyhow::Result<(String, bool, Option<Window>)> {
-    if let Some((service, point)) = crash_point_of(fault, rng) {
+    if let Some((service, point)) = crash_point_of(fault, layer_off, rng) {
         let (detail, fired) = crash_point(stack, service, point, crash_points).await?;
         return Ok((detail, fired, None));
     }
@@ -455,7 +461,10 @@ async fn inject(
             )
         }
         Fault::DuplicateInjection => {
-            let (n, racing) = inject_duplicates(stack, rng, duplicates).await?;
+            // A layer that loses messages: no copy of an unhandled message, which
+            // would redeliver what the layer lost (a rescue no real system gets).
+            let race = !layer_off.is_some_and(super::LayerOff::loses_messages);
+            let (n, racing) = super::inject::duplicates(stack, rng, duplicates, race).await?;
             (
                 format!("{n} messages re-produced with their event ids ({racing} of orders still in flight)"),
                 n > 0,
@@ -466,8 +475,13 @@ async fn inject(
 }
 
 /// The process and crash point of a crash-point fault (`None` for the
-/// other kinds). The consumer's crash point hits a random consumer.
-fn crash_point_of(fault: Fault, rng: &mut StdRng) -> Option<(Service, &'static str)> {
+/// other kinds). The consumer's crash point hits a random consumer — or,
+/// with a layer off that opens a window of its own, that window.
+fn crash_point_of(
+    fault: Fault,
+    layer_off: Option<super::LayerOff>,
+    rng: &mut StdRng,
+) -> Option<(Service, &'static str)> {
     Some(match fault {
         Fault::OrderApiAfterCommit => (
             Service::OrderApi,
@@ -480,10 +494,11 @@ fn crash_point_of(fault: Fault, rng: &mut StdRng) -> Option<(Service, &'static s
         ),
         Fault::ConsumerBeforeOffsetCommit => {
             let consumers = [Service::Inventory, Service::Payment, Service::OrderApi];
-            (
-                *consumers.choose(rng).expect("non-empty"),
-                kafka::consumer::CRASH_BEFORE_OFFSET_COMMIT,
-            )
+            let usual = *consumers.choose(rng).expect("non-empty");
+            match layer_off.and_then(super::LayerOff::crash_point) {
+                Some(window) => window,
+                None => (usual, kafka::consumer::CRASH_BEFORE_OFFSET_COMMIT),
+            }
         }
         _ => return None,
     })
@@ -525,73 +540,4 @@ async fn crash_point(
         ),
         fired,
     ))
-}
-
-/// Re-produces, with their event ids, up to 25 recent messages per topic —
-/// those of orders still in flight first (their effects may still be
-/// pending, so a duplicate races the original), then recent others.
-/// Returns (injected, of which for in-flight orders).
-async fn inject_duplicates(
-    stack: &Stack,
-    rng: &mut StdRng,
-    duplicates: &mut Duplicates,
-) -> anyhow::Result<(usize, usize)> {
-    let brokers = stack.brokers();
-    let producer = kafka::producer(&brokers)?;
-    let in_flight: BTreeSet<Uuid> = {
-        use sqlx::Connection as _;
-        let mut db = sqlx::PgConnection::connect(&stack.db_url("orders")).await?;
-        sqlx::query_scalar("SELECT id FROM orders WHERE status NOT IN ('CONFIRMED', 'CANCELLED')")
-            .fetch_all(&mut db)
-            .await?
-            .into_iter()
-            .collect()
-    };
-    let (mut total, mut racing) = (0, 0);
-    for topic in contract::topics::ALL {
-        let group = format!("chaos-injector-{}", Uuid::new_v4());
-        let (messages, _) = {
-            let (b, t) = (brokers.clone(), topic.to_owned());
-            // A node of the cluster may be restarting (a broker fault just
-            // before): a failed metadata fetch is retried, not the run's end.
-            tokio::task::spawn_blocking(move || {
-                let mut attempt = 0;
-                loop {
-                    attempt += 1;
-                    match kafka::read_topic_at_most(
-                        &b,
-                        &t,
-                        &group,
-                        rdkafka::Offset::OffsetTail(60),
-                        Duration::from_millis(1500),
-                        180,
-                    ) {
-                        Err(e) if attempt < 10 => {
-                            eprintln!("chaos: reading {t} for duplicates failed ({e}); again");
-                            std::thread::sleep(Duration::from_secs(1));
-                        }
-                        read => return read,
-                    }
-                }
-            })
-            .await??
-        };
-        use rdkafka::Message as _;
-        let envelopes: Vec<Envelope> = messages
-            .iter()
-            .filter_map(|m| Envelope::from_bytes(m.payload().unwrap_or_default()).ok())
-            .collect();
-        let (live, done): (Vec<&Envelope>, Vec<&Envelope>) =
-            envelopes.iter().partition(|e| in_flight.contains(&e.order_id));
-        let mut picks: Vec<&Envelope> = live.choose_multiple(rng, 25.min(live.len())).copied().collect();
-        let live_picked = picks.len();
-        picks.extend(done.choose_multiple(rng, 25 - live_picked.min(25)).copied());
-        for env in picks {
-            testkit::publish::envelope(&producer, topic, env).await?;
-            total += 1;
-            *duplicates.injected.entry(topic.to_owned()).or_default() += 1;
-        }
-        racing += live_picked;
-    }
-    Ok((total, racing))
 }

@@ -1,16 +1,19 @@
 //! One layer of deduplication switched off per run: the proof that the
 //! suite would notice that layer missing. Each switch is an environment
 //! variable the services honour only in builds with failpoints
-//! (`service_kit::unsafe_switch`); with it on, a chaos run must fail and
-//! name the invariant that broke.
+//! (`service_kit::unsafe_switch`, `kafka::KafkaArgs`); with it on, a chaos
+//! run must fail — and fail on the **effect** the layer guards (a second
+//! order for a key, a step applied again, a second capture, a message lost
+//! or stuck), read from the databases and the ledger, never from a counter
+//! the switched-off layer itself keeps.
 
 use serde::Serialize;
 
-use crate::invariants::{CHARGED_ONCE, ORDER_PER_KEY, STEP_ONCE};
+use crate::invariants::{Audit, CHARGED_ONCE, NOTHING_LOST, NOTHING_STUCK, ORDER_PER_KEY, STEP_ONCE};
 use crate::stack::Service;
 
 /// A layer switched off.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize, clap::ValueEnum)]
 pub enum LayerOff {
     /// Layer 1: order-api ignores `Idempotency-Key` (a retry makes a new order).
     HttpKey,
@@ -23,18 +26,37 @@ pub enum LayerOff {
     InventoryInbox,
     /// Layer 3: payment-service's inbox.
     PaymentInbox,
+    /// Layer 3 done wrong: inventory commits its inbox rows in their own
+    /// transaction, before the effect (crash point between them).
+    InboxSeparateTx,
+    /// At-least-once done wrong: inventory's consumer commits each batch's
+    /// offsets before handling it (crash point between them).
+    OffsetBeforeHandling,
     /// Layer 4: the gateway ignores `Idempotency-Key` (a retried charge charges again).
     GatewayKey,
 }
 
+/// What a run with a layer off must show.
+#[derive(Debug, Clone, Copy)]
+pub struct Expectation {
+    /// The invariant that must break.
+    pub invariant: &'static str,
+    /// The effect that shows it, in words.
+    pub effect: &'static str,
+    /// Why the layer's absence leads there.
+    pub why: &'static str,
+}
+
 impl LayerOff {
     /// Every switch.
-    pub const ALL: [LayerOff; 6] = [
+    pub const ALL: [LayerOff; 8] = [
         LayerOff::HttpKey,
         LayerOff::EventIdAtPublish,
         LayerOff::OrderSagaInbox,
         LayerOff::InventoryInbox,
         LayerOff::PaymentInbox,
+        LayerOff::InboxSeparateTx,
+        LayerOff::OffsetBeforeHandling,
         LayerOff::GatewayKey,
     ];
 
@@ -46,26 +68,122 @@ impl LayerOff {
             LayerOff::OrderSagaInbox => (Service::OrderApi, "UNSAFE_NO_INBOX"),
             LayerOff::InventoryInbox => (Service::Inventory, "UNSAFE_NO_INBOX"),
             LayerOff::PaymentInbox => (Service::Payment, "UNSAFE_NO_INBOX"),
+            LayerOff::InboxSeparateTx => (Service::Inventory, "UNSAFE_INBOX_SEPARATE_TX"),
+            LayerOff::OffsetBeforeHandling => (Service::Inventory, "UNSAFE_OFFSET_BEFORE_HANDLING"),
             LayerOff::GatewayKey => (Service::Gateway, "UNSAFE_NO_IDEMPOTENCY_KEY"),
         }
     }
 
-    /// The invariant a run with this layer off must break, and why.
-    pub fn expected(self) -> (&'static str, &'static str) {
+    /// The crash point the suite's consumer-crash fault arms in this run
+    /// instead of `consumer::before_offset_commit`: the window the switch
+    /// opens (`None`: the usual one).
+    pub fn crash_point(self) -> Option<(Service, &'static str)> {
         match self {
-            LayerOff::HttpKey => (ORDER_PER_KEY, "a client's retry with its key creates a second order"),
+            LayerOff::InboxSeparateTx => Some((
+                Service::Inventory,
+                service_kit::consumer::CRASH_AFTER_INBOX_BEFORE_EFFECT,
+            )),
+            LayerOff::OffsetBeforeHandling => {
+                Some((Service::Inventory, kafka::consumer::CRASH_AFTER_ACK_BEFORE_HANDLING))
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether the switch loses messages (rather than repeating effects):
+    /// then the suite injects no copy of a message not yet handled, which
+    /// would put back what the layer lost.
+    pub fn loses_messages(self) -> bool {
+        matches!(self, LayerOff::InboxSeparateTx | LayerOff::OffsetBeforeHandling)
+    }
+
+    /// The consumer whose repeated effect shows an inbox layer missing, and
+    /// the business keys that catch the repeat there (`inbox_misses.caught_by`).
+    fn repeated_effect(self) -> Option<(&'static str, &'static [&'static str])> {
+        use contract::topics::consumers::{INVENTORY, ORDER_SAGA, PAYMENT};
+        match self {
+            LayerOff::OrderSagaInbox => Some((ORDER_SAGA.name, &["saga state machine"])),
+            LayerOff::InventoryInbox => Some((
+                INVENTORY.name,
+                &["reservation per order", "release once per reservation"],
+            )),
+            LayerOff::PaymentInbox => Some((PAYMENT.name, &["payment per operation"])),
+            _ => None,
+        }
+    }
+
+    /// The invariant a run with this layer off must break, the effect that
+    /// shows it, and why.
+    pub fn expected(self) -> Expectation {
+        let (invariant, effect, why) = match self {
+            LayerOff::HttpKey => (
+                ORDER_PER_KEY,
+                "a key whose stored response names another order, or an order no key created",
+                "a client's retry with its key creates a second order",
+            ),
             LayerOff::EventIdAtPublish => (
                 STEP_ONCE,
+                "a step applied again by some consumer (inbox_misses)",
                 "rows republished after a relay crash carry new ids: inboxes apply them, business keys catch them",
             ),
-            LayerOff::OrderSagaInbox | LayerOff::InventoryInbox | LayerOff::PaymentInbox => (
+            LayerOff::OrderSagaInbox => (
                 STEP_ONCE,
-                "redelivered and injected duplicates reach the effect; only the business key stops them",
+                "a saga transition replayed: a reply reached the state machine again",
+                "redelivered and injected replies reach the saga; only its state machine stops them",
+            ),
+            LayerOff::InventoryInbox => (
+                STEP_ONCE,
+                "a second reservation movement: a command reached the reservation again",
+                "redelivered and injected commands reach the stock; only the reservation per order stops them",
+            ),
+            LayerOff::PaymentInbox => (
+                STEP_ONCE,
+                "a second charge attempt: a command reached the payment again (its attempts counted twice)",
+                "redelivered and injected commands reach the payment; only the payment per operation stops them",
+            ),
+            LayerOff::InboxSeparateTx => (
+                NOTHING_STUCK,
+                "an order whose reservation never happened: stuck, or moved only by the reconciler",
+                "a crash after the inbox commit and before the effect leaves the event recorded as processed: \
+                 its redelivery (and every re-send) is absorbed and the effect is never applied",
+            ),
+            LayerOff::OffsetBeforeHandling => (
+                NOTHING_LOST,
+                "an order finished only by the reconciler's re-send (its history), or stuck",
+                "a crash after the offset commit and before the handler loses the batch: the broker never \
+                 redelivers it, and only the deadline's re-send (or nothing) moves the order",
             ),
             LayerOff::GatewayKey => (
                 CHARGED_ONCE,
+                "an order captured twice in the gateway's ledger",
                 "payment-service's retry after a crash or a timeout charges again",
             ),
+        };
+        Expectation { invariant, effect, why }
+    }
+
+    /// Whether `audit` shows the effect this layer guards: read from the
+    /// databases and the ledger, consumer by consumer — never from the
+    /// count of duplicates an inbox absorbed (a switched-off inbox counts
+    /// none, so a counter would "catch" it with no effect repeated).
+    pub fn caught_in(self, audit: &Audit) -> bool {
+        let names = |invariant: &str| audit.violations.iter().any(|v| v.starts_with(invariant));
+        if let Some((consumer, effects)) = self.repeated_effect() {
+            return audit
+                .inbox_misses
+                .get(consumer)
+                .is_some_and(|by| effects.iter().any(|e| by.get(*e).is_some_and(|n| *n > 0)));
+        }
+        match self {
+            LayerOff::HttpKey => names(ORDER_PER_KEY),
+            LayerOff::EventIdAtPublish => audit.inbox_misses.values().flat_map(|by| by.values()).any(|n| *n > 0),
+            LayerOff::InboxSeparateTx | LayerOff::OffsetBeforeHandling => {
+                !audit.stuck.is_empty() || !audit.rescued.is_empty() || !audit.lost.is_empty()
+            }
+            LayerOff::GatewayKey => !audit.double_charged.is_empty(),
+            LayerOff::OrderSagaInbox | LayerOff::InventoryInbox | LayerOff::PaymentInbox => {
+                unreachable!("handled above")
+            }
         }
     }
 
@@ -77,6 +195,8 @@ impl LayerOff {
             LayerOff::OrderSagaInbox => "order-saga-inbox",
             LayerOff::InventoryInbox => "inventory-inbox",
             LayerOff::PaymentInbox => "payment-inbox",
+            LayerOff::InboxSeparateTx => "inbox-separate-tx",
+            LayerOff::OffsetBeforeHandling => "offset-before-handling",
             LayerOff::GatewayKey => "gateway-key",
         }
     }

@@ -11,6 +11,7 @@
 mod clients;
 mod drive;
 pub mod faults;
+mod inject;
 pub mod layers;
 mod picture;
 mod plan;

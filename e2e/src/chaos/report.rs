@@ -17,7 +17,7 @@ use crate::invariants::Audit;
 use crate::stack::Stack;
 
 /// A per-second sample of the run.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Sample {
     /// Seconds since the load started.
     pub second: u64,
@@ -28,7 +28,8 @@ pub struct Sample {
 }
 
 /// Duplicate accounting.
-#[derive(Debug, Default, Clone, Serialize)]
+#[derive(Debug, Default, Clone, Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct Duplicates {
     /// Messages re-produced onto each topic by the injector.
     pub injected: BTreeMap<String, usize>,
@@ -51,7 +52,7 @@ impl Duplicates {
 }
 
 /// The report of one run.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Report {
     /// Seed.
     pub seed: u64,
@@ -75,6 +76,9 @@ pub struct Report {
     pub timeline: Vec<FaultEvent>,
     /// Per-second samples.
     pub samples: Vec<Sample>,
+    /// Wall-clock time the load started (second 0 of the timeline).
+    #[serde(default)]
+    pub started_at: chrono::DateTime<chrono::Utc>,
     /// Duplicates delivered and absorbed.
     pub duplicates: Duplicates,
     /// Time from the last fault to a drained system.
@@ -131,7 +135,7 @@ impl Report {
     /// For a run with a layer off: whether it broke the invariant it must.
     pub fn caught(&self) -> Option<bool> {
         let layer = self.layer_off?;
-        Some(self.broken().contains_key(layer.expected().0))
+        Some(layer.caught_in(&self.audit))
     }
 }
 
@@ -202,9 +206,13 @@ pub fn markdown(r: &Report) -> String {
             Some(true) => format!(
                 "{} OFF: caught — \"{}\" broke, as it must",
                 layer.name(),
-                layer.expected().0
+                layer.expected().invariant
             ),
-            _ => format!("{} OFF: NOT CAUGHT — \"{}\" held", layer.name(), layer.expected().0),
+            _ => format!(
+                "{} OFF: NOT CAUGHT — \"{}\" held",
+                layer.name(),
+                layer.expected().invariant
+            ),
         },
         (false, _, true, None) => "PASSED".to_owned(),
         (false, _, false, None) => "FAILED".to_owned(),
@@ -225,14 +233,23 @@ pub fn markdown(r: &Report) -> String {
         }
     );
     if let Some(layer) = r.layer_off {
-        let (expected, why) = layer.expected();
+        let e = layer.expected();
         let _ = writeln!(s, "## Layer off\n");
         let _ = writeln!(
             s,
-            "| layer off | invariant that must break | why | broken (problems naming it) |\n|---|---|---|---|"
+            "| layer off | invariant that must break | the effect that shows it | seen | why | broken (problems naming it) |\n|---|---|---|---|---|---|"
         );
         let broken: Vec<String> = r.broken().iter().map(|(k, n)| format!("{k} ({n})")).collect();
-        let _ = writeln!(s, "| {} | {expected} | {why} | {} |\n", layer.name(), broken.join(", "));
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} |\n",
+            layer.name(),
+            e.invariant,
+            e.effect,
+            if r.caught() == Some(true) { "yes" } else { "NO" },
+            e.why,
+            broken.join(", ")
+        );
     }
     let _ = writeln!(
         s,
@@ -297,6 +314,20 @@ pub fn markdown(r: &Report) -> String {
         r.audit.double_charged.len(),
         r.audit.inbox_misses
     );
+    let _ = writeln!(s, "## Rescued by the deadline reconciler\n");
+    if r.audit.rescued.is_empty() {
+        let _ = writeln!(s, "none: every order finished on its own messages\n");
+    } else {
+        let _ = writeln!(s, "| action (history cause) | orders |\n|---|---:|");
+        for (cause, orders) in &r.audit.rescued {
+            let _ = writeln!(s, "| {cause} | {} |", orders.len());
+        }
+        let _ = writeln!(s, "\nhistory rows (first {}):\n", r.audit.rescue_evidence.len());
+        for row in &r.audit.rescue_evidence {
+            let _ = writeln!(s, "- {row}");
+        }
+        let _ = writeln!(s);
+    }
     let _ = writeln!(
         s,
         "## Timeline (per second)\n\n| s | acknowledged | not terminal |\n|---:|---:|---:|"

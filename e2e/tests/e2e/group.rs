@@ -173,6 +173,7 @@ async fn three_instances_share_partitions_and_survive_sigkill_churn() {
         initial_stock: [("WIDGET".to_owned(), 100_000)].into(),
         acknowledged,
         indeterminate: 0,
+        rescue_expected: Default::default(),
     };
     let a = audit(&stack, &expected).await.unwrap();
     assert!(a.passed(), "{:?}", a.violations);

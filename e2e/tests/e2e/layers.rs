@@ -14,14 +14,27 @@ async fn must_catch(layer: LayerOff) {
     // short. The replicated cluster is the passing run's and the negative
     // control's (chaos.rs).
     cfg.brokers = 1;
+    // Long enough for the reconciler's first re-send (60 s deadline, 5 s
+    // scans) to rescue an order lost late in the load: the two unsafe
+    // consumers must be caught with it on, not before it acts.
+    cfg.quiesce_timeout = std::time::Duration::from_secs(100);
+    // The report (and its picture) kept under target/ for a look afterwards.
+    cfg.report_dir = Some(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../target/chaos")
+            .join(format!("layer-off-{}", layer.name())),
+    );
     let report = chaos::run(&cfg).await.expect("chaos run completes");
     println!("{}", chaos::markdown(&report));
-    let (invariant, why) = layer.expected();
+    let e = layer.expected();
     assert_eq!(
         report.caught(),
         Some(true),
-        "{} off: expected \"{invariant}\" to break ({why}); broken: {:?}; problems: {:?}",
+        "{} off: expected \"{}\" to break, shown by {} ({}); broken: {:?}; problems: {:?}",
         layer.name(),
+        e.invariant,
+        e.effect,
+        e.why,
         report.broken(),
         report.problems
     );
@@ -50,6 +63,24 @@ async fn without_the_inventory_inbox_redelivered_commands_reach_the_reservation(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_payment_inbox_redelivered_commands_reach_the_payment() {
     must_catch(LayerOff::PaymentInbox).await;
+}
+
+/// The seeds' core rule: the inbox row and the effect commit in one
+/// transaction. Committed apart, a crash between them leaves the event
+/// "processed" with no effect: the redelivery and every deadline re-send
+/// are absorbed, and the order never gets its reservation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_inbox_row_committed_before_the_effect_a_crash_between_them_loses_the_effect() {
+    must_catch(LayerOff::InboxSeparateTx).await;
+}
+
+/// Acknowledge before processing: a crash after the offset commit and
+/// before the handler loses the batch. The reconciler re-sends the lost
+/// commands at their deadline and the orders may still end CONFIRMED — the
+/// audit reads the history and fails the run for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_offsets_committed_before_handling_a_crash_loses_messages_even_with_the_reconciler_on() {
+    must_catch(LayerOff::OffsetBeforeHandling).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

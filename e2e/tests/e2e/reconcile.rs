@@ -1,6 +1,7 @@
 //! Deadlines and reconciliation (issue 15): no saga is left behind, and
 //! none is charged twice on the way out.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use e2e::driver::{new_key, Client, OrderRequest, GOOD_CARD};
@@ -40,6 +41,15 @@ async fn history(stack: &e2e::Stack, order: Uuid) -> Vec<String> {
         .fetch_all(&mut db(stack, "orders").await)
         .await
         .unwrap()
+}
+
+/// The orders the deadline reconciler acted on, per action: a run that
+/// loses one message on purpose must show exactly that order, nothing else.
+async fn rescued(stack: &e2e::Stack) -> BTreeMap<String, BTreeSet<Uuid>> {
+    e2e::invariants::rescued(&mut db(stack, "orders").await)
+        .await
+        .unwrap()
+        .0
 }
 
 async fn inbox_misses(stack: &e2e::Stack) -> i64 {
@@ -97,6 +107,11 @@ async fn a_dead_lettered_charge_is_resent_at_its_deadline_and_the_order_ends_cha
     assert_eq!(dead, 1.0, "the first ChargePayment went to the dead-letter topic");
     let steps = history(&stack, order.id).await;
     assert!(steps.iter().any(|c| c == "Resent:ChargePayment"), "{steps:?}");
+    assert_eq!(
+        rescued(&stack).await,
+        BTreeMap::from([("Resent:ChargePayment".to_owned(), BTreeSet::from([order.id]))]),
+        "the dead-lettered order, and only it, was rescued"
+    );
     assert_eq!(ledger(&stack, order.id).await, (1, 0), "charged once");
     assert_eq!(inbox_misses(&stack).await, 0);
     stack.shutdown(true).await.unwrap();
@@ -173,6 +188,11 @@ async fn the_gateway_charged_and_payment_service_stayed_down_the_order_is_reconc
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(client.order(order.id).await.unwrap().status, "CONFIRMED");
+    assert_eq!(
+        rescued(&stack).await,
+        BTreeMap::from([("Reconciled:PaymentCaptured".to_owned(), BTreeSet::from([order.id]))]),
+        "the order whose payment-service stayed down, and only it, was reconciled"
+    );
     assert_eq!(ledger(&stack, order.id).await, (1, 0), "charged once");
     assert_eq!(inbox_misses(&stack).await, 0);
     stack.shutdown(true).await.unwrap();

@@ -9,7 +9,6 @@ use kafka::consumer::{HandleError, Handled, Traced};
 use serde::{Deserialize, Serialize};
 use service_kit::problem::Problem;
 use sqlx::{PgConnection, PgPool};
-use tracing::Instrument as _;
 
 /// Handles one inventory command.
 pub async fn handle(pool: &PgPool, envelope: Envelope) -> Result<Handled, HandleError> {
@@ -52,31 +51,22 @@ pub async fn handle_batch(pool: &PgPool, batch: Vec<Traced<Envelope>>) -> Result
             ))),
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let mut tx = pool.begin().await.map_err(HandleError::transient)?;
-    let ids: Vec<_> = envelopes.iter().map(|e| e.event_id).collect();
-    let recorded = inbox::record_batch(&mut tx, INVENTORY.name, &ids)
-        .await
-        .map_err(HandleError::transient)?;
-    if envelopes.len() > 1 {
-        lock_stock(&mut tx, &envelopes, &commands)
-            .await
-            .map_err(HandleError::transient)?;
-    }
-    let mut handled = Vec::with_capacity(envelopes.len());
-    for (((envelope, command), recorded), item) in envelopes.iter().zip(&commands).zip(recorded).zip(&batch) {
-        if recorded == inbox::Recorded::Duplicate {
-            handled.push(Handled::Duplicate);
-            continue;
-        }
-        // The command's span is a child of this message's consumer span.
-        async { apply(&mut tx, envelope, command).await }
-            .instrument(item.span.clone())
-            .await
-            .map_err(HandleError::transient)?;
-        handled.push(Handled::Applied);
-    }
-    tx.commit().await.map_err(HandleError::transient)?;
-    Ok(handled)
+    service_kit::consumer::apply_batch(
+        pool,
+        INVENTORY.name,
+        &batch,
+        &(envelopes, commands),
+        |conn, (envelopes, commands)| {
+            Box::pin(async move {
+                if envelopes.len() > 1 {
+                    lock_stock(conn, envelopes, commands).await?;
+                }
+                Ok::<_, outbox::Error>(())
+            })
+        },
+        |conn, envelope, (_, commands), i| Box::pin(apply(conn, envelope, &commands[i])),
+    )
+    .await
 }
 
 /// Locks, in SKU order, every stock row the batch may update: the SKUs it

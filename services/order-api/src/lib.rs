@@ -65,6 +65,9 @@ pub struct Config {
     /// Negative control: inbox off (test builds only).
     #[command(flatten)]
     pub unsafe_no_inbox: service_kit::unsafe_switch::NoInbox,
+    /// Negative control: inbox rows committed apart from their effects (test builds only).
+    #[command(flatten)]
+    pub unsafe_inbox_separate_tx: service_kit::unsafe_switch::InboxSeparateTx,
     /// Negative control: Idempotency-Key ignored (test builds only).
     #[command(flatten)]
     pub unsafe_no_idempotency_key: service_kit::unsafe_switch::NoIdempotencyKey,
@@ -122,6 +125,7 @@ pub async fn connect(database_url: &str, pool_size: u32) -> anyhow::Result<PgPoo
 pub async fn build(config: Config) -> anyhow::Result<App> {
     service_kit::retention::check_consumer(&config.kafka, &config.inbox, None)?;
     config.unsafe_no_inbox.apply()?;
+    config.unsafe_inbox_separate_tx.apply()?;
     config.unsafe_no_idempotency_key.apply()?;
     let pool = connect(&config.db.url, config.db.pool_size).await?;
     config.kafka.ensure_topics(&topics::ALL).await?;

@@ -14,7 +14,6 @@ use contract::topics::consumers::ORDER_SAGA;
 use contract::Envelope;
 use kafka::consumer::{HandleError, Handled, Traced};
 use sqlx::PgPool;
-use tracing::Instrument as _;
 
 use crate::orders::{self, Order};
 pub use transitions::{decide, Decision, Input};
@@ -45,32 +44,20 @@ pub async fn handle(pool: &PgPool, envelope: Envelope) -> Result<Handled, Handle
 /// commit together or none does (the consumer then retries, or handles the
 /// envelopes one by one to isolate one that can never apply).
 pub async fn handle_batch(pool: &PgPool, batch: Vec<Traced<Envelope>>) -> Result<Vec<Handled>, HandleError> {
-    let envelopes: Vec<&Envelope> = batch.iter().map(|t| &t.message).collect();
-    let messages = envelopes
+    let messages = batch
         .iter()
-        .map(|e| e.message())
+        .map(|t| t.message.message())
         .collect::<Result<Vec<_>, _>>()
         .map_err(HandleError::permanent)?;
-    let mut tx = pool.begin().await.map_err(HandleError::transient)?;
-    let ids: Vec<_> = envelopes.iter().map(|e| e.event_id).collect();
-    let recorded = inbox::record_batch(&mut tx, ORDER_SAGA.name, &ids)
-        .await
-        .map_err(HandleError::transient)?;
-    let mut handled = Vec::with_capacity(envelopes.len());
-    for (((envelope, message), recorded), item) in envelopes.iter().zip(&messages).zip(recorded).zip(&batch) {
-        if recorded == inbox::Recorded::Duplicate {
-            handled.push(Handled::Duplicate);
-            continue;
-        }
-        // The saga step's span is a child of this message's consumer span.
-        async { apply_reply(&mut tx, envelope, message).await }
-            .instrument(item.span.clone())
-            .await
-            .map_err(HandleError::transient)?;
-        handled.push(Handled::Applied);
-    }
-    tx.commit().await.map_err(HandleError::transient)?;
-    Ok(handled)
+    service_kit::consumer::apply_batch(
+        pool,
+        ORDER_SAGA.name,
+        &batch,
+        &messages,
+        |_, _| Box::pin(async { Ok::<_, Error>(()) }),
+        |conn, envelope, messages, i| Box::pin(apply_reply(conn, envelope, &messages[i])),
+    )
+    .await
 }
 
 /// Applies one new reply to its order inside the batch's transaction.

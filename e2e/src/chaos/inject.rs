@@ -1,0 +1,86 @@
+//! The duplicate-injection fault: copies of recent messages re-produced
+//! with their event ids, racing the originals of orders still in flight.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use contract::Envelope;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom as _;
+use uuid::Uuid;
+
+use super::report::Duplicates;
+use crate::stack::Stack;
+
+/// Re-produces, with their event ids, up to 25 recent messages per topic —
+/// those of orders still in flight first (their effects may still be
+/// pending, so a duplicate races the original), then recent others.
+/// With `race` false, only messages of finished orders (their effects
+/// applied: a copy can only be a duplicate). Returns (injected, of which
+/// for in-flight orders).
+pub(super) async fn duplicates(
+    stack: &Stack,
+    rng: &mut StdRng,
+    duplicates: &mut Duplicates,
+    race: bool,
+) -> anyhow::Result<(usize, usize)> {
+    let brokers = stack.brokers();
+    let producer = kafka::producer(&brokers)?;
+    let in_flight: BTreeSet<Uuid> = {
+        use sqlx::Connection as _;
+        let mut db = sqlx::PgConnection::connect(&stack.db_url("orders")).await?;
+        sqlx::query_scalar("SELECT id FROM orders WHERE status NOT IN ('CONFIRMED', 'CANCELLED')")
+            .fetch_all(&mut db)
+            .await?
+            .into_iter()
+            .collect()
+    };
+    let (mut total, mut racing) = (0, 0);
+    for topic in contract::topics::ALL {
+        let group = format!("chaos-injector-{}", Uuid::new_v4());
+        let (messages, _) = {
+            let (b, t) = (brokers.clone(), topic.to_owned());
+            // A node of the cluster may be restarting (a broker fault just
+            // before): a failed metadata fetch is retried, not the run's end.
+            tokio::task::spawn_blocking(move || {
+                let mut attempt = 0;
+                loop {
+                    attempt += 1;
+                    match kafka::read_topic_at_most(
+                        &b,
+                        &t,
+                        &group,
+                        rdkafka::Offset::OffsetTail(60),
+                        Duration::from_millis(1500),
+                        180,
+                    ) {
+                        Err(e) if attempt < 10 => {
+                            eprintln!("chaos: reading {t} for duplicates failed ({e}); again");
+                            std::thread::sleep(Duration::from_secs(1));
+                        }
+                        read => return read,
+                    }
+                }
+            })
+            .await??
+        };
+        use rdkafka::Message as _;
+        let envelopes: Vec<Envelope> = messages
+            .iter()
+            .filter_map(|m| Envelope::from_bytes(m.payload().unwrap_or_default()).ok())
+            .collect();
+        let (live, done): (Vec<&Envelope>, Vec<&Envelope>) =
+            envelopes.iter().partition(|e| in_flight.contains(&e.order_id));
+        let racing_copies = if race { 25.min(live.len()) } else { 0 };
+        let mut picks: Vec<&Envelope> = live.choose_multiple(rng, racing_copies).copied().collect();
+        let live_picked = picks.len();
+        picks.extend(done.choose_multiple(rng, 25 - live_picked.min(25)).copied());
+        for env in picks {
+            testkit::publish::envelope(&producer, topic, env).await?;
+            total += 1;
+            *duplicates.injected.entry(topic.to_owned()).or_default() += 1;
+        }
+        racing += live_picked;
+    }
+    Ok((total, racing))
+}
