@@ -214,7 +214,7 @@ pub fn svg(r: &Report) -> String {
         let fired = events.iter().filter(|e| e.fired).count();
         let _ = writeln!(
             out,
-            r##"<rect x="{LEFT}" y="{ly:.1}" width="{plot_w}" height="{LANE_H}" fill="{}"/><text x="{:.1}" y="{:.1}" text-anchor="end" fill="{colour}">{kind:?} ({fired}/{})</text>"##,
+            r##"<rect class="lane" x="{LEFT}" y="{ly:.1}" width="{plot_w}" height="{LANE_H}" fill="{}"/><text x="{:.1}" y="{:.1}" text-anchor="end" fill="{colour}">{kind:?} ({fired}/{})</text>"##,
             if lane % 2 == 0 { "#f7f7f7" } else { "#fff" },
             LEFT - 6.0,
             ly + LANE_H - 5.0,
@@ -225,7 +225,7 @@ pub fn svg(r: &Report) -> String {
             let fill = if e.fired { colour } else { "white" };
             let _ = writeln!(
                 out,
-                r#"<rect x="{:.1}" y="{:.1}" width="4" height="{:.1}" fill="{fill}" stroke="{colour}"><title>{:.1} s {kind:?}{} — {}</title></rect>"#,
+                r#"<rect class="fault" x="{:.1}" y="{:.1}" width="4" height="{:.1}" fill="{fill}" stroke="{colour}"><title>{:.1} s {kind:?}{} — {}</title></rect>"#,
                 fx - 2.0,
                 ly + 3.0,
                 LANE_H - 6.0,

@@ -19,13 +19,18 @@ async fn chaos_run_finds_no_double_charge_and_loses_nothing() {
     assert!(report.duplicates.delivered() > 0, "duplicates were delivered");
     assert!(report.duplicates.total_absorbed() > 0, "and absorbed");
     assert!(report.audit.double_charged.is_empty() && report.audit.lost.is_empty() && report.audit.stuck.is_empty());
-    // The picture: both series and one marker per fault.
+    // The picture: both series, one lane per fault kind, one mark per fault.
     let svg = chaos::svg(&report);
     assert_eq!(svg.matches("<polyline").count(), 2, "orders/s and open orders");
     assert_eq!(
-        svg.matches("stroke-dasharray").count(),
+        svg.matches(r#"class="lane""#).count(),
+        chaos::Fault::FIRST_ROUND.len(),
+        "a lane per fault kind"
+    );
+    assert_eq!(
+        svg.matches(r#"class="fault""#).count(),
         report.timeline.len(),
-        "a marker per fault"
+        "a mark per fault"
     );
     assert!(
         report.samples.len() > 10,
