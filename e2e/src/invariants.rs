@@ -217,15 +217,13 @@ pub async fn audit(stack: &Stack, expected: &Expected) -> anyhow::Result<Audit> 
     // no business key ever has to catch one.
     for db in ["orders", "inventory", "payments"] {
         let mut c = connect(&stack.db_url(db)).await?;
-        let misses: Vec<(String, String, i64)> =
-            sqlx::query_as("SELECT consumer, caught_by, count(*)::int8 FROM inbox_misses GROUP BY consumer, caught_by")
-                .fetch_all(&mut c)
-                .await?;
-        let first: Option<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar("SELECT min(seen_at) FROM inbox_misses")
-            .fetch_one(&mut c)
-            .await?;
-        seen(&mut a, STEP_ONCE, first);
-        for (consumer, caught_by, n) in misses {
+        let misses: Vec<(String, String, i64, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
+            "SELECT consumer, caught_by, count(*)::int8, min(seen_at) FROM inbox_misses GROUP BY consumer, caught_by",
+        )
+        .fetch_all(&mut c)
+        .await?;
+        for (consumer, caught_by, n, first) in misses {
+            seen(&mut a, STEP_ONCE, Some(first));
             a.violations.push(format!(
                 "{STEP_ONCE}: {n} events reached {consumer}'s effect again (its inbox let them through; \
                  the {caught_by} caught them)"
@@ -294,9 +292,16 @@ fn seen(a: &mut Audit, invariant: &str, at: Option<chrono::DateTime<chrono::Utc>
     }
 }
 
-/// The orders the deadline reconciler acted on, per action (the history's
-/// cause), and the history rows that say so (the first 20).
-pub type Rescued = (BTreeMap<String, BTreeSet<Uuid>>, Vec<String>);
+/// The orders the deadline reconciler acted on, read from their history.
+#[derive(Debug, Clone, Default)]
+pub struct Rescued {
+    /// Orders per action (the history's cause).
+    pub per_cause: BTreeMap<String, BTreeSet<Uuid>>,
+    /// The history rows that say so (the first 20), as evidence.
+    pub evidence: Vec<String>,
+    /// When the reconciler first acted.
+    pub first: Option<chrono::DateTime<chrono::Utc>>,
+}
 
 /// Reads [`Rescued`] from the orders database's history.
 pub async fn rescued(db: &mut PgConnection) -> anyhow::Result<Rescued> {
@@ -307,18 +312,19 @@ pub async fn rescued(db: &mut PgConnection) -> anyhow::Result<Rescued> {
     )
     .fetch_all(&mut *db)
     .await?;
-    let (mut per_cause, mut evidence): Rescued = Default::default();
+    let mut r = Rescued::default();
     for (order, cause, from, to, at) in &rows {
-        per_cause.entry(cause.clone()).or_default().insert(*order);
-        if evidence.len() < 20 {
-            evidence.push(format!(
+        r.per_cause.entry(cause.clone()).or_default().insert(*order);
+        r.first = Some(r.first.map_or(*at, |first| first.min(*at)));
+        if r.evidence.len() < 20 {
+            r.evidence.push(format!(
                 "{} order {order}: {} → {to} by {cause}",
                 at.format("%H:%M:%S%.3f"),
                 from.as_deref().unwrap_or("-")
             ));
         }
     }
-    Ok((per_cause, evidence))
+    Ok(r)
 }
 
 /// Nothing rescued in silence: a re-send or a reconciliation means a
@@ -327,16 +333,15 @@ pub async fn rescued(db: &mut PgConnection) -> anyhow::Result<Rescued> {
 /// hides that from the order's status, so the audit counts it and accepts
 /// exactly the orders the run lost on purpose.
 async fn check_rescued(db: &mut PgConnection, expected: &Expected, a: &mut Audit) -> anyhow::Result<()> {
-    (a.rescued, a.rescue_evidence) = rescued(db).await?;
+    let Rescued {
+        per_cause,
+        evidence,
+        first,
+    } = rescued(db).await?;
+    (a.rescued, a.rescue_evidence) = (per_cause, evidence);
     let touched: BTreeSet<Uuid> = a.rescued.values().flatten().copied().collect();
     let unexpected: Vec<&Uuid> = touched.difference(&expected.rescue_expected).collect();
     if !unexpected.is_empty() {
-        let first: Option<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar(
-            "SELECT min(at) FROM order_history
-             WHERE cause LIKE 'Resent:%' OR cause LIKE 'Reconciled:%' OR cause = 'DeadlineExceeded'",
-        )
-        .fetch_one(&mut *db)
-        .await?;
         seen(a, NOTHING_LOST, first);
         let per_cause: BTreeMap<&str, usize> = a.rescued.iter().map(|(c, o)| (c.as_str(), o.len())).collect();
         a.violations.push(format!(

@@ -49,7 +49,7 @@ async fn rescued(stack: &e2e::Stack) -> BTreeMap<String, BTreeSet<Uuid>> {
     e2e::invariants::rescued(&mut db(stack, "orders").await)
         .await
         .unwrap()
-        .0
+        .per_cause
 }
 
 async fn inbox_misses(stack: &e2e::Stack) -> i64 {

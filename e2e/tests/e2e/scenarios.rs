@@ -70,10 +70,11 @@ async fn scenario_15_a_consumer_that_dies_mid_handling_gets_the_message_again() 
     let (available, reserved) = client.stock().await.unwrap()["WIDGET"];
     assert_eq!((available, reserved), (9, 1), "reserved once");
     let mut orders = sqlx::Connection::connect(&stack.db_url("orders")).await.unwrap();
-    let (rescued, evidence) = e2e::invariants::rescued(&mut orders).await.unwrap();
+    let rescued = e2e::invariants::rescued(&mut orders).await.unwrap();
     assert!(
-        rescued.is_empty(),
-        "the order was finished by the deadline reconciler, not by the redelivery: {evidence:?}"
+        rescued.per_cause.is_empty(),
+        "the order was finished by the deadline reconciler, not by the redelivery: {:?}",
+        rescued.evidence
     );
     stack.shutdown(true).await.unwrap();
 }
