@@ -20,6 +20,7 @@ mod saga;
 mod scenarios;
 mod supervisor;
 mod traces;
+mod transactions;
 
 use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock};
 
