@@ -303,9 +303,12 @@ pub struct Rescued {
     pub first: Option<chrono::DateTime<chrono::Utc>>,
 }
 
+/// A history row: order, cause, from, to, when.
+type HistoryRow = (Uuid, String, Option<String>, String, chrono::DateTime<chrono::Utc>);
+
 /// Reads [`Rescued`] from the orders database's history.
 pub async fn rescued(db: &mut PgConnection) -> anyhow::Result<Rescued> {
-    let rows: Vec<(Uuid, String, Option<String>, String, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
+    let rows: Vec<HistoryRow> = sqlx::query_as(
         "SELECT order_id, cause, from_status, to_status, at FROM order_history
          WHERE cause LIKE 'Resent:%' OR cause LIKE 'Reconciled:%' OR cause = 'DeadlineExceeded'
          ORDER BY id",

@@ -1,4 +1,5 @@
-//! `cargo xtask docs`: the committed API documents, written from the code.
+//! `cargo xtask docs`: the committed API documents, written from the code,
+//! and the crate graph of docs/design.md, written from `cargo metadata`.
 //! The staleness tests (each service's OpenAPI test, contract's documents
 //! test) compare with what is committed and never write.
 
@@ -23,6 +24,11 @@ pub fn regenerate() -> anyhow::Result<Vec<PathBuf>> {
     }
     let asyncapi = contract::schema::document_text(&contract::schema::asyncapi());
     written.push(write(&contract.join("asyncapi.json"), &asyncapi)?);
+    let design = docs.join("design.md");
+    let members = crate::lint::members(&crate::workspace_root(), &crate::cargo)?;
+    let text = crate::lint::with_graph(&std::fs::read_to_string(&design)?, &crate::lint::graph(&members))
+        .ok_or_else(|| anyhow::anyhow!("docs/design.md has no crate-graph markers"))?;
+    written.push(write(&design, &text)?);
     Ok(written)
 }
 

@@ -1,6 +1,7 @@
 //! `cargo xtask <command>`: run the tests, the stack, the demo.
 
 mod documents;
+mod lint;
 mod scenario;
 
 use std::path::PathBuf;
@@ -27,11 +28,17 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// The style and layout gates: `cargo fmt --check`, clippy with warnings
+    /// denied, rustdoc with broken intra-doc links denied, and the layout
+    /// rules over `cargo metadata` (no production crate on test support, no
+    /// dev-dependency cycle, no file over 600 lines, README part table =
+    /// members, docs/design.md's crate graph). Part of `cargo xtask test`.
+    Lint,
     /// Start the broker and every service on the documented ports
     /// (databases orders, inventory, payments, gateway; data in .data/). Ctrl-c stops.
     Up,
     /// The chaos suite: kill services mid-flow, inject faults and duplicates,
-    /// then check every invariant. Reports go to target/chaos/seed-<S>/.
+    /// then check every invariant. Reports go to target/chaos/seed-S/.
     Chaos {
         /// Orders to place.
         #[arg(long, default_value_t = 300)]
@@ -117,7 +124,7 @@ enum Cmd {
     /// AsyncAPI document and the message schemas). The tests only compare.
     Docs,
     /// Draw a chaos report's picture again from its report.json (e.g. a
-    /// committed one under docs/results), beside it as <name>.svg.
+    /// committed one under docs/results), beside it as NAME.svg.
     Picture {
         /// A chaos run's report.json.
         report: std::path::PathBuf,
@@ -344,6 +351,9 @@ async fn main() -> anyhow::Result<()> {
         println!("wrote {}", out.display());
         return Ok(());
     }
+    if let Cmd::Lint = &cli.command {
+        return lint::run(&workspace_root(), cargo);
+    }
     if let Cmd::Dlq { action, brokers } = &cli.command {
         return dlq(action, brokers).await;
     }
@@ -351,7 +361,7 @@ async fn main() -> anyhow::Result<()> {
     testkit::broker::ensure()?;
     build_services()?;
     match cli.command {
-        Cmd::Dlq { .. } | Cmd::Docs | Cmd::Picture { .. } => unreachable!("handled above"),
+        Cmd::Dlq { .. } | Cmd::Docs | Cmd::Picture { .. } | Cmd::Lint => unreachable!("handled above"),
         Cmd::Chaos {
             orders,
             seed,
@@ -398,7 +408,16 @@ async fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Cmd::Test { args } => std::process::exit(run_tests(&args)?),
+        Cmd::Test { args } => {
+            // The gates first (a few minutes, mostly clippy's check build);
+            // the tests run either way, and either failing fails the command.
+            let lint = lint::run(&workspace_root(), cargo);
+            if let Err(e) = &lint {
+                println!("{e:#}");
+            }
+            let code = run_tests(&args)?;
+            std::process::exit(if lint.is_err() { code.max(1) } else { code })
+        }
         Cmd::Scenario { n: None } => {
             for s in &scenario::ALL {
                 println!("{:>2}  {}", s.n, s.title);

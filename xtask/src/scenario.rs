@@ -79,7 +79,7 @@ pub const ALL: [Scenario; 25] = [
         n: 6,
         title: "the effect and the inbox record must commit together",
         injected: "the chaos suite with the inbox rows committed apart from, and before, their effects (UNSAFE_INBOX_SEPARATE_TX) and a crash between the two (inbox::after_record_before_effect)",
-        acts: "layer 3 — one transaction for inbox row, effect and reply (service_kit::consumer::apply_batch); committed apart, the redelivery is absorbed with no effect behind it",
+        acts: "layer 3 — one transaction for inbox row, effect and reply (saga_kit::consumer::apply_batch); committed apart, the redelivery is absorbed with no effect behind it",
         checked: "the run fails as it must: the crashed batch's orders never get their reservation (stuck, or moved only by the deadline reconciler, which the audit counts); with one transaction the same suite passes",
         test: t(
             "e2e",
@@ -163,7 +163,7 @@ pub const ALL: [Scenario; 25] = [
         n: 16,
         title: "a new id per producer retry would defeat deduplication",
         injected: "a relay crash between publish and mark, then a second relay",
-        acts: "layer 2 — the id is fixed at insert (contract::Envelope::new, service_kit::saga::emit)",
+        acts: "layer 2 — the id is fixed at insert (contract::Envelope::new, saga_kit::emit::emit)",
         checked: "the republished copy has the original event id",
         test: t("outbox", Some("relay"), "crash_between_publish_and_mark_publishes_again_with_the_same_event_id"),
     },

@@ -44,7 +44,7 @@ pub struct Envelope {
     /// The event that caused this one, if any.
     pub causation_id: Option<Uuid>,
     /// W3C trace context (`traceparent`) of the span that wrote the event,
-    /// set by the emitting service (`service_kit::saga::emit`); the Kafka
+    /// set by the emitting service (`saga_kit::emit::emit`); the Kafka
     /// headers carry the relay's publish span, a child of it.
     pub traceparent: Option<String>,
     /// The type-specific body.

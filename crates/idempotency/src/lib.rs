@@ -50,17 +50,10 @@ pub enum Error {
 /// Result type of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-static DISABLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// NEGATIVE CONTROL ONLY: from now on every request of this process gets a
-/// key of its own — the Idempotency-Key layer is off. A service calls it
-/// only behind `service_kit::unsafe_switch`.
-pub fn unsafe_disable() {
-    DISABLED.store(true, std::sync::atomic::Ordering::SeqCst);
-}
-
+/// NEGATIVE CONTROL ONLY ([`switches::Switch::NoIdempotencyKey`], test
+/// builds): every request gets a key of its own — the layer is off.
 pub(crate) fn unsafe_disabled() -> bool {
-    DISABLED.load(std::sync::atomic::Ordering::Relaxed)
+    switches::on(switches::Switch::NoIdempotencyKey)
 }
 
 /// The idempotency table's migrations (versions 1003xxxxxx).
@@ -161,7 +154,7 @@ pub fn fingerprint(key: &FingerprintKey, method: &str, path: &str, body: &[u8]) 
 /// so concurrent replays never see each other as "in flight". If the first
 /// request commits between this statement's snapshot and its lock, the row
 /// is not seen and the request runs — and [`complete`] then finds the key
-/// taken, so the caller rolls back and replays (see [`execute`]).
+/// taken, so the caller rolls back and replays (see [`execute()`]).
 pub async fn begin(conn: &mut PgConnection, scope: &str, key: &str, fingerprint: &str) -> Result<Begin> {
     // A 64-bit hash collision of the lock key can only cause a spurious 409.
     let row = sqlx::query(

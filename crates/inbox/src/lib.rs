@@ -17,17 +17,10 @@ use sqlx::migrate::Migrator;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-static DISABLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// NEGATIVE CONTROL ONLY: from now on this process records nothing and
-/// reports every event as new — the inbox layer is off. A service calls it
-/// only behind `service_kit::unsafe_switch`.
-pub fn unsafe_disable() {
-    DISABLED.store(true, std::sync::atomic::Ordering::SeqCst);
-}
-
+/// NEGATIVE CONTROL ONLY ([`switches::Switch::NoInbox`], test builds): the
+/// inbox records nothing and reports every event as new.
 fn disabled() -> bool {
-    DISABLED.load(std::sync::atomic::Ordering::Relaxed)
+    switches::on(switches::Switch::NoInbox)
 }
 
 /// The inbox table's migrations (versions 1002xxxxxx).

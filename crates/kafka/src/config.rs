@@ -47,19 +47,6 @@ pub struct KafkaArgs {
     #[arg(long = "kafka-replication-factor", env = "KAFKA_REPLICATION_FACTOR", default_value_t = 1,
           value_parser = clap::value_parser!(i32).range(1..=16))]
     pub replication_factor: i32,
-    /// NEGATIVE CONTROL ONLY (failpoints builds): produce without
-    /// `enable.idempotence`, so a batch retried after a lost acknowledgement
-    /// is appended again. Refused by a build without failpoints.
-    #[arg(long = "unsafe-no-producer-idempotence", env = "UNSAFE_NO_PRODUCER_IDEMPOTENCE", default_value_t = false,
-          action = clap::ArgAction::Set, hide_short_help = true)]
-    pub unsafe_no_producer_idempotence: bool,
-    /// NEGATIVE CONTROL ONLY (failpoints builds): acknowledge before
-    /// processing — each batch's offsets are stored and committed before its
-    /// handler runs, so a crash mid-handling loses the batch (scenario 15).
-    /// Refused by a build without failpoints.
-    #[arg(long = "unsafe-offset-before-handling", env = "UNSAFE_OFFSET_BEFORE_HANDLING", default_value_t = false,
-          action = clap::ArgAction::Set, hide_short_help = true)]
-    pub unsafe_offset_before_handling: bool,
     /// This instance's static identity in its consumer groups
     /// (`group.instance.id`, KIP-345), e.g. a StatefulSet pod name; unset,
     /// the instance is a dynamic member. A static member that restarts
@@ -84,23 +71,9 @@ impl KafkaArgs {
             consumer_max_batch: 32,
             topic_retention_secs: 3 * 86_400,
             replication_factor: 1,
-            unsafe_no_producer_idempotence: false,
-            unsafe_offset_before_handling: false,
             group_instance_id: None,
             debug: None,
         }
-    }
-
-    /// Whether consumers acknowledge before processing (the negative
-    /// control's switch; refused outside failpoints builds).
-    pub fn offset_before_handling(&self) -> crate::Result<bool> {
-        if self.unsafe_offset_before_handling {
-            unsafe_switch(
-                "UNSAFE_OFFSET_BEFORE_HANDLING",
-                "offsets are committed BEFORE their messages are handled",
-            )?;
-        }
-        Ok(self.unsafe_offset_before_handling)
     }
 
     /// The base client configuration for these settings.
@@ -135,28 +108,16 @@ impl KafkaArgs {
     }
 
     /// The idempotent producer for these settings (delivery timeout 15 s).
-    /// With the negative control's switch on (failpoints builds only), a
+    /// With the negative control's switch
+    /// ([`switches::Switch::NoProducerIdempotence`], test builds only) on, a
     /// producer without idempotence.
     pub fn producer(&self) -> crate::Result<rdkafka::producer::FutureProducer> {
         let mut config = self.client_config();
         config.set("linger.ms", self.linger_ms.to_string());
-        if self.unsafe_no_producer_idempotence {
-            unsafe_switch("UNSAFE_NO_PRODUCER_IDEMPOTENCE", "the producer is NOT idempotent")?;
+        if switches::on(switches::Switch::NoProducerIdempotence) {
             config.set("enable.idempotence", "false");
             return Ok(crate::client::with_delivery_settings(config, std::time::Duration::from_secs(15)).create()?);
         }
         crate::client::idempotent_producer(config, std::time::Duration::from_secs(15))
     }
-}
-
-/// Refuses an unsafe switch in a build without failpoints; in a test build,
-/// says loudly that it is on.
-fn unsafe_switch(var: &str, what: &str) -> crate::Result<()> {
-    if !fail::has_failpoints() {
-        return Err(crate::Error::Refused(format!(
-            "{var} is set, but this build has no failpoints feature: the unsafe switches exist only in test builds"
-        )));
-    }
-    tracing::error!("{var} is set: {what} (negative control only)");
-    Ok(())
 }

@@ -192,7 +192,7 @@ where
         name: Arc::from(settings.group_id.as_str()),
         handler: Arc::new(handler),
         max_batch: settings.max_batch.max(1),
-        ack_first: settings.kafka.offset_before_handling()?,
+        ack_first: switches::on(switches::Switch::OffsetBeforeHandling),
         shutdown: shutdown.clone(),
         revoked: CancellationToken::new(),
         _done: None,

@@ -50,7 +50,7 @@ impl LaneStop {
 ///
 /// - **Revoke**: each revoked partition's lane is told to stop; a lane
 ///   finishes the batch it is handling (handler and offset store) and
-///   takes no other; the callback waits for them (up to [`REVOKE_GRACE`])
+///   takes no other; the callback waits for them (up to 10 s)
 ///   and then commits the stored offsets synchronously, before librdkafka
 ///   hands the partitions over. What was handled is committed; what was
 ///   queued and not handled is read again by the new owner.

@@ -40,9 +40,6 @@ pub enum Error {
     /// could not be read or aligned.
     #[error("topic: {0}")]
     Topic(String),
-    /// A setting this build refuses (an unsafe switch outside test builds).
-    #[error("{0}")]
-    Refused(String),
 }
 
 /// Result type of this crate.

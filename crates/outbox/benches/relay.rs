@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use contract::{Envelope, Message};
 use outbox::relay::{PendingRow, PublishError, Publisher};
 use outbox::{KafkaPublisher, Relay};
+use rdkafka::producer::FutureProducer;
 use sqlx::PgPool;
 use testkit::{Broker, TempDb};
 use uuid::Uuid;
@@ -54,7 +55,7 @@ async fn fill(pool: &PgPool, topic: &str, n: usize) {
     for chunk in 0..n.div_ceil(1_000) {
         let mut tx = pool.begin().await.unwrap();
         for i in chunk * 1_000..((chunk + 1) * 1_000).min(n) {
-            outbox::enqueue(&mut tx, &service_kit::saga::outbox_event(topic, &envelope(i)))
+            outbox::enqueue(&mut tx, &outbox_event(topic, &envelope(i)))
                 .await
                 .unwrap();
         }
@@ -133,9 +134,7 @@ async fn main() {
         kafka::ensure_topics(&broker.addr, &[topic.as_str()]).await.unwrap();
         let envelopes: Vec<Envelope> = (0..n).map(envelope).collect();
         let start = Instant::now();
-        let sends = envelopes
-            .iter()
-            .map(|e| testkit::publish::envelope(&producer, &topic, e));
+        let sends = envelopes.iter().map(|e| publish(&producer, &topic, e));
         for r in futures::future::join_all(sends).await {
             r.unwrap();
         }
@@ -146,7 +145,7 @@ async fn main() {
             let (producer, topic) = (&producer, topic.as_str());
             async move {
                 for window in stream.chunks(batch as usize) {
-                    let sends = window.iter().map(|e| testkit::publish::envelope(producer, topic, e));
+                    let sends = window.iter().map(|e| publish(producer, topic, e));
                     for r in futures::future::join_all(sends).await {
                         r.unwrap();
                     }
@@ -218,9 +217,7 @@ async fn main() {
     for i in 0..200 {
         let env = envelope(i);
         let mut tx = pool.begin().await.unwrap();
-        outbox::enqueue(&mut tx, &service_kit::saga::outbox_event(topic, &env))
-            .await
-            .unwrap();
+        outbox::enqueue(&mut tx, &outbox_event(topic, &env)).await.unwrap();
         tx.commit().await.unwrap();
         let ms: f64 = loop {
             let v: Option<f64> = sqlx::query_scalar(
@@ -261,4 +258,35 @@ async fn main() {
     for (p, _db) in keep {
         p.close().await;
     }
+}
+
+/// The outbox row of `envelope` on `topic`, as `saga_kit::emit` writes it
+/// (the outbox crate cannot depend on the saga's glue, which depends on it).
+fn outbox_event<'a>(topic: &'a str, envelope: &'a Envelope) -> outbox::OutboxEvent<'a> {
+    outbox::OutboxEvent::json(
+        topic,
+        envelope.order_id,
+        envelope.event_id,
+        &envelope.event_type,
+        envelope,
+    )
+    .traceparent(envelope.traceparent.as_deref())
+}
+
+/// Puts `envelope` on `topic` as the relay publishes an outbox row: keyed by
+/// its order id, identity and trace context as headers.
+async fn publish(producer: &FutureProducer, topic: &str, envelope: &Envelope) -> kafka::Result<()> {
+    let headers = kafka::headers(
+        &envelope.event_id.to_string(),
+        &envelope.event_type,
+        envelope.traceparent.as_deref(),
+    );
+    kafka::publish(
+        producer,
+        topic,
+        &envelope.order_id.to_string(),
+        &envelope.to_bytes(),
+        headers,
+    )
+    .await
 }

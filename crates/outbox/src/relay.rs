@@ -80,7 +80,6 @@ pub trait Publisher: Send + Sync {
 #[derive(Clone)]
 pub struct KafkaPublisher {
     producer: FutureProducer,
-    mint_event_id: bool,
 }
 
 impl KafkaPublisher {
@@ -88,26 +87,13 @@ impl KafkaPublisher {
     pub fn new(brokers: &str) -> kafka::Result<Self> {
         Ok(Self {
             producer: kafka::producer(brokers)?,
-            mint_event_id: false,
         })
     }
 
     /// A publisher over an existing idempotent producer (e.g. one built from
     /// a service's `KafkaArgs`).
     pub fn from_producer(producer: FutureProducer) -> Self {
-        Self {
-            producer,
-            mint_event_id: false,
-        }
-    }
-
-    /// NEGATIVE CONTROL ONLY: every publish carries a new event id instead
-    /// of the one fixed when the row was written, so a row published again
-    /// (a relay crash between the broker's ack and the mark) is a new event
-    /// to every inbox. The relay service sets it only behind its unsafe switch.
-    pub fn unsafe_mint_event_id_at_publish(mut self) -> Self {
-        self.mint_event_id = true;
-        self
+        Self { producer }
     }
 
     /// A publisher whose messages fail after `timeout` without a broker ack
@@ -115,7 +101,6 @@ impl KafkaPublisher {
     pub fn with_timeout(brokers: &str, timeout: Duration) -> kafka::Result<Self> {
         Ok(Self {
             producer: kafka::producer_with_timeout(brokers, timeout)?,
-            mint_event_id: false,
         })
     }
 }
@@ -136,7 +121,11 @@ impl Publisher for KafkaPublisher {
             );
             telemetry::propagation::follow(&span, row.traceparent.as_deref());
             let traceparent = telemetry::propagation::traceparent(&span);
-            let (event_id, body) = if self.mint_event_id {
+            let (event_id, body) = if switches::on(switches::Switch::EventIdAtPublish) {
+                // NEGATIVE CONTROL ONLY: every publish carries a new event id
+                // instead of the one fixed when the row was written, so a row
+                // published again (a relay crash between the broker's ack and
+                // the mark) is a new event to every inbox.
                 minted(&row.body)
             } else {
                 (row.event_id.clone(), row.body.clone())

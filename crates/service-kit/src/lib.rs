@@ -1,4 +1,5 @@
-//! The process plumbing every service shares, so each service's `lib.rs`
+//! The process plumbing every service shares (the saga's messaging glue is
+//! `saga-kit`; this crate links no messaging crate), so each service's `lib.rs`
 //! reads config → build → run and each `main.rs` stays a few lines:
 //!
 //! - [`config`]: the common settings as `clap` argument groups
@@ -9,7 +10,6 @@
 //!   consumers, reapers) under one cancellation token — the first task that
 //!   dies turns the service not-ready, stops the others and makes the
 //!   process exit non-zero;
-//! - [`consumer`]: a saga consumer and its inbox retention as supervised tasks;
 //! - [`bearer`]: callers authenticated by configured secrets (the
 //!   gateway's services, inventory's operator);
 //! - [`admin`]: `/health/live`, `/health/ready` (database answers and every
@@ -17,27 +17,19 @@
 //! - [`http`]: the server span of every request (W3C `traceparent` in);
 //! - [`problem`]: RFC 9457 `application/problem+json`, the error body of
 //!   every HTTP API here;
-//! - [`retention`]: the retention chain a service refuses to start without;
-//! - [`saga`]: emit a saga message through the outbox;
 //! - [`shutdown`]: SIGTERM / ctrl-c as a cancellation token;
-//! - [`unsafe_switch`]: negative-control switches, refused outside test builds;
 //! - [`init`]: logging and the failpoint scenario, once per process.
 
 pub mod admin;
 pub mod bearer;
 pub mod config;
-pub mod consumer;
 pub mod db;
 pub mod http;
 pub mod problem;
-pub mod retention;
-pub mod saga;
 pub mod shutdown;
 pub mod supervisor;
-pub mod unsafe_switch;
 
 pub use config::{DbArgs, GatewayArgs, LogArgs, LogFormat, TraceArgs};
-pub use consumer::SagaConsumer;
 pub use idempotency::Secret;
 pub use supervisor::{Health, Supervisor};
 

@@ -261,7 +261,8 @@ pub fn command(data_dir: &Path) -> anyhow::Result<tokio::process::Command> {
 /// brokers registered (unfenced): a listening socket alone is not a
 /// working broker.
 pub fn answers(bootstrap: &str, brokers: usize) -> bool {
-    let Ok(client) = kafka::client_config(bootstrap)
+    let Ok(client) = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
         .set("log_level", "0")
         .create::<BaseConsumer>()
     else {

@@ -49,15 +49,30 @@ impl TempDb {
     }
 
     /// Creates a fresh database, opens a pool of `max_connections` on it
-    /// and runs `migrators` in order — the services' own bootstrap
-    /// (`service_kit::db::connect`), so tests migrate as production does.
+    /// and runs `migrators` in order, missing versions ignored (several
+    /// crates' migrators share one database) — as the services' bootstrap
+    /// (`service_kit::db::connect`) does.
     pub async fn with_pool(
         prefix: &str,
         max_connections: u32,
         migrators: Vec<Migrator>,
     ) -> anyhow::Result<(Self, PgPool)> {
         let db = Self::new(prefix);
-        let pool = service_kit::db::connect(&db.url, max_connections, migrators).await?;
+        let options = PgConnectOptions::from_str(&db.url)?;
+        let name = options.get_database().unwrap_or_default().to_owned();
+        let mut admin = PgConnection::connect_with(&options.clone().database("postgres")).await?;
+        sqlx::query(&format!("CREATE DATABASE \"{name}\""))
+            .execute(&mut admin)
+            .await?;
+        admin.close().await?;
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(max_connections)
+            .connect_with(options)
+            .await?;
+        for mut migrator in migrators {
+            migrator.set_ignore_missing(true);
+            migrator.run(&pool).await?;
+        }
         Ok((db, pool))
     }
 

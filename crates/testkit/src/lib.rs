@@ -1,6 +1,8 @@
 //! Test support for the workspace's tests, benches and the e2e harness.
 //! Listed only under `[dev-dependencies]` of the library and service crates
-//! (and as a dependency of `e2e`, which is itself a test harness).
+//! (and as a dependency of `e2e`, which is itself a test harness). It depends
+//! on no crate of the workspace, so no dev-dependency cycle runs through it
+//! (checked by `cargo xtask lint`).
 //!
 //! - [`asyncapi`], [`jsonschema`]: the contract's validators (npm, PyPI), found or installed;
 //! - [`db`]: throw-away databases that are dropped with their guard;
@@ -13,7 +15,6 @@
 //! - [`proxy`]: a TCP fault proxy (latency, reset, blackhole, swallowed responses);
 //! - [`promtool`]: Prometheus's checker, found or unpacked from Debian's package;
 //! - [`schemathesis`]: the OpenAPI fuzzer, found or installed in a virtualenv;
-//! - [`publish`]: a saga envelope onto a topic, as the relay would publish it.
 
 pub mod asyncapi;
 pub mod broker;
@@ -24,7 +25,6 @@ pub mod postgres;
 pub mod process;
 pub mod promtool;
 pub mod proxy;
-pub mod publish;
 pub mod schemathesis;
 
 pub use broker::Broker;

@@ -169,7 +169,7 @@ pub async fn database(clients: usize, duration: Duration) -> anyhow::Result<Data
                         sku: order.sku.clone(),
                         quantity: order.quantity,
                     };
-                    service_kit::saga::emit(conn, order.id, &first, None).await?;
+                    saga_kit::emit::emit(conn, order.id, &first, None).await?;
                     Ok(idempotency::StoredResponse::json(
                         axum::http::StatusCode::CREATED,
                         &order,

@@ -46,10 +46,10 @@ pub enum Fault {
     /// 12. Duplicates injected onto the topics with a raw producer.
     DuplicateInjection,
     /// 13. A rebalance mid-batch: extra inventory- and payment-service
-    /// instances join their groups and are given partitions (fired on the
-    /// joiners' own `consumer_partitions_assigned`; the running instances'
-    /// revocations are reported beside it), then leave (SIGTERM), handing
-    /// the partitions back.
+    ///     instances join their groups and are given partitions (fired on the
+    ///     joiners' own `consumer_partitions_assigned`; the running instances'
+    ///     revocations are reported beside it), then leave (SIGTERM), handing
+    ///     the partitions back.
     Rebalance,
 }
 

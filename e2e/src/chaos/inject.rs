@@ -7,6 +7,7 @@ use std::time::Duration;
 use contract::Envelope;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom as _;
+use rdkafka::producer::FutureProducer;
 use uuid::Uuid;
 
 use super::report::Duplicates;
@@ -76,11 +77,29 @@ pub(super) async fn duplicates(
         let live_picked = picks.len();
         picks.extend(done.choose_multiple(rng, 25 - live_picked.min(25)).copied());
         for env in picks {
-            testkit::publish::envelope(&producer, topic, env).await?;
+            publish(&producer, topic, env).await?;
             total += 1;
             *duplicates.injected.entry(topic.to_owned()).or_default() += 1;
         }
         racing += live_picked;
     }
     Ok((total, racing))
+}
+
+/// Puts `envelope` on `topic` as the relay publishes an outbox row: keyed by
+/// its order id, identity and trace context as headers.
+async fn publish(producer: &FutureProducer, topic: &str, envelope: &Envelope) -> kafka::Result<()> {
+    let headers = kafka::headers(
+        &envelope.event_id.to_string(),
+        &envelope.event_type,
+        envelope.traceparent.as_deref(),
+    );
+    kafka::publish(
+        producer,
+        topic,
+        &envelope.order_id.to_string(),
+        &envelope.to_bytes(),
+        headers,
+    )
+    .await
 }

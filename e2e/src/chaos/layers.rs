@@ -1,7 +1,7 @@
 //! One layer of deduplication switched off per run: the proof that the
 //! suite would notice that layer missing. Each switch is an environment
 //! variable the services honour only in builds with failpoints
-//! (`service_kit::unsafe_switch`, `kafka::KafkaArgs`); with it on, a chaos
+//! (`crates/switches`, one `switches::Switch` each); with it on, a chaos
 //! run must fail — and fail on the **effect** the layer guards (a second
 //! order for a key, a step applied again, a second capture, a message lost
 //! or stuck), read from the databases and the ledger, never from a counter
@@ -79,10 +79,9 @@ impl LayerOff {
     /// opens (`None`: the usual one).
     pub fn crash_point(self) -> Option<(Service, &'static str)> {
         match self {
-            LayerOff::InboxSeparateTx => Some((
-                Service::Inventory,
-                service_kit::consumer::CRASH_AFTER_INBOX_BEFORE_EFFECT,
-            )),
+            LayerOff::InboxSeparateTx => {
+                Some((Service::Inventory, saga_kit::consumer::CRASH_AFTER_INBOX_BEFORE_EFFECT))
+            }
             LayerOff::OffsetBeforeHandling => {
                 Some((Service::Inventory, kafka::consumer::CRASH_AFTER_ACK_BEFORE_HANDLING))
             }

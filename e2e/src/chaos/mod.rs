@@ -4,8 +4,8 @@
 //! drains, and every invariant of docs/design.md is checked.
 //!
 //! Everything random comes from one seed, so a failing run can be replayed:
-//! the order mix ([`plan`]), the idempotency keys and the fault schedule
-//! ([`faults`]). The [`clients`] retry like careful clients; [`drive`] runs
+//! the order mix (`plan`), the idempotency keys and the fault schedule
+//! ([`faults`]). The clients (`clients`) retry like careful clients; `drive` runs
 //! the phases; [`report`] says what happened.
 
 mod clients;

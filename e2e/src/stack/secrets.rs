@@ -116,7 +116,7 @@ impl Stack {
         Ok(key)
     }
 
-    /// The API key of [`DRIVER_CLIENT`].
+    /// The API key of [`crate::stack::DRIVER_CLIENT`].
     pub fn api_key(&self) -> &str {
         &self.api_key
     }

@@ -55,7 +55,8 @@ fn a_message_with_an_undocumented_field_or_a_malformed_value_is_refused() {
         testkit::jsonschema::validate_envelopes(&schemas, std::slice::from_ref(&good)).unwrap(),
         1
     );
-    let spoiled: [(&str, fn(&mut serde_json::Value)); 5] = [
+    type Spoil = (&'static str, fn(&mut serde_json::Value));
+    let spoiled: [Spoil; 5] = [
         ("an extra envelope field", |m| m["shard"] = 3.into()),
         ("an extra payload field", |m| m["payload"]["colour"] = "red".into()),
         ("an event id that is no uuid", |m| m["event_id"] = "42".into()),

@@ -11,7 +11,6 @@ mod docs;
 mod fuzz;
 mod group;
 mod layers;
-mod layout;
 mod metrics;
 mod offsets;
 mod payments;

@@ -12,8 +12,9 @@ use std::net::SocketAddr;
 use axum::routing::{get, put};
 use axum::Router;
 use contract::topics::{self, consumers};
+use saga_kit::SagaConsumer;
 use service_kit::bearer::CALLER_SCHEME;
-use service_kit::{DbArgs, LogArgs, SagaConsumer, Supervisor};
+use service_kit::{DbArgs, LogArgs, Supervisor};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -47,12 +48,9 @@ pub struct Config {
     /// Inbox retention.
     #[command(flatten)]
     pub inbox: inbox::RetentionArgs,
-    /// Negative control: inbox off (test builds only).
+    /// Negative controls (test builds only): the layers this service can switch off.
     #[command(flatten)]
-    pub unsafe_no_inbox: service_kit::unsafe_switch::NoInbox,
-    /// Negative control: inbox rows committed apart from their effects (test builds only).
-    #[command(flatten)]
-    pub unsafe_inbox_separate_tx: service_kit::unsafe_switch::InboxSeparateTx,
+    pub switches: switches::Switches,
     /// Logs.
     #[command(flatten)]
     pub log: LogArgs,
@@ -103,11 +101,17 @@ pub async fn connect(database_url: &str, pool_size: u32) -> anyhow::Result<PgPoo
     .await?)
 }
 
+/// The negative controls this service can run (`switches::Switches::install` refuses others).
+pub const SWITCHES: [switches::Switch; 3] = [
+    switches::Switch::NoInbox,
+    switches::Switch::InboxSeparateTx,
+    switches::Switch::OffsetBeforeHandling,
+];
+
 /// Connects, migrates, creates topics and binds.
 pub async fn build(config: Config) -> anyhow::Result<App> {
-    service_kit::retention::check_consumer(&config.kafka, &config.inbox, None)?;
-    config.unsafe_no_inbox.apply()?;
-    config.unsafe_inbox_separate_tx.apply()?;
+    saga_kit::retention::check_consumer(&config.kafka, &config.inbox, None)?;
+    config.switches.install("inventory-service", &SWITCHES)?;
     let pool = connect(&config.db.url, config.db.pool_size).await?;
     config.kafka.ensure_topics(&topics::ALL).await?;
     let listener = TcpListener::bind(config.http_addr).await?;
@@ -126,7 +130,7 @@ impl App {
         tracing::info!(addr = %self.local_addr(), "inventory-service listening");
         let mut tasks = Supervisor::new(shutdown);
         let consumer = SagaConsumer::new(consumers::INVENTORY, &self.config.kafka, &self.pool, &self.config.inbox);
-        tasks.spawn_batch_consumer(consumer, self.pool.clone(), |pool, envelopes| async move {
+        consumer.spawn_batches(&mut tasks, self.pool.clone(), |pool, envelopes| async move {
             stock::handle_batch(&pool, envelopes).await
         });
         let operator = service_kit::bearer::Callers::one("operator", self.config.operator_key.clone());

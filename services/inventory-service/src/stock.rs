@@ -51,7 +51,7 @@ pub async fn handle_batch(pool: &PgPool, batch: Vec<Traced<Envelope>>) -> Result
             ))),
         })
         .collect::<Result<Vec<_>, _>>()?;
-    service_kit::consumer::apply_batch(
+    saga_kit::consumer::apply_batch(
         pool,
         INVENTORY.name,
         &batch,
@@ -100,7 +100,7 @@ async fn apply(conn: &mut PgConnection, envelope: &Envelope, command: &Command<'
         Command::Release => release(conn, envelope).await?,
     };
     if let Some(reply) = reply {
-        service_kit::saga::emit(conn, envelope.order_id, &reply, Some(envelope)).await?;
+        saga_kit::emit::emit(conn, envelope.order_id, &reply, Some(envelope)).await?;
     }
     Ok(())
 }

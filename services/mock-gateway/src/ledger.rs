@@ -317,7 +317,7 @@ pub struct LedgerPage {
 }
 
 /// The owner whose movements the caller asked for, if it may read them.
-fn owner(state: &AppState, caller: &idempotency::Scope, asked: Option<String>) -> Result<String, Response> {
+fn owner(state: &AppState, caller: &idempotency::Scope, asked: Option<String>) -> Result<String, Problem> {
     let owner = asked.unwrap_or_else(|| caller.0.clone());
     if state.readers.may_read(&caller.0, &owner) {
         return Ok(owner);
@@ -327,8 +327,7 @@ fn owner(state: &AppState, caller: &idempotency::Scope, asked: Option<String>) -
         "/problems/forbidden",
         "Not allowed",
         format!("{} may not read the movements of {owner}", caller.0),
-    )
-    .into_response())
+    ))
 }
 
 #[utoipa::path(
@@ -353,7 +352,7 @@ pub async fn list(
     let axum::extract::Query(query) = query.map_err(|e| GatewayError::BadRequest(e.body_text()))?;
     let owner = match owner(&state, &caller, query.client) {
         Ok(o) => o,
-        Err(refused) => return Ok(refused),
+        Err(refused) => return Ok(refused.into_response()),
     };
     let limit = query.limit.unwrap_or(100);
     if !(1..=500).contains(&limit) {
@@ -406,7 +405,7 @@ pub async fn operation(
     let axum::extract::Query(query) = query.map_err(|e| GatewayError::BadRequest(e.body_text()))?;
     let client = match owner(&state, &caller, query.client) {
         Ok(o) => o,
-        Err(refused) => return Ok(refused),
+        Err(refused) => return Ok(refused.into_response()),
     };
     let entry: Option<LedgerEntry> = sqlx::query_as(
         "SELECT id, kind, order_id, amount_cents, status, client_id, idempotency_key, created_at

@@ -87,9 +87,9 @@ pub struct Config {
     /// Initial faults.
     #[command(flatten)]
     pub faults: faults::Faults,
-    /// Negative control: Idempotency-Key ignored (test builds only).
+    /// Negative controls (test builds only): the layers this service can switch off.
     #[command(flatten)]
-    pub unsafe_no_idempotency_key: service_kit::unsafe_switch::NoIdempotencyKey,
+    pub switches: switches::Switches,
     /// Logs.
     #[command(flatten)]
     pub log: LogArgs,
@@ -194,10 +194,12 @@ pub struct App {
 
 /// Connects, migrates and binds.
 pub async fn build(config: Config) -> anyhow::Result<App> {
-    config.unsafe_no_idempotency_key.apply()?;
+    config
+        .switches
+        .install("mock-gateway", &[switches::Switch::NoIdempotencyKey])?;
     // Fault injection exists only in test builds.
-    service_kit::unsafe_switch::check("GATEWAY_ADMIN", config.admin)?;
-    service_kit::unsafe_switch::check("GATEWAY_* faults", config.faults.any())?;
+    switches::test_builds_only("GATEWAY_ADMIN", config.admin)?;
+    switches::test_builds_only("GATEWAY_* faults", config.faults.any())?;
     let pool = service_kit::db::connect(
         &config.db.url,
         config.db.pool_size,

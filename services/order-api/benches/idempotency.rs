@@ -44,7 +44,7 @@ async fn plain_insert(State(state): State<AppState>, Json(body): Json<serde_json
         sku: order.sku.clone(),
         quantity: order.quantity,
     };
-    service_kit::saga::emit(&mut tx, order.id, &first, None).await.unwrap();
+    saga_kit::emit::emit(&mut tx, order.id, &first, None).await.unwrap();
     tx.commit().await.unwrap();
     StatusCode::CREATED
 }

@@ -16,7 +16,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use contract::topics::{self, consumers};
-use service_kit::{DbArgs, LogArgs, SagaConsumer, Supervisor};
+use saga_kit::SagaConsumer;
+use service_kit::{DbArgs, LogArgs, Supervisor};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -62,15 +63,9 @@ pub struct Config {
     /// order is kept, in seconds; the order row itself stays.
     #[arg(long, env = "ORDER_HISTORY_RETENTION_SECS", default_value_t = 90 * 86_400)]
     pub history_retention_secs: u64,
-    /// Negative control: inbox off (test builds only).
+    /// Negative controls (test builds only): the layers this service can switch off.
     #[command(flatten)]
-    pub unsafe_no_inbox: service_kit::unsafe_switch::NoInbox,
-    /// Negative control: inbox rows committed apart from their effects (test builds only).
-    #[command(flatten)]
-    pub unsafe_inbox_separate_tx: service_kit::unsafe_switch::InboxSeparateTx,
-    /// Negative control: Idempotency-Key ignored (test builds only).
-    #[command(flatten)]
-    pub unsafe_no_idempotency_key: service_kit::unsafe_switch::NoIdempotencyKey,
+    pub switches: switches::Switches,
     /// Logs.
     #[command(flatten)]
     pub log: LogArgs,
@@ -120,13 +115,19 @@ pub async fn connect(database_url: &str, pool_size: u32) -> anyhow::Result<PgPoo
     .await?)
 }
 
+/// The negative controls this service can run (`switches::Switches::install` refuses others).
+pub const SWITCHES: [switches::Switch; 4] = [
+    switches::Switch::NoInbox,
+    switches::Switch::InboxSeparateTx,
+    switches::Switch::NoIdempotencyKey,
+    switches::Switch::OffsetBeforeHandling,
+];
+
 /// Connects to the database (creating and migrating it), creates the topics
 /// and binds the HTTP listener.
 pub async fn build(config: Config) -> anyhow::Result<App> {
-    service_kit::retention::check_consumer(&config.kafka, &config.inbox, None)?;
-    config.unsafe_no_inbox.apply()?;
-    config.unsafe_inbox_separate_tx.apply()?;
-    config.unsafe_no_idempotency_key.apply()?;
+    saga_kit::retention::check_consumer(&config.kafka, &config.inbox, None)?;
+    config.switches.install("order-api", &SWITCHES)?;
     let pool = connect(&config.db.url, config.db.pool_size).await?;
     config.kafka.ensure_topics(&topics::ALL).await?;
     let listener = TcpListener::bind(config.http_addr).await?;
@@ -158,7 +159,7 @@ impl App {
         let mut tasks = Supervisor::new(shutdown);
         let config = &self.config;
         let saga = SagaConsumer::new(consumers::ORDER_SAGA, &config.kafka, &self.state.pool, &config.inbox);
-        tasks.spawn_batch_consumer(saga, self.state.pool.clone(), |pool, envelopes| async move {
+        saga.spawn_batches(&mut tasks, self.state.pool.clone(), |pool, envelopes| async move {
             saga::handle_batch(&pool, envelopes).await
         });
         tasks.spawn(

@@ -48,12 +48,9 @@ pub struct Config {
     /// How long published rows are kept before deletion.
     #[arg(long, env = "OUTBOX_RETENTION_SECS", default_value_t = 3 * 86_400)]
     pub retention_secs: u64,
-    /// NEGATIVE CONTROL ONLY (test builds): give every publish a new event
-    /// id instead of the one fixed at insert, so a republished row looks
-    /// like a new event to every inbox.
-    #[arg(long = "unsafe-event-id-at-publish", env = "UNSAFE_EVENT_ID_AT_PUBLISH", default_value_t = false,
-          action = clap::ArgAction::Set, hide_short_help = true)]
-    pub unsafe_event_id_at_publish: bool,
+    /// Negative controls (test builds only): the layers this service can switch off.
+    #[command(flatten)]
+    pub switches: switches::Switches,
     /// Logs.
     #[command(flatten)]
     pub log: LogArgs,
@@ -99,10 +96,7 @@ impl App {
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         tracing::info!(addr = %self.local_addr(), sources = self.sources.len(), "outbox-relay running");
         let mut tasks = Supervisor::new(shutdown);
-        let mut publisher = KafkaPublisher::from_producer(self.config.kafka.producer()?);
-        if service_kit::unsafe_switch::check("UNSAFE_EVENT_ID_AT_PUBLISH", self.config.unsafe_event_id_at_publish)? {
-            publisher = publisher.unsafe_mint_event_id_at_publish();
-        }
+        let publisher = KafkaPublisher::from_producer(self.config.kafka.producer()?);
         for (name, pool) in &self.sources {
             let relay = Relay::new(pool.clone(), publisher.clone(), name)
                 .batch(self.config.batch)

@@ -9,7 +9,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use contract::topics::{self, consumers};
-use service_kit::{DbArgs, LogArgs, SagaConsumer, Supervisor};
+use saga_kit::SagaConsumer;
+use service_kit::{DbArgs, LogArgs, Supervisor};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -50,14 +51,9 @@ pub struct Config {
     /// Inbox retention.
     #[command(flatten)]
     pub inbox: inbox::RetentionArgs,
-    /// NEGATIVE CONTROL ONLY: turn off deduplication (no inbox, a new gateway
-    /// key per delivery). The chaos suite uses it to prove its checker finds
-    /// double charges. Never set it anywhere else.
-    #[arg(long, env = "PAYMENT_UNSAFE_DISABLE_DEDUP", default_value_t = false)]
-    pub unsafe_disable_dedup: bool,
-    /// Negative control: inbox off (test builds only).
+    /// Negative controls (test builds only): the layers this service can switch off.
     #[command(flatten)]
-    pub unsafe_no_inbox: service_kit::unsafe_switch::NoInbox,
+    pub switches: switches::Switches,
     /// Logs.
     #[command(flatten)]
     pub log: LogArgs,
@@ -70,8 +66,6 @@ pub struct Deps {
     pub pool: PgPool,
     /// The gateway client.
     pub gateway: gateway::Client,
-    /// False only in the negative control.
-    pub dedup: bool,
 }
 
 /// A built payment-service.
@@ -81,9 +75,16 @@ pub struct App {
     config: Config,
 }
 
+/// The negative controls this service can run (`switches::Switches::install` refuses others).
+pub const SWITCHES: [switches::Switch; 3] = [
+    switches::Switch::NoInbox,
+    switches::Switch::NoPaymentDedup,
+    switches::Switch::OffsetBeforeHandling,
+];
+
 /// Connects, migrates, creates topics and binds.
 pub async fn build(config: Config) -> anyhow::Result<App> {
-    service_kit::retention::check_consumer(&config.kafka, &config.inbox, Some(config.gateway_key_ttl_secs))?;
+    saga_kit::retention::check_consumer(&config.kafka, &config.inbox, Some(config.gateway_key_ttl_secs))?;
     let pool = service_kit::db::connect(
         &config.db.url,
         config.db.pool_size,
@@ -97,13 +98,8 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     config.kafka.ensure_topics(&topics::ALL).await?;
     let gateway = gateway::Client::new(&config.gateway.url, &config.gateway.api_key, config.gateway.timeout())?;
     let listener = TcpListener::bind(config.http_addr).await?;
-    config.unsafe_no_inbox.apply()?;
-    service_kit::unsafe_switch::check("PAYMENT_UNSAFE_DISABLE_DEDUP", config.unsafe_disable_dedup)?;
-    let deps = Deps {
-        pool,
-        gateway,
-        dedup: !config.unsafe_disable_dedup,
-    };
+    config.switches.install("payment-service", &SWITCHES)?;
+    let deps = Deps { pool, gateway };
     Ok(App { deps, listener, config })
 }
 
@@ -120,7 +116,7 @@ impl App {
         let mut tasks = Supervisor::new(shutdown);
         let config = &self.config;
         let consumer = SagaConsumer::new(consumers::PAYMENT, &config.kafka, &self.deps.pool, &config.inbox);
-        tasks.spawn_consumer(consumer, self.deps.clone(), |deps, env| async move {
+        consumer.spawn(&mut tasks, self.deps.clone(), |deps, env| async move {
             payments::handle(&deps, env).await
         });
         tasks.spawn(

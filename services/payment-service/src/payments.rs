@@ -140,7 +140,8 @@ pub async fn handle(deps: &Deps, envelope: Envelope) -> Result<Handled, HandleEr
         "injected: {DEAD_LETTER_COMMAND}"
     ))));
     let (order_id, kind) = (envelope.order_id, operation.kind());
-    if !deps.dedup {
+    if switches::on(switches::Switch::NoPaymentDedup) {
+        // The chaos suite's negative control: no inbox, a new gateway key per delivery.
         return handle_without_dedup(deps, &envelope, &operation).await;
     }
     let mut conn = deps.pool.acquire().await.map_err(HandleError::transient)?;
@@ -281,7 +282,7 @@ pub(crate) async fn record(
     .await?
     .rows_affected();
     if moved == 1 {
-        service_kit::saga::emit(tx, order_id, reply, cause).await?;
+        saga_kit::emit::emit(tx, order_id, reply, cause).await?;
         telemetry::metrics::incr("payment_settled_total", &[("status", status.as_str())]);
         tracing::info!(status = status.as_str(), reply = %reply.to_parts().0, "payment settled");
     }
@@ -314,7 +315,7 @@ async fn handle_without_dedup(deps: &Deps, envelope: &Envelope, operation: &Oper
         .map_err(HandleError::transient)?;
     let (_, reply) = outcome(operation.kind(), reply)?;
     let mut tx = deps.pool.begin().await.map_err(HandleError::transient)?;
-    service_kit::saga::emit(&mut tx, envelope.order_id, &reply, Some(envelope))
+    saga_kit::emit::emit(&mut tx, envelope.order_id, &reply, Some(envelope))
         .await
         .map_err(HandleError::transient)?;
     tx.commit().await.map_err(HandleError::transient)?;

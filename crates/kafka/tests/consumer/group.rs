@@ -16,7 +16,7 @@ async fn send(world: &World, n: usize) {
     let producer = kafka::producer(&world.broker.addr).unwrap();
     for _ in 0..n {
         let env = Envelope::new(Uuid::new_v4(), &Message::ReleaseStock, None);
-        testkit::publish::envelope(&producer, &world.topic, &env).await.unwrap();
+        super::publish(&producer, &world.topic, &env).await.unwrap();
     }
 }
 

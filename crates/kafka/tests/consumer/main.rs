@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use contract::{Envelope, Message};
 use kafka::consumer::{ConsumerSettings, HandleError, Handled, Traced};
 use kafka::KafkaArgs;
-use rdkafka::producer::FutureRecord;
+use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 use sqlx::PgPool;
 use testkit::{Broker, TempDb};
@@ -67,7 +67,7 @@ impl World {
 
     async fn send(&self, env: &Envelope) {
         let producer = kafka::producer(&self.broker.addr).unwrap();
-        testkit::publish::envelope(&producer, &self.topic, env).await.unwrap();
+        publish(&producer, &self.topic, env).await.unwrap();
     }
 
     async fn effects(&self) -> i64 {
@@ -90,6 +90,24 @@ impl World {
     async fn drop(self) {
         self.pool.close().await;
     }
+}
+
+/// Puts `envelope` on `topic` as the relay publishes an outbox row: keyed by
+/// its order id, identity and trace context as headers.
+pub async fn publish(producer: &FutureProducer, topic: &str, envelope: &Envelope) -> kafka::Result<()> {
+    let headers = kafka::headers(
+        &envelope.event_id.to_string(),
+        &envelope.event_type,
+        envelope.traceparent.as_deref(),
+    );
+    kafka::publish(
+        producer,
+        topic,
+        &envelope.order_id.to_string(),
+        &envelope.to_bytes(),
+        headers,
+    )
+    .await
 }
 
 /// The effect: one row per applied event, recorded with the inbox row.

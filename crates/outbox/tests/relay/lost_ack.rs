@@ -14,17 +14,20 @@ use testkit::proxy::{FaultProxy, Mode};
 use testkit::Broker;
 use uuid::Uuid;
 
-use super::{read_all, Db, SERIAL};
+use crate::common::{read_all, Db, SERIAL};
 
 /// What one lost-ack round left in the log.
-struct Outcome {
+pub struct Outcome {
     /// Copies in the log per event id.
-    copies: BTreeMap<Uuid, usize>,
+    pub copies: BTreeMap<Uuid, usize>,
     /// Produce responses (chunks) the proxy swallowed.
-    swallowed: u64,
+    pub swallowed: u64,
 }
 
-async fn lost_ack_round(idempotent: bool) -> Outcome {
+/// One round through the relay's own producer (`KafkaArgs::producer`), with
+/// idempotence unless this process installed the negative control's switch
+/// (`tests/relay/no_idempotence.rs`, a process of its own).
+pub async fn lost_ack_round() -> Outcome {
     let _serial = SERIAL.lock().await;
     let broker_port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -44,8 +47,7 @@ async fn lost_ack_round(idempotent: bool) -> Outcome {
     let topic = format!("lost-ack-{}", Uuid::new_v4().simple());
     kafka::ensure_topics(&broker.addr, &[&topic]).await.unwrap();
 
-    let mut args = kafka::KafkaArgs::new(proxy.addr.clone());
-    args.unsafe_no_producer_idempotence = !idempotent;
+    let args = kafka::KafkaArgs::new(proxy.addr.clone());
     // The relay's own producer: `KafkaArgs::producer`, as outbox-relay builds it.
     let relay = std::sync::Arc::new(Relay::new(
         db.pool.clone(),
@@ -92,31 +94,4 @@ async fn lost_ack_round(idempotent: bool) -> Outcome {
     assert_eq!(copies.len(), 21, "every row reached the log");
     db.drop().await;
     Outcome { copies, swallowed }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_whose_ack_is_lost_is_retried_and_the_broker_keeps_one_copy() {
-    let outcome = lost_ack_round(true).await;
-    assert!(outcome.swallowed > 0, "the acknowledgement was really lost");
-    let doubled: Vec<_> = outcome.copies.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(
-        doubled.is_empty(),
-        "the idempotent producer's retry was appended again: {doubled:?}"
-    );
-}
-
-/// The negative control: the same lost acknowledgement without idempotence
-/// leaves the batch twice in the log — so the test above can fail.
-#[cfg(feature = "failpoints")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_producer_idempotence_the_retried_batch_is_appended_twice() {
-    let outcome = lost_ack_round(false).await;
-    assert!(outcome.swallowed > 0, "the acknowledgement was really lost");
-    let doubled = outcome.copies.values().filter(|n| **n > 1).count();
-    assert!(
-        doubled > 0,
-        "no duplicate without idempotence: the lost-ack test proves nothing ({:?})",
-        outcome.copies.values().collect::<Vec<_>>()
-    );
-    eprintln!("without idempotence: {doubled} of 21 events twice in the log");
 }

@@ -6,93 +6,12 @@ use std::time::{Duration, Instant};
 use contract::{Envelope, Message};
 use outbox::relay::{PendingRow, PublishError, Publisher};
 use outbox::{KafkaPublisher, Relay};
-use rdkafka::{Message as _, Offset};
-use sqlx::PgPool;
-use testkit::{Broker, TempDb};
-use tokio::sync::{Mutex, MutexGuard};
 use uuid::Uuid;
 
+mod common;
 mod lost_ack;
 
-/// Failpoints are process-global: tests that run the relay take turns.
-static SERIAL: Mutex<()> = Mutex::const_new(());
-
-struct Db {
-    pool: PgPool,
-    /// Dropped with this value, also when the test panics.
-    _db: TempDb,
-}
-
-impl Db {
-    async fn new() -> Self {
-        let (db, pool) = TempDb::with_pool("eo_outbox", 8, vec![outbox::migrator()])
-            .await
-            .unwrap();
-        Self { pool, _db: db }
-    }
-
-    async fn enqueue(&self, topic: &str, order: Uuid, seq: i32) -> Envelope {
-        let mut tx = self.pool.begin().await.unwrap();
-        let env = Envelope::new(
-            order,
-            &Message::ReserveStock {
-                sku: format!("seq-{seq}"),
-                quantity: seq + 1,
-            },
-            None,
-        );
-        outbox::enqueue(&mut tx, &service_kit::saga::outbox_event(topic, &env))
-            .await
-            .unwrap();
-        tx.commit().await.unwrap();
-        env
-    }
-
-    async fn pending(&self) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NULL")
-            .fetch_one(&self.pool)
-            .await
-            .unwrap()
-    }
-
-    /// Closes the pool; the database goes with `_db`.
-    async fn drop(self) {
-        self.pool.close().await;
-    }
-}
-
-/// Takes this test's turn, and starts a broker, a database and a topic.
-async fn setup() -> (MutexGuard<'static, ()>, Broker, Db, String) {
-    let serial = SERIAL.lock().await;
-    let broker = Broker::start().await.unwrap();
-    let db = Db::new().await;
-    let topic = topic();
-    kafka::ensure_topics(&broker.addr, &[&topic]).await.unwrap();
-    (serial, broker, db, topic)
-}
-
-fn topic() -> String {
-    format!("relay-test-{}", Uuid::new_v4().simple())
-}
-
-/// Every message on `topic` from the beginning: (key, envelope), per partition in offset order.
-async fn read_all(brokers: &str, topic: &str) -> Vec<(String, Envelope)> {
-    let (brokers, topic) = (brokers.to_owned(), topic.to_owned());
-    let group = format!("reader-{}", Uuid::new_v4());
-    let (messages, _) = tokio::task::spawn_blocking(move || {
-        kafka::read_topic(&brokers, &topic, &group, Offset::Beginning, Duration::from_millis(700))
-    })
-    .await
-    .unwrap()
-    .unwrap();
-    messages
-        .iter()
-        .map(|m| {
-            let key = String::from_utf8(m.key().unwrap().to_vec()).unwrap();
-            (key, Envelope::from_bytes(m.payload().unwrap()).unwrap())
-        })
-        .collect()
-}
+use common::{read_all, setup, Db, SERIAL};
 
 async fn drain<P: Publisher>(relay: &Relay<P>) {
     let end = Instant::now() + Duration::from_secs(30);
@@ -319,7 +238,7 @@ async fn a_row_the_broker_rejects_for_good_is_parked_and_blocks_no_other_order()
         },
         None,
     );
-    outbox::enqueue(&mut tx, &service_kit::saga::outbox_event(&topic, &huge))
+    outbox::enqueue(&mut tx, &common::outbox_event(&topic, &huge))
         .await
         .unwrap();
     tx.commit().await.unwrap();
@@ -432,4 +351,16 @@ async fn an_idle_relay_publishes_a_new_row_within_its_poll_interval() {
     token.cancel();
     run.await.unwrap();
     db.drop().await;
+}
+
+/// Scenario 18 (its negative control: `tests/relay/no_idempotence.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_ack_is_lost_is_retried_and_the_broker_keeps_one_copy() {
+    let outcome = lost_ack::lost_ack_round().await;
+    assert!(outcome.swallowed > 0, "the acknowledgement was really lost");
+    let doubled: Vec<_> = outcome.copies.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        doubled.is_empty(),
+        "the idempotent producer's retry was appended again: {doubled:?}"
+    );
 }

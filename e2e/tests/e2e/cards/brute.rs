@@ -48,7 +48,7 @@ fn luhn_ok(digits: &[u8]) -> bool {
             }
         })
         .sum();
-    sum % 10 == 0
+    sum.is_multiple_of(10)
 }
 
 /// The Luhn-valid 16-digit numbers with `bin` and `last4`.

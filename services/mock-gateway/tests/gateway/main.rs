@@ -36,7 +36,7 @@ impl Gateway {
             },
             vault_key: "v".repeat(40).parse().unwrap(),
             faults,
-            unsafe_no_idempotency_key: Default::default(),
+            switches: Default::default(),
             log: service_kit::LogArgs::default(),
         };
         let app = mock_gateway::build(config).await.unwrap();

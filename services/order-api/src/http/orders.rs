@@ -176,7 +176,7 @@ pub async fn create(State(state): State<AppState>, request: Idempotent) -> Resul
                 sku: new.sku.clone(),
                 quantity: new.quantity,
             };
-            let sent = service_kit::saga::emit(conn, id, &first, None).await?;
+            let sent = saga_kit::emit::emit(conn, id, &first, None).await?;
             let order = orders::insert_with(conn, id, &client, &new, Some(sent.event_id)).await?;
             fail::fail_point!(CRASH_BEFORE_COMMIT, |_| telemetry::crash_point(CRASH_BEFORE_COMMIT));
             telemetry::metrics::incr("orders_created_total", &[]);

@@ -49,7 +49,7 @@ pub async fn handle_batch(pool: &PgPool, batch: Vec<Traced<Envelope>>) -> Result
         .map(|t| t.message.message())
         .collect::<Result<Vec<_>, _>>()
         .map_err(HandleError::permanent)?;
-    service_kit::consumer::apply_batch(
+    saga_kit::consumer::apply_batch(
         pool,
         ORDER_SAGA.name,
         &batch,
@@ -125,7 +125,7 @@ pub async fn apply(
             // The command the new state waits on (at most one per transition).
             let mut command = None;
             for next in &emit {
-                command = Some(service_kit::saga::emit(conn, order.id, next, cause).await?.event_id);
+                command = Some(saga_kit::emit::emit(conn, order.id, next, cause).await?.event_id);
             }
             orders::set_status(conn, order.id, to, cancel_reason, command).await?;
             orders::record_history(conn, order.id, Some(order.status), to, &event_type, event_id, true).await?;

@@ -249,7 +249,7 @@ fn as_reply(movement: &gateway::Movement) -> Option<Message> {
 async fn resend(conn: &mut sqlx::PgConnection, order: &Order) -> anyhow::Result<()> {
     let message = crate::saga::transitions::command(order, order.status).expect("only open states are overdue");
     let event_id = order.last_command_id.unwrap_or_else(Uuid::now_v7);
-    service_kit::saga::emit_again(conn, order.id, &message, event_id).await?;
+    saga_kit::emit::emit_again(conn, order.id, &message, event_id).await?;
     sqlx::query(
         "UPDATE orders SET last_command_id = $2, reconcile_attempts = reconcile_attempts + 1, updated_at = now()
          WHERE id = $1",

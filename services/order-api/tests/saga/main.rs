@@ -11,7 +11,7 @@ use testkit::TempDb;
 /// one CONFIRMED step. A *republished* reply (same fact, new event id) gets
 /// past the inbox and is stopped by the state machine, which records it as
 /// ignored — and as an inbox miss, the evidence the chaos suite counts.
-/// Checked against the removal: with the inbox off (`inbox::unsafe_disable`)
+/// Checked against the removal: with the inbox off (`UNSAFE_NO_INBOX`, `switches::Switch::NoInbox`)
 /// the second delivery returns `Applied` and writes an ignored history row
 /// and a miss, so the first two assertions fail.
 #[tokio::test]

@@ -34,11 +34,7 @@ async fn fixture() -> Fixture {
         .expect("gateway");
     let client = gateway::Client::new(&local.url, &local.payment_key, Duration::from_secs(5)).unwrap();
     Fixture {
-        deps: Deps {
-            pool,
-            gateway: client,
-            dedup: true,
-        },
+        deps: Deps { pool, gateway: client },
         gateway: local,
         _dbs: (db, gateway_db),
     }

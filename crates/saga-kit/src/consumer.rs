@@ -3,7 +3,6 @@
 //! [`apply_batch`], the inbox loop every batching consumer runs.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use contract::topics::consumers::Consumer;
@@ -13,22 +12,13 @@ use kafka::KafkaArgs;
 use sqlx::{PgConnection, PgPool};
 use tracing::Instrument as _;
 
-use crate::Supervisor;
+use service_kit::Supervisor;
 
 /// Crash point (failpoints builds), reached only with the negative
 /// control's switch `UNSAFE_INBOX_SEPARATE_TX`: the batch's inbox rows are
 /// committed, its effects are not — the redelivery is absorbed as a
 /// duplicate and the effect never happens.
 pub const CRASH_AFTER_INBOX_BEFORE_EFFECT: &str = "inbox::after_record_before_effect";
-
-static INBOX_SEPARATE_TX: AtomicBool = AtomicBool::new(false);
-
-/// NEGATIVE CONTROL ONLY: from now on [`apply_batch`] commits the inbox
-/// rows in their own transaction, before the effects. Called only behind
-/// [`crate::unsafe_switch::InboxSeparateTx`].
-pub(crate) fn unsafe_inbox_separate_tx() {
-    INBOX_SEPARATE_TX.store(true, Ordering::SeqCst);
-}
 
 /// One step of [`apply_batch`]'s transaction (boxed: a closure's future
 /// that borrows the connection must be `Send` for every borrow).
@@ -57,7 +47,7 @@ pub async fn apply_batch<C: Sync + ?Sized, E: std::fmt::Display>(
     let recorded = inbox::record_batch(&mut tx, consumer, &ids)
         .await
         .map_err(HandleError::transient)?;
-    if INBOX_SEPARATE_TX.load(Ordering::Relaxed) {
+    if switches::on(switches::Switch::InboxSeparateTx) {
         // The negative control: "processed" is durable before the effect is.
         tx.commit().await.map_err(HandleError::transient)?;
         fail::fail_point!(CRASH_AFTER_INBOX_BEFORE_EFFECT, |_| telemetry::crash_point(
@@ -107,53 +97,53 @@ impl SagaConsumer {
     }
 }
 
-impl Supervisor {
-    /// Runs `consumer` under supervision: each envelope goes to
+impl SagaConsumer {
+    /// Runs this consumer under `tasks`' supervision: each envelope goes to
     /// `handler(state.clone(), envelope)`; the inbox retention runs beside it.
-    pub fn spawn_consumer<S, H, F>(&mut self, saga: SagaConsumer, state: S, handler: H)
+    pub fn spawn<S, H, F>(self, tasks: &mut Supervisor, state: S, handler: H)
     where
         S: Clone + Send + Sync + 'static,
         H: Fn(S, Envelope) -> F + Send + Sync + 'static,
         F: Future<Output = Result<Handled, HandleError>> + Send + 'static,
     {
-        let (settings, pool, retention) = saga.into_parts();
+        let (settings, pool, retention) = self.into_parts();
         let name = settings.group_id.clone();
-        let token = self.token();
-        self.spawn(
+        let token = tasks.token();
+        tasks.spawn(
             format!("{name} consumer"),
             kafka::consumer::run(settings, token, move |envelope| handler(state.clone(), envelope)),
         );
-        self.spawn_retention(&name, pool, retention);
+        spawn_retention(tasks, &name, pool, retention);
     }
 
-    /// Like [`Supervisor::spawn_consumer`] for a handler that applies a
+    /// Like [`SagaConsumer::spawn`] for a handler that applies a
     /// partition's queued envelopes (up to `KAFKA_CONSUMER_MAX_BATCH`) in one
     /// transaction: `handler(state.clone(), envelopes)` returns one outcome
     /// per envelope, all committed, or an error with none committed. Each
     /// envelope comes with its consumer span, for the work done on it.
-    pub fn spawn_batch_consumer<S, H, F>(&mut self, saga: SagaConsumer, state: S, handler: H)
+    pub fn spawn_batches<S, H, F>(self, tasks: &mut Supervisor, state: S, handler: H)
     where
         S: Clone + Send + Sync + 'static,
         H: Fn(S, Vec<Traced<Envelope>>) -> F + Send + Sync + 'static,
         F: Future<Output = Result<Vec<Handled>, HandleError>> + Send + 'static,
     {
-        let (settings, pool, retention) = saga.into_parts();
+        let (settings, pool, retention) = self.into_parts();
         let name = settings.group_id.clone();
-        let token = self.token();
-        self.spawn(
+        let token = tasks.token();
+        tasks.spawn(
             format!("{name} consumer"),
             kafka::consumer::run_batches(settings, token, move |envelopes| handler(state.clone(), envelopes)),
         );
-        self.spawn_retention(&name, pool, retention);
+        spawn_retention(tasks, &name, pool, retention);
     }
+}
 
-    fn spawn_retention(&mut self, name: &str, pool: PgPool, retention: Duration) {
-        let token = self.token();
-        self.spawn(
-            format!("{name} inbox retention"),
-            inbox::run_retention(pool, retention, token),
-        );
-    }
+fn spawn_retention(tasks: &mut Supervisor, name: &str, pool: PgPool, retention: Duration) {
+    let token = tasks.token();
+    tasks.spawn(
+        format!("{name} inbox retention"),
+        inbox::run_retention(pool, retention, token),
+    );
 }
 
 impl SagaConsumer {

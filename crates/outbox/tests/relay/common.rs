@@ -1,0 +1,102 @@
+//! What the relay tests share: a throw-away database, a broker, reading a
+//! topic back.
+
+use std::time::Duration;
+
+use contract::{Envelope, Message};
+use rdkafka::{Message as _, Offset};
+use sqlx::PgPool;
+use testkit::{Broker, TempDb};
+use tokio::sync::{Mutex, MutexGuard};
+use uuid::Uuid;
+
+/// Failpoints are process-global: tests that run the relay take turns.
+pub static SERIAL: Mutex<()> = Mutex::const_new(());
+
+pub struct Db {
+    pub pool: PgPool,
+    /// Dropped with this value, also when the test panics.
+    _db: TempDb,
+}
+
+impl Db {
+    pub async fn new() -> Self {
+        let (db, pool) = TempDb::with_pool("eo_outbox", 8, vec![outbox::migrator()])
+            .await
+            .unwrap();
+        Self { pool, _db: db }
+    }
+
+    pub async fn enqueue(&self, topic: &str, order: Uuid, seq: i32) -> Envelope {
+        let mut tx = self.pool.begin().await.unwrap();
+        let env = Envelope::new(
+            order,
+            &Message::ReserveStock {
+                sku: format!("seq-{seq}"),
+                quantity: seq + 1,
+            },
+            None,
+        );
+        outbox::enqueue(&mut tx, &outbox_event(topic, &env)).await.unwrap();
+        tx.commit().await.unwrap();
+        env
+    }
+
+    pub async fn pending(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NULL")
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    /// Closes the pool; the database goes with `_db`.
+    pub async fn drop(self) {
+        self.pool.close().await;
+    }
+}
+
+/// Takes this test's turn, and starts a broker, a database and a topic.
+pub async fn setup() -> (MutexGuard<'static, ()>, Broker, Db, String) {
+    let serial = SERIAL.lock().await;
+    let broker = Broker::start().await.unwrap();
+    let db = Db::new().await;
+    let topic = topic();
+    kafka::ensure_topics(&broker.addr, &[&topic]).await.unwrap();
+    (serial, broker, db, topic)
+}
+
+pub fn topic() -> String {
+    format!("relay-test-{}", Uuid::new_v4().simple())
+}
+
+/// Every message on `topic` from the beginning: (key, envelope), per partition in offset order.
+pub async fn read_all(brokers: &str, topic: &str) -> Vec<(String, Envelope)> {
+    let (brokers, topic) = (brokers.to_owned(), topic.to_owned());
+    let group = format!("reader-{}", Uuid::new_v4());
+    let (messages, _) = tokio::task::spawn_blocking(move || {
+        kafka::read_topic(&brokers, &topic, &group, Offset::Beginning, Duration::from_millis(700))
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    messages
+        .iter()
+        .map(|m| {
+            let key = String::from_utf8(m.key().unwrap().to_vec()).unwrap();
+            (key, Envelope::from_bytes(m.payload().unwrap()).unwrap())
+        })
+        .collect()
+}
+
+/// The outbox row of `envelope` on `topic`, as `saga_kit::emit` writes it
+/// (the outbox crate cannot depend on the saga's glue, which depends on it).
+pub fn outbox_event<'a>(topic: &'a str, envelope: &'a Envelope) -> outbox::OutboxEvent<'a> {
+    outbox::OutboxEvent::json(
+        topic,
+        envelope.order_id,
+        envelope.event_id,
+        &envelope.event_type,
+        envelope,
+    )
+    .traceparent(envelope.traceparent.as_deref())
+}

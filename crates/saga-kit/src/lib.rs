@@ -1,0 +1,18 @@
+//! The saga's glue: where the protocol (`contract`) meets the layers of
+//! idempotency (`outbox`, `inbox`, `kafka`), which know nothing of each
+//! other. The process plumbing (config, database, supervisor, HTTP) is
+//! `service-kit`, which links no messaging crate.
+//!
+//! - [`emit`]: emit a saga message through the outbox, in the caller's
+//!   transaction;
+//! - [`consumer`]: [`consumer::apply_batch`], the batch-inbox loop every
+//!   batching consumer runs (inbox rows and effects in one transaction), and
+//!   a saga consumer with its inbox retention as supervised tasks;
+//! - [`retention`]: the retention chain a consumer service refuses to start
+//!   without.
+
+pub mod consumer;
+pub mod emit;
+pub mod retention;
+
+pub use consumer::SagaConsumer;

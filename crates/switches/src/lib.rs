@@ -1,0 +1,280 @@
+//! The negative controls' switches, one mechanism for all of them.
+//!
+//! A negative control is a run with one layer of protection turned off; it
+//! must fail, naming the invariant that layer guards, or the suite would not
+//! notice the layer missing (docs/results/negative-controls.md). Each layer
+//! is a [`Switch`]. A process parses its switches once ([`Switches`], every
+//! `UNSAFE_*` variable as a `clap` argument), [`Switches::install`]s the set
+//! at start — refusing any switch the service does not have — and the code
+//! of the layer asks [`on`] where it acts.
+//!
+//! Built without the `failpoints` feature (every release build), [`on`] is a
+//! constant `false`, so the unsafe paths are compiled out, and
+//! [`Switches::install`] refuses to start a process with any switch set: a
+//! production binary can never run with a layer off.
+
+use std::sync::OnceLock;
+
+/// One layer a negative control can turn off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Switch {
+    /// `UNSAFE_NO_INBOX`: the consumer's inbox records nothing and reports
+    /// every delivery as new.
+    NoInbox,
+    /// `UNSAFE_INBOX_SEPARATE_TX`: a batching consumer commits its inbox rows
+    /// in their own transaction, before the effects they stand for.
+    InboxSeparateTx,
+    /// `UNSAFE_NO_IDEMPOTENCY_KEY`: the HTTP layer treats every request as new.
+    NoIdempotencyKey,
+    /// `UNSAFE_OFFSET_BEFORE_HANDLING`: each batch's offsets are committed
+    /// before its handler runs (acknowledging before processing).
+    OffsetBeforeHandling,
+    /// `UNSAFE_NO_PRODUCER_IDEMPOTENCE`: the producer runs without
+    /// `enable.idempotence`.
+    NoProducerIdempotence,
+    /// `UNSAFE_EVENT_ID_AT_PUBLISH`: the relay mints a new event id at every
+    /// publish instead of sending the one the outbox row was given.
+    EventIdAtPublish,
+    /// `PAYMENT_UNSAFE_DISABLE_DEDUP`: payment-service neither records a
+    /// payment per operation nor sends a gateway key (the chaos suite's
+    /// negative control).
+    NoPaymentDedup,
+}
+
+impl Switch {
+    /// Every switch.
+    pub const ALL: [Switch; 7] = [
+        Switch::NoInbox,
+        Switch::InboxSeparateTx,
+        Switch::NoIdempotencyKey,
+        Switch::OffsetBeforeHandling,
+        Switch::NoProducerIdempotence,
+        Switch::EventIdAtPublish,
+        Switch::NoPaymentDedup,
+    ];
+
+    /// The environment variable that sets it.
+    pub const fn var(self) -> &'static str {
+        match self {
+            Switch::NoInbox => "UNSAFE_NO_INBOX",
+            Switch::InboxSeparateTx => "UNSAFE_INBOX_SEPARATE_TX",
+            Switch::NoIdempotencyKey => "UNSAFE_NO_IDEMPOTENCY_KEY",
+            Switch::OffsetBeforeHandling => "UNSAFE_OFFSET_BEFORE_HANDLING",
+            Switch::NoProducerIdempotence => "UNSAFE_NO_PRODUCER_IDEMPOTENCE",
+            Switch::EventIdAtPublish => "UNSAFE_EVENT_ID_AT_PUBLISH",
+            Switch::NoPaymentDedup => "PAYMENT_UNSAFE_DISABLE_DEDUP",
+        }
+    }
+
+    /// What is off while it is on, for the start-up log.
+    pub const fn off(self) -> &'static str {
+        match self {
+            Switch::NoInbox => "the inbox is OFF: every delivery is applied as new",
+            Switch::InboxSeparateTx => "inbox rows commit BEFORE and apart from their effects",
+            Switch::NoIdempotencyKey => "the Idempotency-Key layer is OFF",
+            Switch::OffsetBeforeHandling => "offsets are committed BEFORE their messages are handled",
+            Switch::NoProducerIdempotence => "the producer is NOT idempotent",
+            Switch::EventIdAtPublish => "the relay mints a NEW event id at every publish",
+            Switch::NoPaymentDedup => "payment-service deduplicates nothing",
+        }
+    }
+
+    const fn bit(self) -> u32 {
+        1 << self as u32
+    }
+}
+
+/// Why a process refused its switches.
+#[derive(Debug, thiserror::Error)]
+pub enum Refused {
+    /// A switch is on in a build without failpoints.
+    #[error("{var} is set, but this build has no failpoints feature: the unsafe switches exist only in test builds")]
+    NotATestBuild {
+        /// The variable that is on.
+        var: &'static str,
+    },
+    /// A switch is on that this service has no layer for.
+    #[error("{var} is set, but {service} has no such layer (its switches: {known})")]
+    NotHere {
+        /// The variable that is on.
+        var: &'static str,
+        /// The service refusing it.
+        service: &'static str,
+        /// The variables it knows.
+        known: String,
+    },
+    /// The process installed another set of switches before.
+    #[error("this process installed other switches before: one set per process")]
+    Twice,
+}
+
+/// The switches of one process, as `clap` arguments: flatten it into a
+/// service's configuration. Each is off by default and hidden from short
+/// help.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct Switches {
+    /// NEGATIVE CONTROL ONLY (test builds): turn this service's inbox off.
+    #[arg(long = "unsafe-no-inbox", env = "UNSAFE_NO_INBOX", default_value_t = false,
+          action = clap::ArgAction::Set, hide_short_help = true)]
+    pub no_inbox: bool,
+    /// NEGATIVE CONTROL ONLY (test builds): commit the inbox rows in their own transaction, before the effect.
+    #[arg(long = "unsafe-inbox-separate-tx", env = "UNSAFE_INBOX_SEPARATE_TX", default_value_t = false,
+          action = clap::ArgAction::Set, hide_short_help = true)]
+    pub inbox_separate_tx: bool,
+    /// NEGATIVE CONTROL ONLY (test builds): ignore the Idempotency-Key header.
+    #[arg(long = "unsafe-no-idempotency-key", env = "UNSAFE_NO_IDEMPOTENCY_KEY", default_value_t = false,
+          action = clap::ArgAction::Set, hide_short_help = true)]
+    pub no_idempotency_key: bool,
+    /// NEGATIVE CONTROL ONLY (test builds): acknowledge before processing —
+    /// each batch's offsets are committed before its handler runs, so a
+    /// crash mid-handling loses the batch (scenario 15).
+    #[arg(long = "unsafe-offset-before-handling", env = "UNSAFE_OFFSET_BEFORE_HANDLING", default_value_t = false,
+          action = clap::ArgAction::Set, hide_short_help = true)]
+    pub offset_before_handling: bool,
+    /// NEGATIVE CONTROL ONLY (test builds): produce without
+    /// `enable.idempotence`, so a batch retried after a lost acknowledgement
+    /// is appended again.
+    #[arg(long = "unsafe-no-producer-idempotence", env = "UNSAFE_NO_PRODUCER_IDEMPOTENCE", default_value_t = false,
+          action = clap::ArgAction::Set, hide_short_help = true)]
+    pub no_producer_idempotence: bool,
+    /// NEGATIVE CONTROL ONLY (test builds): mint a new event id at every
+    /// publish (scenario 16's removal).
+    #[arg(long = "unsafe-event-id-at-publish", env = "UNSAFE_EVENT_ID_AT_PUBLISH", default_value_t = false,
+          action = clap::ArgAction::Set, hide_short_help = true)]
+    pub event_id_at_publish: bool,
+    /// NEGATIVE CONTROL ONLY (test builds): payment-service records no
+    /// payment per operation and sends no gateway key.
+    #[arg(long = "payment-unsafe-disable-dedup", env = "PAYMENT_UNSAFE_DISABLE_DEDUP", default_value_t = false,
+          action = clap::ArgAction::Set, hide_short_help = true)]
+    pub no_payment_dedup: bool,
+}
+
+impl Switches {
+    /// The switches that are on.
+    pub fn set(&self) -> Vec<Switch> {
+        let flags = [
+            self.no_inbox,
+            self.inbox_separate_tx,
+            self.no_idempotency_key,
+            self.offset_before_handling,
+            self.no_producer_idempotence,
+            self.event_id_at_publish,
+            self.no_payment_dedup,
+        ];
+        Switch::ALL
+            .into_iter()
+            .zip(flags)
+            .filter(|(_, on)| *on)
+            .map(|(s, _)| s)
+            .collect()
+    }
+
+    /// Checks the switches that are on against the layers `service` has
+    /// (`known`) and this build, then makes them the process's set, read by
+    /// [`on`]. Call at start; the same set again is accepted, another is refused.
+    pub fn install(&self, service: &'static str, known: &[Switch]) -> Result<(), Refused> {
+        let set = self.set();
+        for s in &set {
+            if !known.contains(s) {
+                return Err(Refused::NotHere {
+                    var: s.var(),
+                    service,
+                    known: known.iter().map(|k| k.var()).collect::<Vec<_>>().join(", "),
+                });
+            }
+            if !cfg!(feature = "failpoints") {
+                return Err(Refused::NotATestBuild { var: s.var() });
+            }
+        }
+        let bits = set.iter().fold(0, |bits, s| bits | s.bit());
+        if bits == 0 {
+            return Ok(());
+        }
+        if INSTALLED.set(bits).is_err() {
+            // A test process may build a service twice: the same set again is fine.
+            return match INSTALLED.get() {
+                Some(installed) if *installed == bits => Ok(()),
+                _ => Err(Refused::Twice),
+            };
+        }
+        for s in &set {
+            tracing::error!("{} is set: {} (negative control only)", s.var(), s.off());
+        }
+        Ok(())
+    }
+}
+
+static INSTALLED: OnceLock<u32> = OnceLock::new();
+
+/// Whether `switch` is on in this process. Always `false` in a build
+/// without failpoints.
+#[cfg(feature = "failpoints")]
+pub fn on(switch: Switch) -> bool {
+    INSTALLED.get().is_some_and(|bits| bits & switch.bit() != 0)
+}
+
+/// Whether `switch` is on in this process. Always `false` in a build
+/// without failpoints.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub const fn on(_switch: Switch) -> bool {
+    false
+}
+
+/// Refuses a test-only setting that is not one layer (the gateway's admin
+/// routes and fault injection) in a build without failpoints.
+pub fn test_builds_only(var: &'static str, on: bool) -> Result<bool, Refused> {
+    if on && !cfg!(feature = "failpoints") {
+        return Err(Refused::NotATestBuild { var });
+    }
+    Ok(on)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_switch_the_service_lacks_is_refused_and_none_set_installs_nothing() {
+        let s = Switches {
+            no_inbox: true,
+            ..Default::default()
+        };
+        let e = s
+            .install("mock-gateway", &[Switch::NoIdempotencyKey])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("UNSAFE_NO_INBOX") && e.contains("mock-gateway"), "{e}");
+        assert!(Switches::default().set().is_empty());
+        assert!(!on(Switch::NoInbox));
+    }
+
+    #[test]
+    fn variables_are_distinct_and_bits_too() {
+        let vars: std::collections::BTreeSet<_> = Switch::ALL.iter().map(|s| s.var()).collect();
+        let bits = Switch::ALL.iter().fold(0, |b, s| b | s.bit());
+        assert_eq!(vars.len(), Switch::ALL.len());
+        assert_eq!(bits.count_ones() as usize, Switch::ALL.len());
+    }
+
+    #[test]
+    fn a_switch_on_is_refused_by_a_build_without_failpoints_and_read_back_by_one_with() {
+        let s = Switches {
+            offset_before_handling: true,
+            ..Default::default()
+        };
+        let r = s.install("inventory-service", &[Switch::OffsetBeforeHandling]);
+        if cfg!(feature = "failpoints") {
+            r.unwrap();
+            assert!(on(Switch::OffsetBeforeHandling));
+            assert!(!on(Switch::NoInbox));
+        } else {
+            let e = r.unwrap_err().to_string();
+            assert!(
+                e.contains("UNSAFE_OFFSET_BEFORE_HANDLING") && e.contains("failpoints"),
+                "{e}"
+            );
+            assert!(!on(Switch::OffsetBeforeHandling));
+        }
+    }
+}
