@@ -252,25 +252,17 @@ pub async fn reap(pool: &PgPool, batch: i64) -> Result<u64> {
     .rows_affected())
 }
 
-/// Reaps expired keys every minute, in batches of 1,000, until `shutdown`.
-pub async fn run_reaper(pool: PgPool, shutdown: tokio_util::sync::CancellationToken) {
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(Duration::from_secs(60)) => {}
-        }
-        loop {
-            match reap(&pool, 1000).await {
-                Ok(1000) => continue,
-                Ok(_) => break,
-                Err(e) => {
-                    tracing::warn!(error = %e, "idempotency reaper failed");
-                    break;
-                }
-            }
-        }
-    }
-}
+/// The metrics the Idempotency-Key layer records, for their `# HELP` (`telemetry::metrics::describe`).
+pub const METRICS: &[telemetry::metrics::Description] = &[
+    telemetry::metrics::Description::counter(
+        "http_idempotent_replays_total",
+        "Requests answered from a stored Idempotency-Key response.",
+    ),
+    telemetry::metrics::Description::counter(
+        "http_idempotent_in_flight_total",
+        "Requests refused because the same key was still being processed.",
+    ),
+];
 
 #[cfg(test)]
 mod tests {

@@ -209,25 +209,3 @@ impl RetentionArgs {
         Duration::from_secs(self.secs)
     }
 }
-
-/// Purges inbox rows older than `retention` every minute, in batches of
-/// 1,000 (short statements, no long locks), until `shutdown`.
-pub async fn run_retention(pool: sqlx::PgPool, retention: Duration, shutdown: tokio_util::sync::CancellationToken) {
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(Duration::from_secs(60)) => {}
-        }
-        let Ok(mut conn) = pool.acquire().await else { continue };
-        loop {
-            match purge(&mut conn, retention, 1000).await {
-                Ok(1000) => continue,
-                Ok(_) => break,
-                Err(e) => {
-                    tracing::warn!(error = %e, "inbox retention failed");
-                    break;
-                }
-            }
-        }
-    }
-}

@@ -12,6 +12,7 @@ use kafka::KafkaArgs;
 use sqlx::{PgConnection, PgPool};
 use tracing::Instrument as _;
 
+use service_kit::periodic::{in_batches, PURGE_BATCH};
 use service_kit::Supervisor;
 
 /// Crash point (failpoints builds), reached only with the negative
@@ -138,12 +139,19 @@ impl SagaConsumer {
     }
 }
 
+/// Purges the consumer's inbox rows older than `retention` every minute.
 fn spawn_retention(tasks: &mut Supervisor, name: &str, pool: PgPool, retention: Duration) {
-    let token = tasks.token();
-    tasks.spawn(
-        format!("{name} inbox retention"),
-        inbox::run_retention(pool, retention, token),
-    );
+    tasks.spawn_every(format!("{name} inbox retention"), Duration::from_secs(60), move || {
+        let pool = pool.clone();
+        async move {
+            in_batches(PURGE_BATCH, |n| {
+                let pool = pool.clone();
+                async move { inbox::purge(&mut *pool.acquire().await?, retention, n).await }
+            })
+            .await
+            .map(drop)
+        }
+    });
 }
 
 impl SagaConsumer {

@@ -65,6 +65,26 @@ fn method_label(method: &axum::http::Method) -> &'static str {
     }
 }
 
+/// The metrics this crate's HTTP layer records, for their `# HELP` (`telemetry::metrics::describe`).
+pub const METRICS: &[telemetry::metrics::Description] = &[telemetry::metrics::Description::histogram(
+    "http_server_request_duration_seconds",
+    "HTTP request latency by route and status.",
+)];
+
+/// The OpenAPI document `D` as pretty JSON (what docs/openapi commits).
+pub fn openapi_json<D: utoipa::OpenApi>() -> String {
+    D::openapi().to_pretty_json().expect("the OpenAPI document serialises")
+}
+
+/// `GET /openapi.json`: the document `D`, rendered once when the route is built.
+pub fn openapi_route<S: Clone + Send + Sync + 'static, D: utoipa::OpenApi>() -> axum::routing::MethodRouter<S> {
+    let json = openapi_json::<D>();
+    axum::routing::get(move || {
+        let json = json.clone();
+        async move { ([(axum::http::header::CONTENT_TYPE, "application/json")], json) }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use axum::body::Body;

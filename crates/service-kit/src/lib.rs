@@ -15,6 +15,8 @@
 //! - [`admin`]: `/health/live`, `/health/ready` (database answers and every
 //!   task alive) and `/metrics`;
 //! - [`http`]: the server span of every request (W3C `traceparent` in);
+//! - [`periodic`]: reapers, purges and scans — a step each period, deletes in
+//!   bounded batches;
 //! - [`problem`]: RFC 9457 `application/problem+json`, the error body of
 //!   every HTTP API here;
 //! - [`shutdown`]: SIGTERM / ctrl-c as a cancellation token;
@@ -25,6 +27,7 @@ pub mod bearer;
 pub mod config;
 pub mod db;
 pub mod http;
+pub mod periodic;
 pub mod problem;
 pub mod shutdown;
 pub mod supervisor;

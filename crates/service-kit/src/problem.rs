@@ -127,6 +127,74 @@ fn without_values(message: &str) -> String {
     format!("{head}{}", &message[close..])
 }
 
+/// Declares a `problem+json` response of the OpenAPI documents: a type
+/// whose name goes in a handler's `#[utoipa::path(responses(…))]` list in
+/// place of the whole `(status = …, description = …, body = Problem,
+/// content_type = …)` tuple. The shared ones are below; a service declares
+/// its own with this macro.
+#[macro_export]
+macro_rules! problem_response {
+    ($(#[$doc:meta])* $name:ident, $status:literal, $description:literal) => {
+        $(#[$doc])*
+        #[derive(utoipa::IntoResponses)]
+        #[response(status = $status, description = $description, content_type = "application/problem+json")]
+        pub struct $name(pub $crate::problem::Problem);
+    };
+}
+
+/// The `problem+json` responses the HTTP services share, for their OpenAPI
+/// documents.
+pub mod responses {
+    crate::problem_response!(
+        /// 500: an internal error.
+        Internal,
+        500,
+        "Internal error"
+    );
+    crate::problem_response!(
+        /// 401 of a service whose callers present a configured credential.
+        NoCredential,
+        401,
+        "No or unknown credential"
+    );
+    crate::problem_response!(
+        /// 401 of an operator endpoint.
+        NoOperatorCredential,
+        401,
+        "No or wrong operator credential"
+    );
+    crate::problem_response!(
+        /// 400: a query string that does not parse.
+        BadQuery,
+        400,
+        "Bad query"
+    );
+    crate::problem_response!(
+        /// 400 of an endpoint with a JSON body and an `Idempotency-Key`.
+        MalformedBodyOrKey,
+        400,
+        "Malformed body or key"
+    );
+    crate::problem_response!(
+        /// 409: a request with this `Idempotency-Key` is still running.
+        KeyInFlight,
+        409,
+        "The same key is still being processed"
+    );
+    crate::problem_response!(
+        /// 413: a body over the size limit.
+        TooLarge,
+        413,
+        "Body over the size limit"
+    );
+    crate::problem_response!(
+        /// 503: the service's database does not answer.
+        DatabaseUnavailable,
+        503,
+        "Database unavailable"
+    );
+}
+
 #[cfg(test)]
 mod json_tests {
     use super::*;

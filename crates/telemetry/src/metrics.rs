@@ -36,7 +36,6 @@ fn handle() -> &'static PrometheusHandle {
         let handle = recorder.handle();
         // A recorder installed by someone else wins; ours then renders nothing.
         let _ = metrics::set_global_recorder(recorder);
-        describe();
         // Histogram samples are buffered until drained: drain them even when
         // nobody scrapes.
         let upkeep = handle.clone();
@@ -117,164 +116,70 @@ pub fn render() -> String {
     handle().render()
 }
 
-/// `# HELP` for every metric this system records.
-fn describe() {
-    use metrics::{describe_counter as c, describe_gauge as g, describe_histogram as h, Unit};
-    c!(
-        "orders_created_total",
-        "Orders created by POST /orders (replays not counted)."
-    );
-    c!(
-        "http_idempotent_replays_total",
-        "Requests answered from a stored Idempotency-Key response."
-    );
-    c!(
-        "http_idempotent_in_flight_total",
-        "Requests refused because the same key was still being processed."
-    );
-    h!(
-        "http_server_request_duration_seconds",
-        Unit::Seconds,
-        "HTTP request latency by route and status."
-    );
-    c!(
-        "consumer_messages_received_total",
-        "Messages a consumer took from the broker."
-    );
-    c!(
-        "consumer_batches_total",
-        "Handler calls (a batch of one partition's queued messages each)."
-    );
-    c!(
-        "consumer_events_applied_total",
-        "Events whose effect was applied (inbox row written with it)."
-    );
-    c!(
-        "consumer_duplicates_absorbed_total",
-        "Redelivered events the inbox turned into no-ops."
-    );
-    c!("consumer_transient_errors_total", "Handler failures retried in place.");
-    c!(
-        "consumer_dead_lettered_total",
-        "Messages moved to the dead-letter topic."
-    );
-    h!(
-        "consumer_handler_duration_seconds",
-        Unit::Seconds,
-        "Handler latency per call (one batch, one transaction)."
-    );
-    g!(
-        "consumer_lag",
-        "Messages behind: partition high watermark minus committed offset."
-    );
-    c!(
-        "consumer_rebalances_total",
-        "Group rebalances this member took part in, by kind (assign, revoke)."
-    );
-    g!(
-        "consumer_partitions_assigned",
-        "1 for each partition the group assigned to this member, 0 once revoked."
-    );
-    g!("dead_letter_depth", "Messages in a consumed topic's dead-letter topic.");
-    c!("relay_published_total", "Outbox rows published and marked.");
-    c!(
-        "relay_publish_errors_total",
-        "Publish attempts that failed (row stays pending)."
-    );
-    c!(
-        "relay_parked_total",
-        "Rows the broker refused for good (parked, not retried)."
-    );
-    c!(
-        "relay_republished_after_crash_total",
-        "Rows published again because a crash lost their mark."
-    );
-    h!(
-        "relay_publish_duration_seconds",
-        Unit::Seconds,
-        "From sending a claimed batch to the broker's last ack."
-    );
-    g!("relay_pending_rows", "Outbox rows not yet published.");
-    g!(
-        "outbox_oldest_pending_seconds",
-        "Age of the oldest unpublished outbox row."
-    );
-    c!("saga_transitions_total", "Saga state changes, by from and to.");
-    c!(
-        "saga_ignored_transitions_total",
-        "Replies not legal in the order's state (stale, reordered, repeated)."
-    );
-    c!(
-        "saga_unknown_order_total",
-        "Replies for an order id this service never created."
-    );
-    h!(
-        "saga_duration_seconds",
-        Unit::Seconds,
-        "Placed to terminal (CONFIRMED or CANCELLED), by final status."
-    );
-    c!("inventory_reserved_total", "Reservations made.");
-    c!(
-        "inventory_rejected_total",
-        "Reservations refused (out of stock, invalid)."
-    );
-    c!("inventory_released_total", "Reservations released.");
-    c!(
-        "inventory_repeat_commands_total",
-        "Commands for an order already reserved/released (no-ops)."
-    );
-    c!("payment_settled_total", "Charges and refunds settled with the gateway.");
-    c!(
-        "payment_repeat_commands_total",
-        "Payment commands already settled (no-ops)."
-    );
-    c!("gateway_charges_total", "Charges the mock gateway executed.");
-    c!("gateway_refunds_total", "Refunds the mock gateway executed.");
-    c!(
-        "gateway_injected_faults_total",
-        "Faults the mock gateway injected on purpose."
-    );
-    c!(
-        "gateway_tokens_issued_total",
-        "Card tokens the vault answered (new or existing)."
-    );
-    c!(
-        "gateway_operation_lookups_total",
-        "Reconciliation lookups of an operation by its key, by whether one was found."
-    );
-    c!(
-        "saga_deadline_actions_total",
-        "What the deadline scan did to an overdue order: reconciled, resent, manual_review or skipped."
-    );
-    c!(
-        "saga_replies_after_reconciliation_total",
-        "Participant replies that arrived after reconciliation had taken the gateway's answer (set aside)."
-    );
-    g!("orders_manual_review", "Orders in MANUAL_REVIEW, waiting for a person.");
-    c!(
-        "payment_reconciliations_total",
-        "Overdue PENDING operations looked up at the gateway, by result (settled, absent, skipped)."
-    );
-    g!(
-        "payments_pending",
-        "Payment operations PENDING (the gateway's answer not recorded yet)."
-    );
-    g!(
-        "payments_oldest_pending_seconds",
-        "Age of the oldest PENDING payment operation (0 when none)."
-    );
-    c!(
-        "api_refusals_total",
-        "Requests refused before a handler: unauthenticated, lookup_limited, too_large or rate_limited."
-    );
-    c!(
-        "api_key_lookups_total",
-        "API-key lookups that reached the database (a key neither cached nor known bad)."
-    );
-    c!(
-        "api_key_lookups_avoided_total",
-        "API-key lookups skipped: a key known not to exist, or the caller's address over its lookup limit."
-    );
+/// What a metric is, for its `# TYPE` line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Only goes up.
+    Counter,
+    /// Goes up and down.
+    Gauge,
+    /// A latency histogram, in seconds.
+    Histogram,
+}
+
+/// One metric's `# HELP`, declared by the crate or service that records it
+/// (each has a `METRICS` list) and registered with [`describe`].
+#[derive(Debug, Clone, Copy)]
+pub struct Description {
+    /// The metric's name.
+    pub name: &'static str,
+    /// Its type.
+    pub kind: Kind,
+    /// The help text.
+    pub help: &'static str,
+}
+
+impl Description {
+    /// A counter.
+    pub const fn counter(name: &'static str, help: &'static str) -> Self {
+        Self {
+            name,
+            kind: Kind::Counter,
+            help,
+        }
+    }
+
+    /// A gauge.
+    pub const fn gauge(name: &'static str, help: &'static str) -> Self {
+        Self {
+            name,
+            kind: Kind::Gauge,
+            help,
+        }
+    }
+
+    /// A histogram in seconds.
+    pub const fn histogram(name: &'static str, help: &'static str) -> Self {
+        Self {
+            name,
+            kind: Kind::Histogram,
+            help,
+        }
+    }
+}
+
+/// Registers the `# HELP` of every metric in `lists` — a service calls it
+/// at start with its own list and those of the libraries it runs. Calling
+/// it again is harmless.
+pub fn describe(lists: &[&[Description]]) {
+    handle();
+    for d in lists.iter().flat_map(|l| l.iter()) {
+        match d.kind {
+            Kind::Counter => metrics::describe_counter!(d.name, d.help),
+            Kind::Gauge => metrics::describe_gauge!(d.name, d.help),
+            Kind::Histogram => metrics::describe_histogram!(d.name, metrics::Unit::Seconds, d.help),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -297,8 +202,13 @@ mod tests {
         );
         assert!(text.contains("# TYPE t_seconds histogram"), "{text}");
         assert!(text.contains("t_seconds_bucket{"), "{text}");
-        incr("orders_created_total", &[]);
-        assert!(render().contains("# HELP orders_created_total"), "{}", render());
+        describe(&[&[Description::counter("described_total", "A described counter.")]]);
+        incr("described_total", &[]);
+        assert!(
+            render().contains("# HELP described_total A described counter."),
+            "{}",
+            render()
+        );
     }
 
     #[test]

@@ -47,3 +47,32 @@ impl Stack {
         }
     }
 }
+
+impl Stack {
+    /// Stops every service with SIGINT, as ctrl-c in a terminal does, in
+    /// reverse start order, and returns how each one ended: its exit status,
+    /// or `None` when it was still running 30 s later (then SIGKILLed). The
+    /// broker keeps running until [`Stack::shutdown`].
+    pub async fn interrupt_services(&mut self) -> Vec<(Service, Option<std::process::ExitStatus>)> {
+        let mut out = Vec::new();
+        for s in Service::ALL.into_iter().rev().filter(|s| *s != Service::Broker) {
+            let Some(mut child) = self.procs.remove(&s) else {
+                continue;
+            };
+            let Some(pid) = child.id() else { continue };
+            let _ = tokio::process::Command::new("kill")
+                .args(["-INT", &pid.to_string()])
+                .status()
+                .await;
+            let status = match tokio::time::timeout(std::time::Duration::from_secs(30), child.wait()).await {
+                Ok(Ok(status)) => Some(status),
+                _ => {
+                    let _ = child.kill().await;
+                    None
+                }
+            };
+            out.push((s, status));
+        }
+        out
+    }
+}

@@ -74,10 +74,7 @@ pub struct ApiDoc;
 
 /// The document as pretty JSON.
 pub fn openapi_json() -> String {
-    use utoipa::OpenApi as _;
-    ApiDoc::openapi()
-        .to_pretty_json()
-        .expect("the OpenAPI document serialises")
+    service_kit::http::openapi_json::<ApiDoc>()
 }
 
 /// A built inventory-service.
@@ -112,6 +109,7 @@ pub const SWITCHES: [switches::Switch; 3] = [
 pub async fn build(config: Config) -> anyhow::Result<App> {
     saga_kit::retention::check_consumer(&config.kafka, &config.inbox, None)?;
     config.switches.install("inventory-service", &SWITCHES)?;
+    telemetry::metrics::describe(&[METRICS, kafka::METRICS, outbox::METRICS, service_kit::http::METRICS]);
     let pool = connect(&config.db.url, config.db.pool_size).await?;
     config.kafka.ensure_topics(&topics::ALL).await?;
     let listener = TcpListener::bind(config.http_addr).await?;
@@ -141,13 +139,24 @@ impl App {
                 operator,
                 service_kit::bearer::require,
             ))
-            .route(
-                "/openapi.json",
-                get(|| async { ([(axum::http::header::CONTENT_TYPE, "application/json")], openapi_json()) }),
-            )
+            .route("/openapi.json", service_kit::http::openapi_route::<_, ApiDoc>())
             .with_state(self.pool.clone())
             .merge(service_kit::admin::router(self.pool.clone(), tasks.health()));
         tasks.serve(self.listener, app);
         tasks.wait().await
     }
 }
+
+/// The metrics inventory-service records, for their `# HELP` (`telemetry::metrics::describe`).
+pub const METRICS: &[telemetry::metrics::Description] = &[
+    telemetry::metrics::Description::counter("inventory_reserved_total", "Reservations made."),
+    telemetry::metrics::Description::counter(
+        "inventory_rejected_total",
+        "Reservations refused (out of stock, invalid).",
+    ),
+    telemetry::metrics::Description::counter("inventory_released_total", "Reservations released."),
+    telemetry::metrics::Description::counter(
+        "inventory_repeat_commands_total",
+        "Commands for an order already reserved/released (no-ops).",
+    ),
+];

@@ -16,6 +16,13 @@ use uuid::Uuid;
 use crate::faults::FaultSwitch;
 use crate::AppState;
 
+service_kit::problem_response!(
+    /// 503 of a fault injected before the commit (test builds): nothing stored.
+    FaultBeforeCommit,
+    503,
+    "Unavailable before commit (injected fault): retry"
+);
+
 /// Errors of the gateway API.
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
@@ -73,69 +80,7 @@ impl IntoResponse for GatewayError {
     }
 }
 
-/// What a ledger entry moved (stored and shown as `charge` / `refund`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
-#[sqlx(type_name = "text", rename_all = "lowercase")]
-pub enum EntryKind {
-    /// A charge attempt.
-    Charge,
-    /// A refund.
-    Refund,
-}
-
-/// How a movement ended (stored and shown as `captured`, …).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, sqlx::Type, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
-#[sqlx(type_name = "text", rename_all = "lowercase")]
-pub enum EntryStatus {
-    /// Money taken.
-    Captured,
-    /// Charge refused by the issuer; nothing taken.
-    Declined,
-    /// Money given back.
-    Refunded,
-}
-
-impl EntryStatus {
-    /// The stored name (a metric label).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Captured => "captured",
-            Self::Declined => "declined",
-            Self::Refunded => "refunded",
-        }
-    }
-}
-
-/// `POST /v1/charges` body.
-#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct ChargeRequest {
-    /// The merchant's order.
-    pub order_id: Uuid,
-    /// Amount in cents.
-    pub amount_cents: i64,
-    /// The card's token from `POST /v1/tokens` (never a card number).
-    pub card_token: String,
-}
-
-/// `POST /v1/refunds` body.
-#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct RefundRequest {
-    /// The merchant's order whose charge is refunded.
-    pub order_id: Uuid,
-    /// Amount in cents.
-    pub amount_cents: i64,
-}
-
-/// The result of a charge or refund.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
-pub struct Movement {
-    /// Ledger entry id.
-    pub id: Uuid,
-    /// How it ended.
-    pub status: EntryStatus,
-}
+pub use gateway_client::api::{ChargeRequest, EntryKind, EntryStatus, Movement, RefundRequest};
 
 /// A ledger entry.
 #[derive(Debug, Clone, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
@@ -170,13 +115,13 @@ pub struct LedgerEntry {
     ),
     responses(
         (status = 201, description = "Captured (or replayed)", body = Movement),
-        (status = 401, description = "No or unknown credential", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        service_kit::problem::responses::NoCredential,
         (status = 402, description = "Declined by the issuer (stored under the key)", body = Movement),
-        (status = 400, description = "Malformed body or key", body = service_kit::problem::Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The same key is still being processed", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        service_kit::problem::responses::MalformedBodyOrKey,
+        service_kit::problem::responses::KeyInFlight,
         (status = 422, description = "Invalid amount, unknown card token, or the key reused with another body", body = service_kit::problem::Problem, content_type = "application/problem+json"),
-        (status = 500, description = "Internal error", body = service_kit::problem::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Unavailable before commit (injected fault): retry", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        service_kit::problem::responses::Internal,
+        FaultBeforeCommit,
     )
 )]
 pub async fn charge(State(state): State<AppState>, request: Idempotent) -> Result<Response, GatewayError> {
@@ -231,12 +176,12 @@ pub async fn charge(State(state): State<AppState>, request: Idempotent) -> Resul
     ),
     responses(
         (status = 201, description = "Refunded (or replayed)", body = Movement),
-        (status = 401, description = "No or unknown credential", body = service_kit::problem::Problem, content_type = "application/problem+json"),
-        (status = 400, description = "Malformed body or key", body = service_kit::problem::Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The same key is still being processed", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        service_kit::problem::responses::NoCredential,
+        service_kit::problem::responses::MalformedBodyOrKey,
+        service_kit::problem::responses::KeyInFlight,
         (status = 422, description = "More than the captured amount, refused by the issuer, or the key reused with another body", body = service_kit::problem::Problem, content_type = "application/problem+json"),
-        (status = 500, description = "Internal error", body = service_kit::problem::Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Unavailable before commit (injected fault): retry", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        service_kit::problem::responses::Internal,
+        FaultBeforeCommit,
     )
 )]
 /// `POST /v1/refunds` — refunds part or all of an order's captured charges;
@@ -337,10 +282,10 @@ fn owner(state: &AppState, caller: &idempotency::Scope, asked: Option<String>) -
     params(LedgerQuery),
     responses(
         (status = 200, description = "A page of the caller's movements, oldest first", body = LedgerPage),
-        (status = 400, description = "Bad query", body = service_kit::problem::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No or unknown credential", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        service_kit::problem::responses::BadQuery,
+        service_kit::problem::responses::NoCredential,
         (status = 403, description = "Another caller's movements without a grant", body = service_kit::problem::Problem, content_type = "application/problem+json"),
-        (status = 500, description = "Internal error", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        service_kit::problem::responses::Internal,
     )
 )]
 /// `GET /v1/ledger` — the caller's movements, a page at a time.
@@ -389,11 +334,11 @@ pub async fn list(
     ),
     responses(
         (status = 200, description = "The movement made under the key", body = LedgerEntry),
-        (status = 400, description = "Bad query", body = service_kit::problem::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No or unknown credential", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        service_kit::problem::responses::BadQuery,
+        service_kit::problem::responses::NoCredential,
         (status = 403, description = "Another caller's key without a grant", body = service_kit::problem::Problem, content_type = "application/problem+json"),
         (status = 404, description = "Nothing committed under the key", body = service_kit::problem::Problem, content_type = "application/problem+json"),
-        (status = 500, description = "Internal error", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        service_kit::problem::responses::Internal,
     )
 )]
 pub async fn operation(

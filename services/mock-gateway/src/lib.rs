@@ -178,10 +178,7 @@ pub struct ApiDoc;
 
 /// The document as pretty JSON.
 pub fn openapi_json() -> String {
-    use utoipa::OpenApi as _;
-    ApiDoc::openapi()
-        .to_pretty_json()
-        .expect("the OpenAPI document serialises")
+    service_kit::http::openapi_json::<ApiDoc>()
 }
 
 /// A built gateway.
@@ -194,6 +191,7 @@ pub struct App {
 
 /// Connects, migrates and binds.
 pub async fn build(config: Config) -> anyhow::Result<App> {
+    telemetry::metrics::describe(&[METRICS, idempotency::METRICS, service_kit::http::METRICS]);
     config
         .switches
         .install("mock-gateway", &[switches::Switch::NoIdempotencyKey])?;
@@ -252,14 +250,8 @@ impl App {
                 self.callers.clone(),
                 service_kit::bearer::require,
             ))
-            .route(
-                "/openapi.json",
-                get(|| async { ([(axum::http::header::CONTENT_TYPE, "application/json")], openapi_json()) }),
-            );
-        tasks.spawn(
-            "idempotency reaper",
-            idempotency::run_reaper(self.state.pool.clone(), tasks.token()),
-        );
+            .route("/openapi.json", service_kit::http::openapi_route::<_, ApiDoc>());
+        tasks.spawn_idempotency_reaper(self.state.pool.clone());
         let app = api
             .with_state(self.state.clone())
             .merge(service_kit::admin::router(self.state.pool.clone(), tasks.health()));
@@ -325,3 +317,21 @@ pub async fn start_local(database_url: &str, shutdown: CancellationToken) -> any
         payment_key,
     })
 }
+
+/// The metrics mock-gateway records, for their `# HELP` (`telemetry::metrics::describe`).
+pub const METRICS: &[telemetry::metrics::Description] = &[
+    telemetry::metrics::Description::counter("gateway_charges_total", "Charges the mock gateway executed."),
+    telemetry::metrics::Description::counter("gateway_refunds_total", "Refunds the mock gateway executed."),
+    telemetry::metrics::Description::counter(
+        "gateway_injected_faults_total",
+        "Faults the mock gateway injected on purpose.",
+    ),
+    telemetry::metrics::Description::counter(
+        "gateway_tokens_issued_total",
+        "Card tokens the vault answered (new or existing).",
+    ),
+    telemetry::metrics::Description::counter(
+        "gateway_operation_lookups_total",
+        "Reconciliation lookups of an operation by its key, by whether one was found.",
+    ),
+];

@@ -9,7 +9,6 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use hmac::{Hmac, Mac};
-use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use sqlx::PgPool;
 
@@ -23,22 +22,7 @@ pub struct Card {
     pub declines: bool,
 }
 
-/// `POST /v1/tokens` body.
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
-pub struct TokenRequest {
-    /// The card number, 12..=19 digits.
-    #[schema(pattern = "^[0-9]{12,19}$")]
-    pub card: String,
-}
-
-/// A card's token.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
-pub struct CardToken {
-    /// Names the card in charges (`tok_…`).
-    pub token: String,
-    /// The card number's last four digits.
-    pub last4: String,
-}
+pub use gateway_client::api::{CardToken, TokenRequest};
 
 fn fingerprint(vault_key: &[u8], card: &str) -> String {
     let mut mac = Hmac::<Sha256>::new_from_slice(vault_key).expect("HMAC takes a key of any length");
@@ -106,9 +90,9 @@ pub async fn card(conn: &mut sqlx::PgConnection, token: &str) -> Result<Option<C
     responses(
         (status = 201, description = "The card's token", body = CardToken),
         (status = 400, description = "Malformed body", body = service_kit::problem::Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No or unknown credential", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        service_kit::problem::responses::NoCredential,
         (status = 422, description = "Not a card number", body = service_kit::problem::Problem, content_type = "application/problem+json"),
-        (status = 500, description = "Internal error", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        service_kit::problem::responses::Internal,
     )
 )]
 pub async fn create(State(state): State<AppState>, body: axum::body::Bytes) -> Result<Response, GatewayError> {

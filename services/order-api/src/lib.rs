@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use contract::topics::{self, consumers};
 use saga_kit::SagaConsumer;
+use service_kit::periodic::{in_batches, PURGE_BATCH};
 use service_kit::{DbArgs, LogArgs, Supervisor};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
@@ -128,6 +129,13 @@ pub const SWITCHES: [switches::Switch; 4] = [
 pub async fn build(config: Config) -> anyhow::Result<App> {
     saga_kit::retention::check_consumer(&config.kafka, &config.inbox, None)?;
     config.switches.install("order-api", &SWITCHES)?;
+    telemetry::metrics::describe(&[
+        METRICS,
+        kafka::METRICS,
+        outbox::METRICS,
+        idempotency::METRICS,
+        service_kit::http::METRICS,
+    ]);
     let pool = connect(&config.db.url, config.db.pool_size).await?;
     config.kafka.ensure_topics(&topics::ALL).await?;
     let listener = TcpListener::bind(config.http_addr).await?;
@@ -162,26 +170,35 @@ impl App {
         saga.spawn_batches(&mut tasks, self.state.pool.clone(), |pool, envelopes| async move {
             saga::handle_batch(&pool, envelopes).await
         });
-        tasks.spawn(
-            "idempotency reaper",
-            idempotency::run_reaper(self.state.pool.clone(), tasks.token()),
+        tasks.spawn_idempotency_reaper(self.state.pool.clone());
+        let (pool, retention) = (
+            self.state.pool.clone(),
+            Duration::from_secs(config.history_retention_secs),
         );
-        tasks.spawn(
-            "history retention",
-            orders::run_history_retention(
-                self.state.pool.clone(),
-                std::time::Duration::from_secs(config.history_retention_secs),
-                tasks.token(),
-            ),
+        tasks.spawn_every("history retention", Duration::from_secs(3600), move || {
+            let pool = pool.clone();
+            async move {
+                let rows = in_batches(PURGE_BATCH, |n| {
+                    let pool = pool.clone();
+                    async move { orders::purge_history(&mut *pool.acquire().await?, retention, n).await }
+                })
+                .await?;
+                tracing::info!(rows, "order history purged");
+                Ok::<_, sqlx::Error>(())
+            }
+        });
+        let (pool, gateway, deadlines) = (
+            self.state.pool.clone(),
+            self.state.gateway.clone(),
+            config.deadlines.clone(),
         );
-        tasks.spawn(
+        tasks.spawn_every(
             "deadlines",
-            saga::reconcile::run(
-                self.state.pool.clone(),
-                self.state.gateway.clone(),
-                config.deadlines.clone(),
-                tasks.token(),
-            ),
+            Duration::from_secs(deadlines.interval_secs.max(1)),
+            move || {
+                let (pool, gateway, deadlines) = (pool.clone(), gateway.clone(), deadlines.clone());
+                async move { saga::reconcile::scan(&pool, &gateway, &deadlines).await }
+            },
         );
         tasks.spawn(
             "card backfill",
@@ -193,3 +210,45 @@ impl App {
         tasks.wait().await
     }
 }
+
+/// The metrics order-api records, for their `# HELP` (`telemetry::metrics::describe`).
+pub const METRICS: &[telemetry::metrics::Description] = &[
+    telemetry::metrics::Description::counter(
+        "orders_created_total",
+        "Orders created by POST /orders (replays not counted).",
+    ),
+    telemetry::metrics::Description::counter("saga_transitions_total", "Saga state changes, by from and to."),
+    telemetry::metrics::Description::counter(
+        "saga_ignored_transitions_total",
+        "Replies not legal in the order's state (stale, reordered, repeated).",
+    ),
+    telemetry::metrics::Description::counter(
+        "saga_unknown_order_total",
+        "Replies for an order id this service never created.",
+    ),
+    telemetry::metrics::Description::histogram(
+        "saga_duration_seconds",
+        "Placed to terminal (CONFIRMED or CANCELLED), by final status.",
+    ),
+    telemetry::metrics::Description::counter(
+        "saga_deadline_actions_total",
+        "What the deadline scan did to an overdue order: reconciled, resent, manual_review or skipped.",
+    ),
+    telemetry::metrics::Description::counter(
+        "saga_replies_after_reconciliation_total",
+        "Participant replies that arrived after reconciliation had taken the gateway's answer (set aside).",
+    ),
+    telemetry::metrics::Description::gauge("orders_manual_review", "Orders in MANUAL_REVIEW, waiting for a person."),
+    telemetry::metrics::Description::counter(
+        "api_refusals_total",
+        "Requests refused before a handler: unauthenticated, lookup_limited, too_large or rate_limited.",
+    ),
+    telemetry::metrics::Description::counter(
+        "api_key_lookups_total",
+        "API-key lookups that reached the database (a key neither cached nor known bad).",
+    ),
+    telemetry::metrics::Description::counter(
+        "api_key_lookups_avoided_total",
+        "API-key lookups skipped: a key known not to exist, or the caller's address over its lookup limit.",
+    ),
+];

@@ -277,34 +277,6 @@ pub async fn purge_history(conn: &mut PgConnection, retention: std::time::Durati
     .rows_affected())
 }
 
-/// Purges old history every hour, in batches of 1,000, until `shutdown`.
-pub async fn run_history_retention(
-    pool: sqlx::PgPool,
-    retention: std::time::Duration,
-    shutdown: tokio_util::sync::CancellationToken,
-) {
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(std::time::Duration::from_secs(3600)) => {}
-        }
-        let Ok(mut conn) = pool.acquire().await else { continue };
-        loop {
-            match purge_history(&mut conn, retention, 1000).await {
-                Ok(1000) => continue,
-                Ok(n) => {
-                    tracing::info!(rows = n, "order history purged");
-                    break;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "order history retention failed");
-                    break;
-                }
-            }
-        }
-    }
-}
-
 /// Tokenises the card numbers of orders written before orders kept tokens
 /// (the `card` column), a batch at a time, and clears the numbers. A value
 /// the vault refuses (not a card number) is parked — `card_parked` says

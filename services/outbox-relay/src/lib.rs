@@ -3,10 +3,12 @@
 //! processes may run at once; see `outbox::relay` for why that is safe.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use contract::topics;
 use outbox::{KafkaPublisher, Relay};
+use service_kit::periodic::{in_batches, PURGE_BATCH};
 use service_kit::{LogArgs, Supervisor};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
@@ -56,6 +58,12 @@ pub struct Config {
     pub log: LogArgs,
 }
 
+/// The negative controls this service can run (`switches::Switches::install` refuses others).
+pub const SWITCHES: [switches::Switch; 2] = [
+    switches::Switch::EventIdAtPublish,
+    switches::Switch::NoProducerIdempotence,
+];
+
 /// A built relay.
 pub struct App {
     sources: Vec<(String, PgPool)>,
@@ -66,6 +74,8 @@ pub struct App {
 /// Connects to every source (creating the database and the outbox table if
 /// the owning service has not started yet) and binds the admin endpoint.
 pub async fn build(config: Config) -> anyhow::Result<App> {
+    config.switches.install("outbox-relay", &SWITCHES)?;
+    telemetry::metrics::describe(&[outbox::METRICS, kafka::METRICS, service_kit::http::METRICS]);
     let mut sources = Vec::new();
     for url in &config.database_urls {
         let name = service_kit::db::database_name(url)?;
@@ -98,35 +108,35 @@ impl App {
         let mut tasks = Supervisor::new(shutdown);
         let publisher = KafkaPublisher::from_producer(self.config.kafka.producer()?);
         for (name, pool) in &self.sources {
-            let relay = Relay::new(pool.clone(), publisher.clone(), name)
-                .batch(self.config.batch)
-                .in_flight(self.config.in_flight)
-                .poll_interval(Duration::from_millis(self.config.poll_ms));
-            let (token, retention) = (tasks.token(), Duration::from_secs(self.config.retention_secs));
-            tasks.spawn(format!("relay {name}"), async move {
-                tokio::join!(relay.run(token.clone()), housekeeping(&relay, retention, token));
+            let relay = Arc::new(
+                Relay::new(pool.clone(), publisher.clone(), name)
+                    .batch(self.config.batch)
+                    .in_flight(self.config.in_flight)
+                    .poll_interval(Duration::from_millis(self.config.poll_ms)),
+            );
+            let (r, token) = (relay.clone(), tasks.token());
+            tasks.spawn(format!("relay {name}"), async move { r.run(token).await });
+            // The backlog gauges every 5 s; published rows past retention purged every minute.
+            let r = relay.clone();
+            tasks.spawn_every(format!("relay {name} backlog"), Duration::from_secs(5), move || {
+                let r = r.clone();
+                async move { r.observe_backlog().await.map(drop) }
+            });
+            let retention = Duration::from_secs(self.config.retention_secs);
+            tasks.spawn_every(format!("relay {name} retention"), Duration::from_secs(60), move || {
+                let r = relay.clone();
+                async move {
+                    in_batches(PURGE_BATCH, |n| {
+                        let r = r.clone();
+                        async move { r.purge_published(retention, n).await }
+                    })
+                    .await
+                    .map(drop)
+                }
             });
         }
         let admin_pool = self.sources[0].1.clone();
         tasks.serve(self.listener, service_kit::admin::router(admin_pool, tasks.health()));
         tasks.wait().await
-    }
-}
-
-/// Backlog gauges every 5 s; retention every minute.
-async fn housekeeping(relay: &Relay<KafkaPublisher>, retention: Duration, shutdown: CancellationToken) {
-    let mut tick = 0u64;
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
-        }
-        if let Err(e) = relay.observe_backlog().await {
-            tracing::warn!(error = %e, "backlog query failed");
-        }
-        tick += 1;
-        if tick.is_multiple_of(12) {
-            while let Ok(1000) = relay.purge_published(retention, 1000).await {}
-        }
     }
 }

@@ -85,6 +85,7 @@ pub const SWITCHES: [switches::Switch; 3] = [
 /// Connects, migrates, creates topics and binds.
 pub async fn build(config: Config) -> anyhow::Result<App> {
     saga_kit::retention::check_consumer(&config.kafka, &config.inbox, Some(config.gateway_key_ttl_secs))?;
+    telemetry::metrics::describe(&[METRICS, kafka::METRICS, outbox::METRICS, service_kit::http::METRICS]);
     let pool = service_kit::db::connect(
         &config.db.url,
         config.db.pool_size,
@@ -96,7 +97,11 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     )
     .await?;
     config.kafka.ensure_topics(&topics::ALL).await?;
-    let gateway = gateway::Client::new(&config.gateway.url, &config.gateway.api_key, config.gateway.timeout())?;
+    let gateway = gateway::Client::new(
+        &config.gateway.url,
+        config.gateway.api_key.expose(),
+        config.gateway.timeout(),
+    )?;
     let listener = TcpListener::bind(config.http_addr).await?;
     config.switches.install("payment-service", &SWITCHES)?;
     let deps = Deps { pool, gateway };
@@ -119,14 +124,14 @@ impl App {
         consumer.spawn(&mut tasks, self.deps.clone(), |deps, env| async move {
             payments::handle(&deps, env).await
         });
-        tasks.spawn(
+        let (deps, deadline) = (self.deps.clone(), Duration::from_secs(config.pending_deadline_secs));
+        tasks.spawn_every(
             "pending payments",
-            reconcile::run(
-                self.deps.clone(),
-                Duration::from_secs(config.pending_deadline_secs),
-                Duration::from_secs(config.reconcile_interval_secs.max(1)),
-                tasks.token(),
-            ),
+            Duration::from_secs(config.reconcile_interval_secs.max(1)),
+            move || {
+                let deps = deps.clone();
+                async move { reconcile::scan(&deps, deadline).await }
+            },
         );
         tasks.serve(
             self.listener,
@@ -135,6 +140,27 @@ impl App {
         tasks.wait().await
     }
 }
+
+/// The metrics payment-service records, for their `# HELP` (`telemetry::metrics::describe`).
+pub const METRICS: &[telemetry::metrics::Description] = &[
+    telemetry::metrics::Description::counter("payment_settled_total", "Charges and refunds settled with the gateway."),
+    telemetry::metrics::Description::counter(
+        "payment_repeat_commands_total",
+        "Payment commands already settled (no-ops).",
+    ),
+    telemetry::metrics::Description::counter(
+        "payment_reconciliations_total",
+        "Overdue PENDING operations looked up at the gateway, by result (settled, absent, skipped).",
+    ),
+    telemetry::metrics::Description::gauge(
+        "payments_pending",
+        "Payment operations PENDING (the gateway's answer not recorded yet).",
+    ),
+    telemetry::metrics::Description::gauge(
+        "payments_oldest_pending_seconds",
+        "Age of the oldest PENDING payment operation (0 when none).",
+    ),
+];
 
 #[cfg(test)]
 mod tests {

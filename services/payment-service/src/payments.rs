@@ -17,7 +17,7 @@ use contract::{Envelope, Message};
 use kafka::consumer::{HandleError, Handled};
 use uuid::Uuid;
 
-use crate::gateway::{CallError, Reply};
+use crate::gateway::Reply;
 use crate::Deps;
 
 /// Fault point (failpoints builds): refuse the command as if it could never
@@ -195,14 +195,8 @@ pub async fn handle(deps: &Deps, envelope: Envelope) -> Result<Handled, HandleEr
 
     // Step 2: the external effect, made safe to repeat by the key. A
     // refusal is as definite as a decline: the same key always gets it.
-    let reply = match call_gateway(deps, &operation, &key, order_id).await {
-        Ok(r) => r,
-        Err(CallError::Retry(e)) => return Err(HandleError::Transient(e)),
-        Err(CallError::Refused(e)) => {
-            tracing::warn!(error = %e, "gateway refused the operation");
-            Reply::Refused(e)
-        }
-    };
+    let reply =
+        Reply::from_call(call_gateway(deps, &operation, &key, order_id).await).map_err(HandleError::Transient)?;
     fail::fail_point!(CRASH_AFTER_GATEWAY_BEFORE_RECORD, |_| telemetry::crash_point(
         CRASH_AFTER_GATEWAY_BEFORE_RECORD
     ));
@@ -313,7 +307,7 @@ async fn handle_without_dedup(deps: &Deps, envelope: &Envelope, operation: &Oper
     let reply = call_gateway(deps, operation, &key, envelope.order_id)
         .await
         .map_err(HandleError::transient)?;
-    let (_, reply) = outcome(operation.kind(), reply)?;
+    let (_, reply) = outcome(operation.kind(), Reply::of(&reply))?;
     let mut tx = deps.pool.begin().await.map_err(HandleError::transient)?;
     saga_kit::emit::emit(&mut tx, envelope.order_id, &reply, Some(envelope))
         .await
@@ -323,13 +317,31 @@ async fn handle_without_dedup(deps: &Deps, envelope: &Envelope, operation: &Oper
 }
 
 /// Charges or refunds through the gateway, as `operation` asks, under `key`.
-async fn call_gateway(deps: &Deps, operation: &Operation, key: &str, order_id: Uuid) -> Result<Reply, CallError> {
+async fn call_gateway(
+    deps: &Deps,
+    operation: &Operation,
+    key: &str,
+    order_id: Uuid,
+) -> Result<gateway_client::api::Movement, gateway_client::Error> {
     match operation {
         Operation::Charge {
             amount_cents,
             card_token,
-        } => deps.gateway.charge(key, order_id, *amount_cents, card_token).await,
-        Operation::Refund { amount_cents, .. } => deps.gateway.refund(key, order_id, *amount_cents).await,
+        } => {
+            let body = gateway_client::api::ChargeRequest {
+                order_id,
+                amount_cents: *amount_cents,
+                card_token: card_token.clone(),
+            };
+            deps.gateway.charge(key, &body).await
+        }
+        Operation::Refund { amount_cents, .. } => {
+            let body = gateway_client::api::RefundRequest {
+                order_id,
+                amount_cents: *amount_cents,
+            };
+            deps.gateway.refund(key, &body).await
+        }
     }
 }
 

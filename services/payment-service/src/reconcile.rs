@@ -7,9 +7,9 @@
 
 use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use crate::gateway::Reply;
 use crate::payments::{outcome, record, Kind};
 use crate::Deps;
 
@@ -49,7 +49,12 @@ pub async fn tick(deps: &Deps, deadline: Duration) -> anyhow::Result<Report> {
         ..Report::default()
     };
     for (order_id, kind, key) in overdue {
-        let action = match deps.gateway.lookup(&key).await {
+        let action = match deps
+            .gateway
+            .lookup(&key, None)
+            .await
+            .map(|op| op.as_ref().map(Reply::of_operation))
+        {
             Err(e) => {
                 tracing::warn!(%order_id, error = %e, "gateway lookup failed");
                 report.skipped += 1;
@@ -90,17 +95,12 @@ pub async fn tick(deps: &Deps, deadline: Duration) -> anyhow::Result<Report> {
     Ok(report)
 }
 
-/// Scans every `interval` until `shutdown`.
-pub async fn run(deps: Deps, deadline: Duration, interval: Duration, shutdown: CancellationToken) {
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(interval) => {}
-        }
-        match tick(&deps, deadline).await {
-            Ok(r) if r.overdue > 0 => tracing::info!(?r, "PENDING payments scan"),
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "PENDING payments scan failed"),
-        }
+/// One scan, as the periodic task runs it: the report logged when it found
+/// overdue payments.
+pub async fn scan(deps: &Deps, deadline: Duration) -> anyhow::Result<()> {
+    let r = tick(deps, deadline).await?;
+    if r.overdue > 0 {
+        tracing::info!(?r, "PENDING payments scan");
     }
+    Ok(())
 }

@@ -40,10 +40,7 @@ const API_KEY: service_kit::bearer::BearerScheme = service_kit::bearer::BearerSc
 
 /// The document as pretty JSON.
 pub fn openapi_json() -> String {
-    use utoipa::OpenApi as _;
-    ApiDoc::openapi()
-        .to_pretty_json()
-        .expect("the OpenAPI document serialises")
+    service_kit::http::openapi_json::<ApiDoc>()
 }
 
 /// The API router: `/orders` behind API keys and per-client limits.
@@ -54,9 +51,6 @@ pub fn router(state: AppState) -> Router {
         .route("/orders/{id}", get(orders::show))
         .route("/orders/{id}/cancel", post(orders::cancel))
         .route_layer(auth)
-        .route(
-            "/openapi.json",
-            get(|| async { ([(axum::http::header::CONTENT_TYPE, "application/json")], openapi_json()) }),
-        )
+        .route("/openapi.json", service_kit::http::openapi_route::<_, ApiDoc>())
         .with_state(state)
 }

@@ -14,6 +14,25 @@ use crate::orders::{self, HistoryEntry, NewOrder, Order, Status};
 use crate::saga::{self, Input};
 use crate::AppState;
 
+service_kit::problem_response!(
+    /// 401: no API key, or one the API does not know (or revoked).
+    NoApiKey,
+    401,
+    "No API key, or an unknown or revoked one"
+);
+service_kit::problem_response!(
+    /// 429: the client's rate limit.
+    RateLimited,
+    429,
+    "Over the client's request rate (Retry-After)"
+);
+service_kit::problem_response!(
+    /// 404: no such order — or another client's, which is not told apart.
+    OrderNotFound,
+    404,
+    "No such order, or another client's (the two are not told apart)"
+);
+
 /// A request under `Idempotency-Key`, refused the way this API refuses.
 pub type Idempotent = idempotency::Idempotent<ApiError>;
 
@@ -150,9 +169,9 @@ pub struct OrderView {
         (status = 201, description = "Created (or replayed: `Idempotent-Replayed: true`)", body = Order,
          headers(("Location" = String, description = "/orders/{id}"))),
         (status = 400, description = "Malformed JSON or Idempotency-Key", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No API key, or an unknown or revoked one", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body over the size limit", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "Over the client's request rate (Retry-After)", body = Problem, content_type = "application/problem+json"),
+        NoApiKey,
+        service_kit::problem::responses::TooLarge,
+        RateLimited,
         (status = 409, description = "The same key is still being processed (Retry-After)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid fields, or the key reused with another body", body = Problem, content_type = "application/problem+json"),
         (status = 500, description = "Internal error (nothing stored; retry with the key)", body = Problem, content_type = "application/problem+json"),
@@ -227,10 +246,10 @@ async fn respond(
     params(("id" = uuid::Uuid, Path, description = "order id")),
     responses(
         (status = 200, description = "The order and its saga history", body = OrderView),
-        (status = 401, description = "No API key, or an unknown or revoked one", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such order, or another client's (the two are not told apart)", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "Over the client's request rate (Retry-After)", body = Problem, content_type = "application/problem+json"),
-        (status = 500, description = "Internal error", body = Problem, content_type = "application/problem+json"),
+        NoApiKey,
+        OrderNotFound,
+        RateLimited,
+        service_kit::problem::responses::Internal,
     )
 )]
 pub async fn show(
@@ -261,13 +280,13 @@ pub async fn show(
         (status = 202, description = "Cancel of a CONFIRMED order started: refund, then stock released", body = Order),
         (status = 200, description = "Already being cancelled or cancelled", body = Order),
         (status = 400, description = "Malformed Idempotency-Key", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "No API key, or an unknown or revoked one", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such order, or another client's (the two are not told apart)", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body over the size limit", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "Over the client's request rate (Retry-After)", body = Problem, content_type = "application/problem+json"),
+        NoApiKey,
+        OrderNotFound,
+        service_kit::problem::responses::TooLarge,
+        RateLimited,
         (status = 409, description = "Not cancellable in its state, or the key in flight", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "The key reused with another request", body = Problem, content_type = "application/problem+json"),
-        (status = 500, description = "Internal error", body = Problem, content_type = "application/problem+json"),
+        service_kit::problem::responses::Internal,
     )
 )]
 /// `POST /orders/{id}/cancel` — requires `Idempotency-Key`. A CONFIRMED

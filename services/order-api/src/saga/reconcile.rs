@@ -21,7 +21,6 @@ use std::time::Duration;
 
 use contract::Message;
 use sqlx::PgPool;
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::gateway;
@@ -228,16 +227,17 @@ fn payment_key(order: &Order) -> Option<String> {
 }
 
 /// The reply payment-service would have sent for the gateway's `movement`.
-fn as_reply(movement: &gateway::Movement) -> Option<Message> {
-    Some(match (movement.kind.as_str(), movement.status.as_str()) {
-        ("charge", "captured") => Message::PaymentCaptured {
-            charge_id: movement.id.clone(),
+fn as_reply(movement: &gateway::Operation) -> Option<Message> {
+    use gateway_client::api::{EntryKind, EntryStatus};
+    Some(match (movement.kind, movement.status) {
+        (EntryKind::Charge, EntryStatus::Captured) => Message::PaymentCaptured {
+            charge_id: movement.id.to_string(),
         },
-        ("charge", "declined") => Message::PaymentDeclined {
+        (EntryKind::Charge, EntryStatus::Declined) => Message::PaymentDeclined {
             reason: "card_declined".into(),
         },
-        ("refund", "refunded") => Message::PaymentRefunded {
-            refund_id: movement.id.clone(),
+        (EntryKind::Refund, EntryStatus::Refunded) => Message::PaymentRefunded {
+            refund_id: movement.id.to_string(),
         },
         _ => return None,
     })
@@ -273,20 +273,14 @@ async fn resend(conn: &mut sqlx::PgConnection, order: &Order) -> anyhow::Result<
     Ok(())
 }
 
-/// Scans every `interval` until `shutdown`.
-pub async fn run(pool: PgPool, gateway: gateway::Client, args: DeadlineArgs, shutdown: CancellationToken) {
-    let interval = Duration::from_secs(args.interval_secs.max(1));
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(interval) => {}
-        }
-        match tick(&pool, &gateway, &args).await {
-            Ok(r) if r.overdue > 0 => tracing::info!(?r, "deadline scan"),
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "deadline scan failed"),
-        }
+/// One scan, as the periodic task runs it (every `RECONCILE_INTERVAL_SECS`):
+/// the report logged when it found overdue orders.
+pub async fn scan(pool: &PgPool, gateway: &gateway::Client, args: &DeadlineArgs) -> anyhow::Result<()> {
+    let r = tick(pool, gateway, args).await?;
+    if r.overdue > 0 {
+        tracing::info!(?r, "deadline scan");
     }
+    Ok(())
 }
 
 /// An operator's retry of a refund the gateway refused (an order in

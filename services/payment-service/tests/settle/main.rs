@@ -32,7 +32,7 @@ async fn fixture() -> Fixture {
     let local = mock_gateway::start_local(gateway_db.url(), Default::default())
         .await
         .expect("gateway");
-    let client = gateway::Client::new(&local.url, &local.payment_key, Duration::from_secs(5)).unwrap();
+    let client = gateway::Client::new(&local.url, local.payment_key.expose(), Duration::from_secs(5)).unwrap();
     Fixture {
         deps: Deps { pool, gateway: client },
         gateway: local,
@@ -97,7 +97,12 @@ async fn an_overdue_pending_charge_the_gateway_captured_is_settled_with_its_repl
     f.pending_charge(unseen).await;
     // The money moved under the key; the record of it never committed.
     let token = f.card_token().await;
-    let reply = f.deps.gateway.charge(&key, charged, 1500, &token).await.unwrap();
+    let body = gateway_client::api::ChargeRequest {
+        order_id: charged,
+        amount_cents: 1500,
+        card_token: token,
+    };
+    let reply = gateway::Reply::of(&f.deps.gateway.charge(&key, &body).await.unwrap());
     let gateway::Reply::Done(entry) = reply else {
         panic!("the charge was not captured: {reply:?}")
     };

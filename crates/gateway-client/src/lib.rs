@@ -1,0 +1,235 @@
+//! The payment gateway as its callers see it, in one place:
+//!
+//! - [`api`]: the wire types — requests, [`api::Movement`], [`api::Operation`],
+//!   [`api::CardToken`] — with typed kinds and statuses. mock-gateway serves
+//!   the same types (feature `server`: their OpenAPI schemas and database
+//!   columns), so the two sides cannot drift apart;
+//! - [`Client`]: every call order-api and payment-service make, each in a
+//!   client span whose trace context goes along, with one set of rules for
+//!   what an answer means ([`Error`]).
+
+pub mod api;
+
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use tracing::Instrument as _;
+
+use api::{CardToken, ChargeRequest, Movement, Operation, RefundRequest, TokenRequest};
+
+/// Why a call gave no definite answer.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Unreachable, timed out, 409 (the key in flight), 429 or 5xx — the
+    /// outcome is unknown or temporary: ask again, with the same key.
+    #[error("gateway unavailable: {0}")]
+    Unavailable(String),
+    /// Refused for good (a 4xx the key stores: the same key always gets it).
+    #[error("gateway refused: {0}")]
+    Refused(String),
+}
+
+/// The gateway client: one credential, one timeout per request.
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Client {
+    /// A client for `base` presenting the bearer credential `key`, with a
+    /// per-request `timeout`. Connections are kept alive and pooled.
+    pub fn new(base: &str, key: &str, timeout: Duration) -> Result<Self, reqwest::Error> {
+        let mut auth = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}"))
+            .unwrap_or_else(|_| reqwest::header::HeaderValue::from_static("Bearer -"));
+        auth.set_sensitive(true);
+        let headers = reqwest::header::HeaderMap::from_iter([(reqwest::header::AUTHORIZATION, auth)]);
+        Ok(Self {
+            http: reqwest::Client::builder()
+                .default_headers(headers)
+                .timeout(timeout)
+                .build()?,
+            base: base.trim_end_matches('/').to_owned(),
+        })
+    }
+
+    /// The token of `card` (`POST /v1/tokens`).
+    pub async fn tokenise(&self, card: &str) -> Result<CardToken, Error> {
+        let req = self
+            .http
+            .post(self.url("/v1/tokens"))
+            .json(&TokenRequest { card: card.into() });
+        let (status, text) = self.send(req, "POST /v1/tokens").await?;
+        match status {
+            200..=299 => parse(&text),
+            _ => Err(refused(status, &text)),
+        }
+    }
+
+    /// Charges under `key` (`POST /v1/charges`): the movement, captured or
+    /// declined (402). The same key always gets the same movement back.
+    pub async fn charge(&self, key: &str, body: &ChargeRequest) -> Result<Movement, Error> {
+        self.post_keyed("/v1/charges", key, body).await
+    }
+
+    /// Refunds under `key` (`POST /v1/refunds`).
+    pub async fn refund(&self, key: &str, body: &RefundRequest) -> Result<Movement, Error> {
+        self.post_keyed("/v1/refunds", key, body).await
+    }
+
+    /// What the gateway committed under `key` (`GET /v1/operations/{key}`) —
+    /// of the caller `owner` when given (a read grant), else the caller's
+    /// own: `None` when nothing was.
+    pub async fn lookup(&self, key: &str, owner: Option<&str>) -> Result<Option<Operation>, Error> {
+        let mut req = self.http.get(self.url(&format!("/v1/operations/{key}")));
+        if let Some(owner) = owner {
+            req = req.query(&[("client", owner)]);
+        }
+        let (status, text) = self.send(req, "GET /v1/operations/{key}").await?;
+        match status {
+            200 => parse(&text).map(Some),
+            404 => Ok(None),
+            _ => Err(refused(status, &text)),
+        }
+    }
+
+    async fn post_keyed(&self, path: &'static str, key: &str, body: &impl serde::Serialize) -> Result<Movement, Error> {
+        let req = self.http.post(self.url(path)).header("idempotency-key", key).json(body);
+        let (status, text) = self.send(req, &format!("POST {path}")).await?;
+        match status {
+            // 402: declined by the issuer — a definite answer, stored under the key.
+            200..=299 | 402 => parse(&text),
+            _ => Err(refused(status, &text)),
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// Sends `req` in a client span (its trace context in the headers);
+    /// answers that say "later" are [`Error::Unavailable`].
+    async fn send(&self, req: reqwest::RequestBuilder, route: &str) -> Result<(u16, String), Error> {
+        let span = tracing::info_span!(
+            "gateway.call",
+            otel.name = %route,
+            otel.kind = "client",
+            http.response.status_code = tracing::field::Empty,
+        );
+        async {
+            let mut headers = reqwest::header::HeaderMap::new();
+            telemetry::propagation::inject_headers(&mut headers);
+            let resp = req
+                .headers(headers)
+                .send()
+                .await
+                .map_err(|e| Error::Unavailable(e.to_string()))?;
+            let status = resp.status().as_u16();
+            tracing::Span::current().record("http.response.status_code", status);
+            let text = resp.text().await.map_err(|e| Error::Unavailable(e.to_string()))?;
+            if status >= 500 || status == 429 || status == 409 {
+                return Err(Error::Unavailable(format!("{status}: {text}")));
+            }
+            Ok((status, text))
+        }
+        .instrument(span)
+        .await
+    }
+}
+
+fn parse<T: DeserializeOwned>(text: &str) -> Result<T, Error> {
+    serde_json::from_str(text).map_err(|e| Error::Unavailable(format!("unreadable answer: {e}")))
+}
+
+fn refused(status: u16, text: &str) -> Error {
+    Error::Refused(format!("{status}: {text}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::StatusCode;
+    use axum::routing::{get, post};
+    use axum::{Json, Router};
+
+    use super::api::*;
+    use super::*;
+
+    /// A gateway that answers each route with a fixed status.
+    async fn gateway(charge: StatusCode, lookup: StatusCode) -> String {
+        let movement = Movement {
+            id: uuid::Uuid::nil(),
+            status: EntryStatus::Declined,
+        };
+        let app = Router::new()
+            .route("/v1/charges", post(move || async move { (charge, Json(movement)) }))
+            .route(
+                "/v1/operations/{key}",
+                get(move || async move {
+                    let op = Operation {
+                        id: uuid::Uuid::nil(),
+                        kind: EntryKind::Charge,
+                        status: EntryStatus::Captured,
+                    };
+                    (lookup, Json(op))
+                }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        format!("http://{addr}")
+    }
+
+    fn charge() -> ChargeRequest {
+        ChargeRequest {
+            order_id: uuid::Uuid::nil(),
+            amount_cents: 100,
+            card_token: "tok_x".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_decline_is_an_answer_a_conflict_is_later_and_a_4xx_is_refused() {
+        let c = Client::new(
+            &gateway(StatusCode::PAYMENT_REQUIRED, StatusCode::OK).await,
+            "k",
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        let m = c.charge("key-1", &charge()).await.unwrap();
+        assert_eq!(m.status, EntryStatus::Declined);
+        let op = c.lookup("key-1", Some("payment-service")).await.unwrap().unwrap();
+        assert_eq!((op.kind, op.status), (EntryKind::Charge, EntryStatus::Captured));
+
+        let c = Client::new(
+            &gateway(StatusCode::CONFLICT, StatusCode::NOT_FOUND).await,
+            "k",
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        assert!(matches!(c.charge("key-1", &charge()).await, Err(Error::Unavailable(_))));
+        assert!(c.lookup("key-1", None).await.unwrap().is_none());
+
+        let c = Client::new(
+            &gateway(StatusCode::UNPROCESSABLE_ENTITY, StatusCode::FORBIDDEN).await,
+            "k",
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        assert!(matches!(c.charge("key-1", &charge()).await, Err(Error::Refused(_))));
+        assert!(matches!(c.lookup("key-1", None).await, Err(Error::Refused(_))));
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_gateway_is_unavailable() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let c = Client::new(&format!("http://127.0.0.1:{port}"), "k", Duration::from_secs(2)).unwrap();
+        assert!(matches!(
+            c.tokenise("4242424242424242").await,
+            Err(Error::Unavailable(_))
+        ));
+    }
+}
