@@ -196,6 +196,9 @@ impl Stack {
                 stack.proxy = Some(FaultProxy::start(stack.addr(Service::Gateway)).await?);
             }
             stack.start_service(s).await?;
+            if s == Service::Broker {
+                testkit::broker::wait_producer_ids(&stack.brokers(), Duration::from_secs(60)).await?;
+            }
         }
         stack.api_key = stack.create_api_key(DRIVER_CLIENT).await?;
         Ok(stack)

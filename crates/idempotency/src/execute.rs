@@ -67,7 +67,13 @@ where
         Ok(stored) => stored,
         Err(e) => match stored_error(&e) {
             Some(stored) => stored,
-            None => return Err(e),
+            None => {
+                // Roll back now, not when the dropped transaction's connection
+                // is next used: until then its key lock is held, and a retry
+                // that comes at once would be told "in flight".
+                let _ = tx.rollback().await;
+                return Err(e);
+            }
         },
     };
     if !complete(&mut tx, request.scope, request.key, request.fingerprint, ttl, &stored).await? {

@@ -283,18 +283,18 @@ where
     Ok(())
 }
 
-/// Every 5 s until shutdown: `consumer_lag` per partition (high watermark
-/// minus the committed offset) and `dead_letter_depth` of each consumed
-/// topic's dead-letter topic. librdkafka's calls block: they run on the
-/// blocking pool.
+/// At start and every 5 s until shutdown: `consumer_lag` per partition (high
+/// watermark minus the committed offset) and `dead_letter_depth` of each
+/// consumed topic's dead-letter topic (librdkafka's blocking calls, on the blocking pool).
 async fn observe_lag(consumer: Arc<GroupConsumer>, name: Arc<str>, topics: Vec<String>, shutdown: CancellationToken) {
     loop {
+        // First at start: the gauges (and their alerts) exist from the first second.
+        let (c, n, t) = (consumer.clone(), name.clone(), topics.clone());
+        let _ = tokio::task::spawn_blocking(move || lag_once(&c, &n, &t)).await;
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(Duration::from_secs(5)) => {}
         }
-        let (consumer, name, topics) = (consumer.clone(), name.clone(), topics.clone());
-        let _ = tokio::task::spawn_blocking(move || lag_once(&consumer, &name, &topics)).await;
     }
 }
 

@@ -17,7 +17,20 @@ pub async fn emit(
     message: &Message,
     cause: Option<&Envelope>,
 ) -> outbox::Result<Envelope> {
+    emit_as(conn, order_id, message, cause, Uuid::now_v7()).await
+}
+
+/// [`emit`] under `event_id`, a new id the caller minted first — to record
+/// it beside the state that waits on the message, in the same transaction.
+pub async fn emit_as(
+    conn: &mut PgConnection,
+    order_id: Uuid,
+    message: &Message,
+    cause: Option<&Envelope>,
+    event_id: Uuid,
+) -> outbox::Result<Envelope> {
     let mut envelope = Envelope::new(order_id, message, cause);
+    envelope.event_id = event_id;
     envelope.traceparent = telemetry::propagation::current();
     outbox::enqueue(conn, &outbox_event(message.topic(), &envelope)).await?;
     Ok(envelope)

@@ -289,6 +289,30 @@ pub async fn wait_ready(bootstrap: &str, brokers: usize, timeout: Duration) -> a
     }
 }
 
+/// Waits until the cluster at `bootstrap` hands out producer ids (a
+/// producer's first request, `InitProducerId`), or `timeout`. A freshly
+/// formatted cluster answers metadata before it can: a service whose
+/// idempotent producer starts then logs librdkafka's "Failed to acquire
+/// idempotence PID … Coordinator load in progress: retrying" — a warning in
+/// what is a normal start. A transactional producer's `init_transactions`
+/// returns once ids are handed out (and the transaction log is loaded).
+pub async fn wait_producer_ids(bootstrap: &str, timeout: Duration) -> anyhow::Result<()> {
+    let bootstrap = bootstrap.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let producer: rdkafka::producer::BaseProducer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &bootstrap)
+            .set(
+                "transactional.id",
+                format!("eo-harness-{}", uuid::Uuid::new_v4().simple()),
+            )
+            .set("log_level", "0")
+            .create()?;
+        rdkafka::producer::Producer::init_transactions(&producer, timeout)?;
+        anyhow::Ok(())
+    })
+    .await?
+}
+
 /// A standalone single-node broker for library tests: free ports, a temp
 /// data dir, killed by its pid (and its data removed) on drop.
 pub struct Broker {

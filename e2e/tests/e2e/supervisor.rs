@@ -36,9 +36,11 @@ async fn a_service_whose_consumer_dies_exits_non_zero() {
 /// then ctrl-c (SIGINT) stops every service. Each exits 0, and no log line
 /// of a service is a WARN or an ERROR — a periodic task that ends because
 /// shutdown was asked is a clean end, a missing `~/.pgpass` is no warning.
-/// Checked against the removal: with the supervisor counting a task that
-/// returns after cancellation as dead (`Supervisor::wait` before the fix of
-/// 4d04cb0), order-api exits 1 with "task died" and the test fails.
+/// Checked against two removals, each failing it: the supervisor counting a
+/// task that ends in its grace period as failed (outbox-relay exited 1), and
+/// the harness not waiting for the broker to hand out producer ids
+/// (inventory-service logged librdkafka's "Failed to acquire idempotence
+/// PID … Coordinator load in progress" WARN).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_normal_start_and_a_ctrl_c_stop_are_quiet_and_exit_zero() {
     let mut stack = crate::stack("quiet").await;

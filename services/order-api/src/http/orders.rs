@@ -4,7 +4,6 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use contract::Message;
 use idempotency::{Outcome, StoredResponse};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -190,13 +189,11 @@ pub async fn create(State(state): State<AppState>, request: Idempotent) -> Resul
     let client = request.scope.clone();
     let work: idempotency::Work<ApiError> = Box::new(move |conn| {
         Box::pin(async move {
-            let id = Uuid::now_v7();
-            let first = Message::ReserveStock {
-                sku: new.sku.clone(),
-                quantity: new.quantity,
-            };
-            let sent = saga_kit::emit::emit(conn, id, &first, None).await?;
-            let order = orders::insert_with(conn, id, &client, &new, Some(sent.event_id)).await?;
+            let (id, command_id) = (Uuid::now_v7(), Uuid::now_v7());
+            let order = orders::insert_with(conn, id, &client, &new, Some(command_id)).await?;
+            // The command a PENDING order waits on, built where every state's is.
+            let first = saga::transitions::command(&order, Status::Pending).expect("PENDING waits on a command");
+            saga_kit::emit::emit_as(conn, id, &first, None, command_id).await?;
             fail::fail_point!(CRASH_BEFORE_COMMIT, |_| telemetry::crash_point(CRASH_BEFORE_COMMIT));
             telemetry::metrics::incr("orders_created_total", &[]);
             tracing::info!(order_id = %order.id, "order placed");

@@ -1,4 +1,8 @@
-//! payment-service's PENDING settlement against a real database and a local
+//! payment-service against a real database and a local gateway: the
+//! command handler's charge, decline and refund paths (`handle`), and the
+//! PENDING settlement.
+//!
+//! The settlement: against a real database and a local
 //! gateway: an operation recorded PENDING whose charge the gateway holds
 //! (the service crashed between the charge and its record, and its command
 //! went to the dead-letter topic) is settled from the gateway's record once
@@ -9,6 +13,8 @@ use std::time::Duration;
 
 use payment_service::{gateway, reconcile, Deps};
 use uuid::Uuid;
+
+mod handle;
 
 struct Fixture {
     deps: Deps,
@@ -43,10 +49,15 @@ async fn fixture() -> Fixture {
 impl Fixture {
     /// A token for a card that charges (order-api's side of the vault).
     async fn card_token(&self) -> String {
+        self.token_of("4242424242424242").await
+    }
+
+    /// A token for `card`.
+    async fn token_of(&self, card: &str) -> String {
         let token: serde_json::Value = reqwest::Client::new()
             .post(format!("{}/v1/tokens", self.gateway.url))
             .bearer_auth(self.gateway.order_api_key.expose())
-            .json(&serde_json::json!({"card": "4242424242424242"}))
+            .json(&serde_json::json!({ "card": card }))
             .send()
             .await
             .unwrap()
@@ -75,6 +86,28 @@ impl Fixture {
     async fn payment(&self, order: Uuid) -> (String, Option<String>) {
         sqlx::query_as("SELECT status, gateway_ref FROM payments WHERE order_id = $1 AND kind = 'charge'")
             .bind(order)
+            .fetch_one(&self.deps.pool)
+            .await
+            .unwrap()
+    }
+
+    /// The gateway's ledger for `order`: (kind, status), oldest first.
+    async fn ledger(&self, order: Uuid) -> Vec<(String, String)> {
+        let pool = sqlx::PgPool::connect(self._dbs.1.url()).await.unwrap();
+        let rows = sqlx::query_as("SELECT kind, status FROM ledger WHERE order_id = $1 ORDER BY created_at, id")
+            .bind(order)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+        rows
+    }
+
+    /// The payment row of `order` and `kind`: status and attempts.
+    async fn operation(&self, order: Uuid, kind: &str) -> (String, i32) {
+        sqlx::query_as("SELECT status, attempts FROM payments WHERE order_id = $1 AND kind = $2")
+            .bind(order)
+            .bind(kind)
             .fetch_one(&self.deps.pool)
             .await
             .unwrap()
