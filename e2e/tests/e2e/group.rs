@@ -77,7 +77,12 @@ async fn three_instances_share_partitions_and_survive_sigkill_churn() {
     ];
     // Instances by service: (pid, admin url); the first is the stack's own.
     let mut instances: BTreeMap<Service, Vec<(u32, String)>> = BTreeMap::new();
-    for (s, _) in consumers {
+    for (s, topic) in consumers {
+        // The stack's own instance holds every partition before the extras
+        // join, so their joining makes it give partitions up: a revocation
+        // for certain (a joiner arriving while the group still forms would
+        // take its share with none).
+        wait_shared(&[stack.url(s)], topic).await;
         instances.entry(s).or_default().push((0, stack.url(s)));
         for _ in 0..2 {
             let extra = stack.start_extra(s).await.unwrap();
