@@ -263,7 +263,11 @@ impl Stack {
             Service::Broker => env.clear(),
             Service::Gateway => {
                 env.push(("DATABASE_URL".into(), self.db_url("gateway")));
-                env.push(("GATEWAY_ADMIN".into(), "true".into()));
+                // The fault switch exists in test builds only (debug builds carry
+                // the failpoints, `cargo xtask`'s rule); a release gateway refuses it.
+                if cfg!(debug_assertions) {
+                    env.push(("GATEWAY_ADMIN".into(), "true".into()));
+                }
             }
             Service::Inventory => env.extend([("DATABASE_URL".into(), self.db_url("inventory")), brokers]),
             Service::Payment => env.extend([
