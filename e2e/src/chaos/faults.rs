@@ -123,19 +123,35 @@ async fn close_window(
     let Some((i, window)) = open.take() else { return };
     let (fired, evidence) = match window {
         Window::Gateway { label, before } => {
-            let now = Stack::metric(
-                &stack.url(Service::Gateway),
-                "gateway_injected_faults_total",
-                &[("fault", label)],
-            )
-            .await
-            .unwrap_or(0.0);
-            // A restarted gateway starts counting from zero again.
-            let injected = if now >= before { now - before } else { now };
+            // A 30 % fault over one interval's few calls can miss them all
+            // (0.7^7 ≈ 8 %): the window stays open (up to 5 s more) until the
+            // gateway has injected one.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let injected = loop {
+                let now = Stack::metric(
+                    &stack.url(Service::Gateway),
+                    "gateway_injected_faults_total",
+                    &[("fault", label)],
+                )
+                .await
+                .unwrap_or(0.0);
+                // A restarted gateway starts counting from zero again.
+                let injected = if now >= before { now - before } else { now };
+                if injected > 0.0 || Instant::now() >= deadline {
+                    break injected;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            };
             (injected > 0.0, format!("the gateway counted {injected} {label} faults"))
         }
         Window::Network { before } => {
-            let acted = stack.gateway_proxy().map_or(0, |p| p.acted()) - before;
+            // Likewise until the proxy has acted on a call (up to 5 s more).
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let mut acted = stack.gateway_proxy().map_or(0, |p| p.acted()) - before;
+            while acted == 0 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                acted = stack.gateway_proxy().map_or(0, |p| p.acted()) - before;
+            }
             (acted > 0, format!("the proxy acted {acted} times"))
         }
         Window::Rebalance { revokes_before, extras } => {
