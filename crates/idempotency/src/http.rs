@@ -132,6 +132,17 @@ impl FingerprintKey {
     }
 }
 
+/// The `Idempotency-Key` header in the OpenAPI documents: a handler taking
+/// [`Idempotent`] names it in `#[utoipa::path(params(KeyHeader))]`; the
+/// pattern is what [`Idempotent`] accepts.
+#[derive(Debug, utoipa::IntoParams)]
+#[into_params(parameter_in = Header)]
+pub struct KeyHeader {
+    /// 1–255 printable ASCII characters, no quote; a retry with the same key and body gets the first response.
+    #[param(rename = "Idempotency-Key", pattern = "^[!#-~]{1,255}$")]
+    pub key: String,
+}
+
 /// The authenticated client of a request, put in its extensions by the
 /// service's authentication: the key's scope. A caller cannot name another
 /// client's scope (there is no header for it).

@@ -32,7 +32,7 @@ use sqlx::migrate::Migrator;
 use sqlx::{PgConnection, PgPool, Row};
 
 pub use execute::{execute, Keyed, Outcome, Work};
-pub use http::{respond, FingerprintKey, Idempotent, KeyArgs, Refused, Scope};
+pub use http::{respond, FingerprintKey, Idempotent, KeyArgs, KeyHeader, Refused, Scope};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
 pub use secret::Secret;
 
@@ -253,15 +253,9 @@ pub async fn reap(pool: &PgPool, batch: i64) -> Result<u64> {
 }
 
 /// The metrics the Idempotency-Key layer records, for their `# HELP` (`telemetry::metrics::describe`).
-pub const METRICS: &[telemetry::metrics::Description] = &[
-    telemetry::metrics::Description::counter(
-        "http_idempotent_replays_total",
-        "Requests answered from a stored Idempotency-Key response.",
-    ),
-    telemetry::metrics::Description::counter(
-        "http_idempotent_in_flight_total",
-        "Requests refused because the same key was still being processed.",
-    ),
+pub const METRICS: &[telemetry::metrics::Description] = telemetry::descriptions![
+    counter "http_idempotent_replays_total": "Requests answered from a stored Idempotency-Key response.",
+    counter "http_idempotent_in_flight_total": "Requests refused because the same key was still being processed.",
 ];
 
 #[cfg(test)]

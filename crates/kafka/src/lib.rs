@@ -46,43 +46,16 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// The metrics the consume loop and dead-lettering records, for their `# HELP` (`telemetry::metrics::describe`).
-pub const METRICS: &[telemetry::metrics::Description] = &[
-    telemetry::metrics::Description::counter(
-        "consumer_messages_received_total",
-        "Messages a consumer took from the broker.",
-    ),
-    telemetry::metrics::Description::counter(
-        "consumer_batches_total",
-        "Handler calls (a batch of one partition's queued messages each).",
-    ),
-    telemetry::metrics::Description::counter(
-        "consumer_events_applied_total",
-        "Events whose effect was applied (inbox row written with it).",
-    ),
-    telemetry::metrics::Description::counter(
-        "consumer_duplicates_absorbed_total",
-        "Redelivered events the inbox turned into no-ops.",
-    ),
-    telemetry::metrics::Description::counter("consumer_transient_errors_total", "Handler failures retried in place."),
-    telemetry::metrics::Description::counter(
-        "consumer_dead_lettered_total",
-        "Messages moved to the dead-letter topic.",
-    ),
-    telemetry::metrics::Description::histogram(
-        "consumer_handler_duration_seconds",
-        "Handler latency per call (one batch, one transaction).",
-    ),
-    telemetry::metrics::Description::gauge(
-        "consumer_lag",
-        "Messages behind: partition high watermark minus committed offset.",
-    ),
-    telemetry::metrics::Description::counter(
-        "consumer_rebalances_total",
-        "Group rebalances this member took part in, by kind (assign, revoke).",
-    ),
-    telemetry::metrics::Description::gauge(
-        "consumer_partitions_assigned",
-        "1 for each partition the group assigned to this member, 0 once revoked.",
-    ),
-    telemetry::metrics::Description::gauge("dead_letter_depth", "Messages in a consumed topic's dead-letter topic."),
+pub const METRICS: &[telemetry::metrics::Description] = telemetry::descriptions![
+    counter "consumer_messages_received_total": "Messages a consumer took from the broker.",
+    counter "consumer_batches_total": "Handler calls (a batch of one partition's queued messages each).",
+    counter "consumer_events_applied_total": "Events whose effect was applied (inbox row written with it).",
+    counter "consumer_duplicates_absorbed_total": "Redelivered events the inbox turned into no-ops.",
+    counter "consumer_transient_errors_total": "Handler failures retried in place.",
+    counter "consumer_dead_lettered_total": "Messages moved to the dead-letter topic.",
+    histogram "consumer_handler_duration_seconds": "Handler latency per call (one batch, one transaction).",
+    gauge "consumer_lag": "Messages behind: partition high watermark minus committed offset.",
+    counter "consumer_rebalances_total": "Group rebalances this member took part in, by kind (assign, revoke).",
+    gauge "consumer_partitions_assigned": "1 for each partition the group assigned to this member, 0 once revoked.",
+    gauge "dead_letter_depth": "Messages in a consumed topic's dead-letter topic.",
 ];

@@ -116,27 +116,12 @@ async fn insert(conn: &mut PgConnection, event: &OutboxEvent<'_>, sql: &'static 
 }
 
 /// The metrics the relay records, for their `# HELP` (`telemetry::metrics::describe`).
-pub const METRICS: &[telemetry::metrics::Description] = &[
-    telemetry::metrics::Description::counter("relay_published_total", "Outbox rows published and marked."),
-    telemetry::metrics::Description::counter(
-        "relay_publish_errors_total",
-        "Publish attempts that failed (row stays pending).",
-    ),
-    telemetry::metrics::Description::counter(
-        "relay_parked_total",
-        "Rows the broker refused for good (parked, not retried).",
-    ),
-    telemetry::metrics::Description::counter(
-        "relay_republished_after_crash_total",
-        "Rows published again because a crash lost their mark.",
-    ),
-    telemetry::metrics::Description::histogram(
-        "relay_publish_duration_seconds",
-        "From sending a claimed batch to the broker's last ack.",
-    ),
-    telemetry::metrics::Description::gauge("relay_pending_rows", "Outbox rows not yet published."),
-    telemetry::metrics::Description::gauge(
-        "outbox_oldest_pending_seconds",
-        "Age of the oldest unpublished outbox row.",
-    ),
+pub const METRICS: &[telemetry::metrics::Description] = telemetry::descriptions![
+    counter "relay_published_total": "Outbox rows published and marked.",
+    counter "relay_publish_errors_total": "Publish attempts that failed (row stays pending).",
+    counter "relay_parked_total": "Rows the broker refused for good (parked, not retried).",
+    counter "relay_republished_after_crash_total": "Rows published again because a crash lost their mark.",
+    histogram "relay_publish_duration_seconds": "From sending a claimed batch to the broker's last ack.",
+    gauge "relay_pending_rows": "Outbox rows not yet published.",
+    gauge "outbox_oldest_pending_seconds": "Age of the oldest unpublished outbox row.",
 ];

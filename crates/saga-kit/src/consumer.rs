@@ -12,7 +12,6 @@ use kafka::KafkaArgs;
 use sqlx::{PgConnection, PgPool};
 use tracing::Instrument as _;
 
-use service_kit::periodic::{in_batches, PURGE_BATCH};
 use service_kit::Supervisor;
 
 /// Crash point (failpoints builds), reached only with the negative
@@ -73,6 +72,22 @@ pub async fn apply_batch<C: Sync + ?Sized, E: std::fmt::Display>(
     Ok(handled)
 }
 
+/// A batch handler's answer for one envelope, handled as a batch of one in
+/// the caller's span: the single-message entry of a batching consumer (its
+/// tests, a replay by hand) takes the same path as its loop.
+pub async fn handle_one<F, Fut>(envelope: Envelope, handle_batch: F) -> Result<Handled, HandleError>
+where
+    F: FnOnce(Vec<Traced<Envelope>>) -> Fut,
+    Fut: Future<Output = Result<Vec<Handled>, HandleError>>,
+{
+    let one = Traced {
+        message: envelope,
+        span: tracing::Span::current(),
+    };
+    let mut handled = handle_batch(vec![one]).await?;
+    Ok(handled.pop().expect("one outcome per envelope"))
+}
+
 /// One consumer of the saga.
 #[derive(Debug, Clone)]
 pub struct SagaConsumer {
@@ -87,8 +102,9 @@ pub struct SagaConsumer {
 }
 
 impl SagaConsumer {
-    /// `consumer`, with the service's broker, database and inbox retention settings.
-    pub fn new(consumer: Consumer, kafka: &KafkaArgs, pool: &PgPool, inbox: &inbox::RetentionArgs) -> Self {
+    /// `consumer`, with the service's broker and inbox retention settings and its database.
+    pub fn new(consumer: Consumer, args: &crate::participant::ParticipantArgs, pool: &PgPool) -> Self {
+        let (kafka, inbox) = (&args.kafka, &args.inbox);
         Self {
             consumer,
             kafka: kafka.clone(),
@@ -141,16 +157,9 @@ impl SagaConsumer {
 
 /// Purges the consumer's inbox rows older than `retention` every minute.
 fn spawn_retention(tasks: &mut Supervisor, name: &str, pool: PgPool, retention: Duration) {
-    tasks.spawn_every(format!("{name} inbox retention"), Duration::from_secs(60), move || {
-        let pool = pool.clone();
-        async move {
-            in_batches(PURGE_BATCH, |n| {
-                let pool = pool.clone();
-                async move { inbox::purge(&mut *pool.acquire().await?, retention, n).await }
-            })
-            .await
-            .map(drop)
-        }
+    let task = format!("{name} inbox retention");
+    tasks.spawn_purge(task, Duration::from_secs(60), pool, move |pool, n| async move {
+        inbox::purge(&mut *pool.acquire().await?, retention, n).await
     });
 }
 

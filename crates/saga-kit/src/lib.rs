@@ -8,11 +8,14 @@
 //! - [`consumer`]: [`consumer::apply_batch`], the batch-inbox loop every
 //!   batching consumer runs (inbox rows and effects in one transaction), and
 //!   a saga consumer with its inbox retention as supervised tasks;
+//! - [`participant`]: what a participant service checks and connects
+//!   before it runs;
 //! - [`retention`]: the retention chain a consumer service refuses to start
 //!   without.
 
 pub mod consumer;
 pub mod emit;
+pub mod participant;
 pub mod retention;
 
 pub use consumer::SagaConsumer;

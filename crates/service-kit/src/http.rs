@@ -66,10 +66,9 @@ fn method_label(method: &axum::http::Method) -> &'static str {
 }
 
 /// The metrics this crate's HTTP layer records, for their `# HELP` (`telemetry::metrics::describe`).
-pub const METRICS: &[telemetry::metrics::Description] = &[telemetry::metrics::Description::histogram(
-    "http_server_request_duration_seconds",
-    "HTTP request latency by route and status.",
-)];
+pub const METRICS: &[telemetry::metrics::Description] = telemetry::descriptions![
+    histogram "http_server_request_duration_seconds": "HTTP request latency by route and status.",
+];
 
 /// The OpenAPI document `D` as pretty JSON (what docs/openapi commits).
 pub fn openapi_json<D: utoipa::OpenApi>() -> String {

@@ -66,6 +66,28 @@ pub struct ProcessGuard {
     _failpoints: fail::FailScenario<'static>,
 }
 
+/// How long a service's runtime waits, once `main`'s future has ended, for
+/// blocking calls still in flight (librdkafka's, on the blocking pool)
+/// before the process exits anyway.
+pub const EXIT_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Runs a service's `main` future on a multi-threaded runtime and returns
+/// its result once the runtime is shut down — waiting at most
+/// [`EXIT_GRACE`] for blocking calls still running. A plain
+/// `#[tokio::main]` waits for them without end: a consumer that died while
+/// a gauge's broker call held it kept the process alive after its
+/// supervisor had stopped everything (seen: "inventory-service still running
+/// after 30s" where it had logged "task died").
+pub fn run_main<F>(main: F) -> anyhow::Result<()>
+where
+    F: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let result = runtime.block_on(main);
+    runtime.shutdown_timeout(EXIT_GRACE);
+    result
+}
+
 /// Sets up a service process: logs and traces (as `log` says, tagged with
 /// `service`) and the failpoint scenario. Call once, first thing in `main`.
 pub fn init(service: &'static str, log: &LogArgs) -> ProcessGuard {

@@ -72,54 +72,39 @@ impl Supervisor {
 pub const PURGE_BATCH: i64 = 1_000;
 
 impl Supervisor {
+    /// A retention purge as the supervised task `task`: every `period`,
+    /// `purge(state, limit)` — a bounded delete returning its row count —
+    /// repeated [`in_batches`] of [`PURGE_BATCH`] until it comes up short;
+    /// the rows removed are logged when there were any.
+    pub fn spawn_purge<S, F, Fut, E>(&mut self, task: impl Into<String>, period: Duration, state: S, purge: F)
+    where
+        S: Clone + Send + Sync + 'static,
+        F: Fn(S, i64) -> Fut + Clone + Send + Sync + 'static,
+        Fut: Future<Output = Result<u64, E>> + Send,
+        E: Display + Send + 'static,
+    {
+        let task = task.into();
+        let label = task.clone();
+        self.spawn_every(task, period, move || {
+            let (state, purge, label) = (state.clone(), purge.clone(), label.clone());
+            async move {
+                let rows = in_batches(PURGE_BATCH, |n| purge(state.clone(), n)).await?;
+                if rows > 0 {
+                    tracing::info!(task = %label, rows, "purged");
+                }
+                Ok::<_, E>(())
+            }
+        });
+    }
+
     /// The reaper of an HTTP service's `Idempotency-Key` table: expired keys
     /// deleted every minute, [`PURGE_BATCH`] at a time.
     pub fn spawn_idempotency_reaper(&mut self, pool: sqlx::PgPool) {
-        self.spawn_every("idempotency reaper", Duration::from_secs(60), move || {
-            let pool = pool.clone();
-            async move { in_batches(PURGE_BATCH, |n| idempotency::reap(&pool, n)).await.map(drop) }
-        });
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    use std::sync::Arc;
-
-    use super::*;
-
-    #[tokio::test(start_paused = true)]
-    async fn a_failing_step_runs_again_next_period_and_shutdown_ends_the_loop() {
-        let (runs, token) = (Arc::new(AtomicU32::new(0)), CancellationToken::new());
-        let task = tokio::spawn({
-            let (runs, token) = (runs.clone(), token.clone());
-            every("test", Duration::from_secs(60), token, move || {
-                let runs = runs.clone();
-                async move {
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    Err::<(), _>("boom")
-                }
-            })
-        });
-        tokio::time::sleep(Duration::from_secs(59)).await;
-        assert_eq!(runs.load(Ordering::SeqCst), 0, "the first run waits a period");
-        tokio::time::sleep(Duration::from_secs(62)).await;
-        assert_eq!(runs.load(Ordering::SeqCst), 2, "a failure does not end the loop");
-        token.cancel();
-        task.await.unwrap();
-    }
-
-    #[tokio::test]
-    async fn batches_repeat_until_one_comes_up_short() {
-        let mut left = 2_500u64;
-        let total = in_batches(1_000, |limit| {
-            let n = left.min(limit as u64);
-            left -= n;
-            async move { Ok::<_, ()>(n) }
-        })
-        .await
-        .unwrap();
-        assert_eq!((total, left), (2_500, 0));
+        self.spawn_purge(
+            "idempotency reaper",
+            Duration::from_secs(60),
+            pool,
+            |pool, n| async move { idempotency::reap(&pool, n).await },
+        );
     }
 }

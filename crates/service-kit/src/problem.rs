@@ -127,6 +127,30 @@ fn without_values(message: &str) -> String {
     format!("{head}{}", &message[close..])
 }
 
+/// `impl From<Source> for Error` for each source, into the error's
+/// `Internal(anyhow::Error)` variant: failures that are the service's own
+/// (database, outbox, …) — logged with their cause, answered as a bare 500.
+///
+/// ```
+/// #[derive(Debug)]
+/// enum Error {
+///     Internal(anyhow::Error),
+/// }
+/// service_kit::internal_errors!(Error: std::io::Error, std::fmt::Error);
+/// let Error::Internal(e) = Error::from(std::fmt::Error);
+/// assert!(e.is::<std::fmt::Error>());
+/// ```
+#[macro_export]
+macro_rules! internal_errors {
+    ($error:ty: $($source:ty),+ $(,)?) => {
+        $(impl From<$source> for $error {
+            fn from(e: $source) -> Self {
+                Self::Internal(e.into())
+            }
+        })+
+    };
+}
+
 /// Declares a `problem+json` response of the OpenAPI documents: a type
 /// whose name goes in a handler's `#[utoipa::path(responses(…))]` list in
 /// place of the whole `(status = …, description = …, body = Problem,

@@ -106,6 +106,9 @@ impl Supervisor {
 
     /// Serves `app` on `listener` as the task `http` until shutdown.
     pub fn serve(&mut self, listener: TcpListener, app: Router) {
+        if let Ok(addr) = listener.local_addr() {
+            tracing::info!(%addr, "listening");
+        }
         let app = app.layer(axum::middleware::from_fn(crate::http::trace));
         let token = self.token();
         self.spawn("http", async move {

@@ -168,6 +168,23 @@ impl Description {
     }
 }
 
+/// A `METRICS` list, one line a metric: `kind "name": "help"`, where kind
+/// is `counter`, `gauge` or `histogram` (in seconds).
+///
+/// ```
+/// const METRICS: &[telemetry::metrics::Description] = telemetry::descriptions![
+///     counter "jobs_done_total": "Jobs finished.",
+///     gauge "jobs_queued": "Jobs waiting.",
+/// ];
+/// assert_eq!(METRICS[1].name, "jobs_queued");
+/// ```
+#[macro_export]
+macro_rules! descriptions {
+    ($($kind:ident $name:literal: $help:literal),* $(,)?) => {
+        &[$($crate::metrics::Description::$kind($name, $help)),*]
+    };
+}
+
 /// Registers the `# HELP` of every metric in `lists` — a service calls it
 /// at start with its own list and those of the libraries it runs. Calling
 /// it again is harmless.

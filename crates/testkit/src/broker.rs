@@ -383,6 +383,71 @@ impl Drop for Broker {
     }
 }
 
+/// The address of this test process's own broker, started on first use and
+/// shared by the tests of the binary: for tests that need a broker only to
+/// get through a service's start (its topics), where one JVM per test would
+/// cost more than the tests.
+///
+/// A static is never dropped, so the broker is not stopped by a `Drop`: it
+/// runs under `sh`, which reads its stdin from this process; when the test
+/// process ends, however it ends, the pipe closes, `sh` kills the broker by
+/// its pid and removes its data directory.
+pub async fn shared() -> anyhow::Result<String> {
+    static SHARED: std::sync::OnceLock<Result<String, String>> = std::sync::OnceLock::new();
+    tokio::task::spawn_blocking(|| {
+        SHARED
+            .get_or_init(|| start_shared().map_err(|e| format!("{e:#}")))
+            .clone()
+            .map_err(anyhow::Error::msg)
+    })
+    .await?
+}
+
+/// Starts the shared broker (see [`shared`]); its `sh`'s stdin is kept
+/// open, by leaking it, for as long as this process lives.
+fn start_shared() -> anyhow::Result<String> {
+    let dir = std::env::temp_dir().join(format!("eo-kafka-shared-{}", uuid::Uuid::new_v4().simple()));
+    let started = spawn_shared(&dir);
+    if started.is_err() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    started
+}
+
+fn spawn_shared(dir: &Path) -> anyhow::Result<String> {
+    let node = NodeSpec::free(1)?;
+    prepare(&node, std::slice::from_ref(&node), &new_cluster_id(), dir)?;
+    let mut java = java(dir)?;
+    java.arg("kafka.Kafka").arg(dir.join("server.properties"));
+    let log = std::fs::File::create(dir.join("kafka.log"))?;
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(r#"dir="$1"; shift; "$@" & pid=$!; read -r _; kill -9 "$pid"; wait "$pid"; rm -rf "$dir""#)
+        .arg("eo-shared-kafka")
+        .arg(dir)
+        .arg(java.get_program())
+        .args(java.get_args())
+        .current_dir(dir)
+        .stdin(std::process::Stdio::piped())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()?;
+    // Dropped on an error below: then `sh` stops the broker at once.
+    let lifeline = child.stdin.take();
+    let addr = node.addr();
+    let end = Instant::now() + Duration::from_secs(90);
+    while !answers(&addr, 1) {
+        anyhow::ensure!(
+            Instant::now() < end,
+            "the shared Kafka at {addr} did not answer within 90 s (log: {})",
+            dir.join("kafka.log").display()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::mem::forget(lifeline);
+    Ok(addr)
+}
+
 fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }

@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 
 use axum::routing::{get, put};
 use axum::Router;
-use contract::topics::{self, consumers};
+use contract::topics::consumers;
 use saga_kit::SagaConsumer;
 use service_kit::bearer::CALLER_SCHEME;
 use service_kit::{DbArgs, LogArgs, Supervisor};
@@ -30,9 +30,9 @@ pub struct Config {
     /// The `inventory` database.
     #[command(flatten)]
     pub db: DbArgs,
-    /// The broker.
+    /// The broker, the inbox retention and the negative controls.
     #[command(flatten)]
-    pub kafka: kafka::KafkaArgs,
+    pub saga: saga_kit::participant::ParticipantArgs,
     /// Address of the admin/stock HTTP endpoints.
     #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8081")]
     pub http_addr: SocketAddr,
@@ -45,12 +45,6 @@ pub struct Config {
         hide_env_values = true
     )]
     pub operator_key: service_kit::Secret,
-    /// Inbox retention.
-    #[command(flatten)]
-    pub inbox: inbox::RetentionArgs,
-    /// Negative controls (test builds only): the layers this service can switch off.
-    #[command(flatten)]
-    pub switches: switches::Switches,
     /// Logs.
     #[command(flatten)]
     pub log: LogArgs,
@@ -86,16 +80,12 @@ pub struct App {
 
 /// Connects to the `inventory` database, creating and migrating it.
 pub async fn connect(database_url: &str, pool_size: u32) -> anyhow::Result<PgPool> {
-    Ok(service_kit::db::connect(
+    saga_kit::participant::connect(
         database_url,
         pool_size,
-        vec![
-            outbox::migrator(),
-            inbox::migrator(),
-            sqlx::migrate!("../../migrations/inventory"),
-        ],
+        vec![sqlx::migrate!("../../migrations/inventory")],
     )
-    .await?)
+    .await
 }
 
 /// The negative controls this service can run (`switches::Switches::install` refuses others).
@@ -107,11 +97,8 @@ pub const SWITCHES: [switches::Switch; 3] = [
 
 /// Connects, migrates, creates topics and binds.
 pub async fn build(config: Config) -> anyhow::Result<App> {
-    saga_kit::retention::check_consumer(&config.kafka, &config.inbox, None)?;
-    config.switches.install("inventory-service", &SWITCHES)?;
-    telemetry::metrics::describe(&[METRICS, kafka::METRICS, outbox::METRICS, service_kit::http::METRICS]);
+    config.saga.check(NAME, &SWITCHES, &[METRICS], None).await?;
     let pool = connect(&config.db.url, config.db.pool_size).await?;
-    config.kafka.ensure_topics(&topics::ALL).await?;
     let listener = TcpListener::bind(config.http_addr).await?;
     Ok(App { pool, listener, config })
 }
@@ -122,12 +109,12 @@ impl App {
         self.listener.local_addr().expect("bound listener")
     }
 
-    /// Runs the consumer, the inbox retention and the HTTP endpoints until
-    /// `shutdown`, or until one of them dies (then returns its error).
+    /// Runs the stock consumer (reservations in, replies out), its inbox
+    /// retention and the operator's stock endpoints until `shutdown`, or
+    /// until one of them dies (then returns its error).
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        tracing::info!(addr = %self.local_addr(), "inventory-service listening");
         let mut tasks = Supervisor::new(shutdown);
-        let consumer = SagaConsumer::new(consumers::INVENTORY, &self.config.kafka, &self.pool, &self.config.inbox);
+        let consumer = SagaConsumer::new(consumers::INVENTORY, &self.config.saga, &self.pool);
         consumer.spawn_batches(&mut tasks, self.pool.clone(), |pool, envelopes| async move {
             stock::handle_batch(&pool, envelopes).await
         });
@@ -148,15 +135,9 @@ impl App {
 }
 
 /// The metrics inventory-service records, for their `# HELP` (`telemetry::metrics::describe`).
-pub const METRICS: &[telemetry::metrics::Description] = &[
-    telemetry::metrics::Description::counter("inventory_reserved_total", "Reservations made."),
-    telemetry::metrics::Description::counter(
-        "inventory_rejected_total",
-        "Reservations refused (out of stock, invalid).",
-    ),
-    telemetry::metrics::Description::counter("inventory_released_total", "Reservations released."),
-    telemetry::metrics::Description::counter(
-        "inventory_repeat_commands_total",
-        "Commands for an order already reserved/released (no-ops).",
-    ),
+pub const METRICS: &[telemetry::metrics::Description] = telemetry::descriptions![
+    counter "inventory_reserved_total": "Reservations made.",
+    counter "inventory_rejected_total": "Reservations refused (out of stock, invalid).",
+    counter "inventory_released_total": "Reservations released.",
+    counter "inventory_repeat_commands_total": "Commands for an order already reserved/released (no-ops).",
 ];

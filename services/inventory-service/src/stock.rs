@@ -12,12 +12,7 @@ use sqlx::{PgConnection, PgPool};
 
 /// Handles one inventory command.
 pub async fn handle(pool: &PgPool, envelope: Envelope) -> Result<Handled, HandleError> {
-    let one = Traced {
-        message: envelope,
-        span: tracing::Span::current(),
-    };
-    let mut handled = handle_batch(pool, vec![one]).await?;
-    Ok(handled.pop().expect("one outcome per envelope"))
+    saga_kit::consumer::handle_one(envelope, |one| handle_batch(pool, one)).await
 }
 
 /// A command this service understands.

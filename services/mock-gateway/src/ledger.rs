@@ -46,17 +46,7 @@ pub enum GatewayError {
 /// A request under `Idempotency-Key`, refused the way the gateway refuses.
 pub type Idempotent = idempotency::Idempotent<GatewayError>;
 
-impl From<idempotency::Error> for GatewayError {
-    fn from(e: idempotency::Error) -> Self {
-        Self::Internal(e.into())
-    }
-}
-
-impl From<sqlx::Error> for GatewayError {
-    fn from(e: sqlx::Error) -> Self {
-        Self::Internal(e.into())
-    }
-}
+service_kit::internal_errors!(GatewayError: idempotency::Error, sqlx::Error);
 
 impl GatewayError {
     fn problem(&self) -> Problem {
@@ -110,9 +100,7 @@ pub struct LedgerEntry {
     path = "/v1/charges",
     tag = "gateway",
     request_body = ChargeRequest,
-    params(
-        ("Idempotency-Key" = String, Header, description = "one per operation: a retry with it returns the original movement"),
-    ),
+    params(idempotency::KeyHeader),
     responses(
         (status = 201, description = "Captured (or replayed)", body = Movement),
         service_kit::problem::responses::NoCredential,
@@ -171,9 +159,7 @@ pub async fn charge(State(state): State<AppState>, request: Idempotent) -> Resul
     path = "/v1/refunds",
     tag = "gateway",
     request_body = RefundRequest,
-    params(
-        ("Idempotency-Key" = String, Header, description = "one per operation: a retry with it returns the original movement"),
-    ),
+    params(idempotency::KeyHeader),
     responses(
         (status = 201, description = "Refunded (or replayed)", body = Movement),
         service_kit::problem::responses::NoCredential,

@@ -229,12 +229,7 @@ impl App {
 
     /// Serves until `shutdown`, or until a task dies (then returns its error).
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        tracing::info!(
-            addr = %self.local_addr(),
-            admin = self.admin,
-            callers = ?self.callers,
-            "mock-gateway listening"
-        );
+        tracing::info!(admin = self.admin, callers = ?self.callers, "mock-gateway callers");
         let mut tasks = Supervisor::new(shutdown);
         let mut api = Router::new()
             .route("/v1/charges", post(ledger::charge))
@@ -319,19 +314,10 @@ pub async fn start_local(database_url: &str, shutdown: CancellationToken) -> any
 }
 
 /// The metrics mock-gateway records, for their `# HELP` (`telemetry::metrics::describe`).
-pub const METRICS: &[telemetry::metrics::Description] = &[
-    telemetry::metrics::Description::counter("gateway_charges_total", "Charges the mock gateway executed."),
-    telemetry::metrics::Description::counter("gateway_refunds_total", "Refunds the mock gateway executed."),
-    telemetry::metrics::Description::counter(
-        "gateway_injected_faults_total",
-        "Faults the mock gateway injected on purpose.",
-    ),
-    telemetry::metrics::Description::counter(
-        "gateway_tokens_issued_total",
-        "Card tokens the vault answered (new or existing).",
-    ),
-    telemetry::metrics::Description::counter(
-        "gateway_operation_lookups_total",
-        "Reconciliation lookups of an operation by its key, by whether one was found.",
-    ),
+pub const METRICS: &[telemetry::metrics::Description] = telemetry::descriptions![
+    counter "gateway_charges_total": "Charges the mock gateway executed.",
+    counter "gateway_refunds_total": "Refunds the mock gateway executed.",
+    counter "gateway_injected_faults_total": "Faults the mock gateway injected on purpose.",
+    counter "gateway_tokens_issued_total": "Card tokens the vault answered (new or existing).",
+    counter "gateway_operation_lookups_total": "Reconciliation lookups of an operation by its key, by whether one was found.",
 ];

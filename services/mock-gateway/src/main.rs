@@ -1,7 +1,10 @@
 use clap::Parser;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    service_kit::run_main(serve())
+}
+
+async fn serve() -> anyhow::Result<()> {
     let config = mock_gateway::Config::parse();
     let _process = service_kit::init(mock_gateway::NAME, &config.log);
     let app = mock_gateway::build(config).await?;

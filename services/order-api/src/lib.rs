@@ -15,9 +15,8 @@ pub mod saga;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use contract::topics::{self, consumers};
+use contract::topics::consumers;
 use saga_kit::SagaConsumer;
-use service_kit::periodic::{in_batches, PURGE_BATCH};
 use service_kit::{DbArgs, LogArgs, Supervisor};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
@@ -37,9 +36,9 @@ pub struct Config {
     /// The `orders` database.
     #[command(flatten)]
     pub db: DbArgs,
-    /// The broker.
+    /// The broker, the inbox retention and the negative controls.
     #[command(flatten)]
-    pub kafka: kafka::KafkaArgs,
+    pub saga: saga_kit::participant::ParticipantArgs,
     /// Address of the HTTP API (also serves /health and /metrics).
     #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8080")]
     pub http_addr: SocketAddr,
@@ -57,16 +56,10 @@ pub struct Config {
     /// Idempotency-Key lifetime.
     #[command(flatten)]
     pub keys: idempotency::KeyArgs,
-    /// Inbox retention.
-    #[command(flatten)]
-    pub inbox: inbox::RetentionArgs,
     /// How long the saga history of a finished (CONFIRMED or CANCELLED)
     /// order is kept, in seconds; the order row itself stays.
     #[arg(long, env = "ORDER_HISTORY_RETENTION_SECS", default_value_t = 90 * 86_400)]
     pub history_retention_secs: u64,
-    /// Negative controls (test builds only): the layers this service can switch off.
-    #[command(flatten)]
-    pub switches: switches::Switches,
     /// Logs.
     #[command(flatten)]
     pub log: LogArgs,
@@ -103,17 +96,8 @@ pub struct App {
 /// Connects to the `orders` database, creating and migrating it (the
 /// outbox, inbox and idempotency tables, then the orders schema).
 pub async fn connect(database_url: &str, pool_size: u32) -> anyhow::Result<PgPool> {
-    Ok(service_kit::db::connect(
-        database_url,
-        pool_size,
-        vec![
-            outbox::migrator(),
-            inbox::migrator(),
-            idempotency::migrator(),
-            sqlx::migrate!("../../migrations/orders"),
-        ],
-    )
-    .await?)
+    let own = vec![idempotency::migrator(), sqlx::migrate!("../../migrations/orders")];
+    saga_kit::participant::connect(database_url, pool_size, own).await
 }
 
 /// The negative controls this service can run (`switches::Switches::install` refuses others).
@@ -127,17 +111,11 @@ pub const SWITCHES: [switches::Switch; 4] = [
 /// Connects to the database (creating and migrating it), creates the topics
 /// and binds the HTTP listener.
 pub async fn build(config: Config) -> anyhow::Result<App> {
-    saga_kit::retention::check_consumer(&config.kafka, &config.inbox, None)?;
-    config.switches.install("order-api", &SWITCHES)?;
-    telemetry::metrics::describe(&[
-        METRICS,
-        kafka::METRICS,
-        outbox::METRICS,
-        idempotency::METRICS,
-        service_kit::http::METRICS,
-    ]);
+    config
+        .saga
+        .check(NAME, &SWITCHES, &[METRICS, idempotency::METRICS], None)
+        .await?;
     let pool = connect(&config.db.url, config.db.pool_size).await?;
-    config.kafka.ensure_topics(&topics::ALL).await?;
     let listener = TcpListener::bind(config.http_addr).await?;
     let auth = auth::Auth::new(pool.clone(), config.auth.clone());
     let state = AppState {
@@ -160,13 +138,19 @@ impl App {
         self.listener.local_addr().expect("bound listener")
     }
 
-    /// Serves HTTP and runs the saga consumer and the reapers until
-    /// `shutdown`, or until one of them dies (then returns its error).
+    /// What the handlers share (a test reads its pool and its authentication).
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// Serves the orders API and runs the saga orchestrator (its consumer,
+    /// the deadline scan), the key and history reapers and the card
+    /// backfill until `shutdown`, or until one of them dies (then returns
+    /// its error).
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        tracing::info!(addr = %self.local_addr(), "order-api listening");
         let mut tasks = Supervisor::new(shutdown);
         let config = &self.config;
-        let saga = SagaConsumer::new(consumers::ORDER_SAGA, &config.kafka, &self.state.pool, &config.inbox);
+        let saga = SagaConsumer::new(consumers::ORDER_SAGA, &config.saga, &self.state.pool);
         saga.spawn_batches(&mut tasks, self.state.pool.clone(), |pool, envelopes| async move {
             saga::handle_batch(&pool, envelopes).await
         });
@@ -175,18 +159,13 @@ impl App {
             self.state.pool.clone(),
             Duration::from_secs(config.history_retention_secs),
         );
-        tasks.spawn_every("history retention", Duration::from_secs(3600), move || {
-            let pool = pool.clone();
-            async move {
-                let rows = in_batches(PURGE_BATCH, |n| {
-                    let pool = pool.clone();
-                    async move { orders::purge_history(&mut *pool.acquire().await?, retention, n).await }
-                })
-                .await?;
-                tracing::info!(rows, "order history purged");
-                Ok::<_, sqlx::Error>(())
-            }
-        });
+        tasks.spawn_purge(
+            "history retention",
+            Duration::from_secs(3600),
+            pool,
+            move |pool, n| async move { orders::purge_history(&mut *pool.acquire().await?, retention, n).await },
+        );
+
         let (pool, gateway, deadlines) = (
             self.state.pool.clone(),
             self.state.gateway.clone(),
@@ -212,43 +191,16 @@ impl App {
 }
 
 /// The metrics order-api records, for their `# HELP` (`telemetry::metrics::describe`).
-pub const METRICS: &[telemetry::metrics::Description] = &[
-    telemetry::metrics::Description::counter(
-        "orders_created_total",
-        "Orders created by POST /orders (replays not counted).",
-    ),
-    telemetry::metrics::Description::counter("saga_transitions_total", "Saga state changes, by from and to."),
-    telemetry::metrics::Description::counter(
-        "saga_ignored_transitions_total",
-        "Replies not legal in the order's state (stale, reordered, repeated).",
-    ),
-    telemetry::metrics::Description::counter(
-        "saga_unknown_order_total",
-        "Replies for an order id this service never created.",
-    ),
-    telemetry::metrics::Description::histogram(
-        "saga_duration_seconds",
-        "Placed to terminal (CONFIRMED or CANCELLED), by final status.",
-    ),
-    telemetry::metrics::Description::counter(
-        "saga_deadline_actions_total",
-        "What the deadline scan did to an overdue order: reconciled, resent, manual_review or skipped.",
-    ),
-    telemetry::metrics::Description::counter(
-        "saga_replies_after_reconciliation_total",
-        "Participant replies that arrived after reconciliation had taken the gateway's answer (set aside).",
-    ),
-    telemetry::metrics::Description::gauge("orders_manual_review", "Orders in MANUAL_REVIEW, waiting for a person."),
-    telemetry::metrics::Description::counter(
-        "api_refusals_total",
-        "Requests refused before a handler: unauthenticated, lookup_limited, too_large or rate_limited.",
-    ),
-    telemetry::metrics::Description::counter(
-        "api_key_lookups_total",
-        "API-key lookups that reached the database (a key neither cached nor known bad).",
-    ),
-    telemetry::metrics::Description::counter(
-        "api_key_lookups_avoided_total",
-        "API-key lookups skipped: a key known not to exist, or the caller's address over its lookup limit.",
-    ),
+pub const METRICS: &[telemetry::metrics::Description] = telemetry::descriptions![
+    counter "orders_created_total": "Orders created by POST /orders (replays not counted).",
+    counter "saga_transitions_total": "Saga state changes, by from and to.",
+    counter "saga_ignored_transitions_total": "Replies not legal in the order's state (stale, reordered, repeated).",
+    counter "saga_unknown_order_total": "Replies for an order id this service never created.",
+    histogram "saga_duration_seconds": "Placed to terminal (CONFIRMED or CANCELLED), by final status.",
+    counter "saga_deadline_actions_total": "What the deadline scan did to an overdue order: reconciled, resent, manual_review or skipped.",
+    counter "saga_replies_after_reconciliation_total": "Participant replies that arrived after reconciliation had taken the gateway's answer (set aside).",
+    gauge "orders_manual_review": "Orders in MANUAL_REVIEW, waiting for a person.",
+    counter "api_refusals_total": "Requests refused before a handler: unauthenticated, lookup_limited, too_large or rate_limited.",
+    counter "api_key_lookups_total": "API-key lookups that reached the database (a key neither cached nor known bad).",
+    counter "api_key_lookups_avoided_total": "API-key lookups skipped: a key known not to exist, or the caller's address over its lookup limit.",
 ];

@@ -25,8 +25,11 @@ struct Operator {
     log: service_kit::LogArgs,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    service_kit::run_main(serve())
+}
+
+async fn serve() -> anyhow::Result<()> {
     let first = std::env::args().nth(1).unwrap_or_default();
     if order_api::admin::Command::has_subcommand(&first) {
         let op = Operator::parse();

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use contract::topics;
 use outbox::{KafkaPublisher, Relay};
-use service_kit::periodic::{in_batches, PURGE_BATCH};
 use service_kit::{LogArgs, Supervisor};
 use sqlx::PgPool;
 use tokio::net::TcpListener;
@@ -104,7 +103,7 @@ impl App {
     /// Relays every source until `shutdown`, or until one relay dies (then
     /// returns its error).
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        tracing::info!(addr = %self.local_addr(), sources = self.sources.len(), "outbox-relay running");
+        tracing::info!(sources = self.sources.len(), "outbox-relay running");
         let mut tasks = Supervisor::new(shutdown);
         let publisher = KafkaPublisher::from_producer(self.config.kafka.producer()?);
         for (name, pool) in &self.sources {
@@ -123,17 +122,12 @@ impl App {
                 async move { r.observe_backlog().await.map(drop) }
             });
             let retention = Duration::from_secs(self.config.retention_secs);
-            tasks.spawn_every(format!("relay {name} retention"), Duration::from_secs(60), move || {
-                let r = relay.clone();
-                async move {
-                    in_batches(PURGE_BATCH, |n| {
-                        let r = r.clone();
-                        async move { r.purge_published(retention, n).await }
-                    })
-                    .await
-                    .map(drop)
-                }
-            });
+            tasks.spawn_purge(
+                format!("relay {name} retention"),
+                Duration::from_secs(60),
+                relay.clone(),
+                move |r, n| async move { r.purge_published(retention, n).await },
+            );
         }
         let admin_pool = self.sources[0].1.clone();
         tasks.serve(self.listener, service_kit::admin::router(admin_pool, tasks.health()));

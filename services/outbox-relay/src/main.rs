@@ -1,7 +1,10 @@
 use clap::Parser;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    service_kit::run_main(serve())
+}
+
+async fn serve() -> anyhow::Result<()> {
     let config = outbox_relay::Config::parse();
     let _process = service_kit::init(outbox_relay::NAME, &config.log);
     let app = outbox_relay::build(config).await?;

@@ -8,7 +8,7 @@ pub mod reconcile;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use contract::topics::{self, consumers};
+use contract::topics::consumers;
 use saga_kit::SagaConsumer;
 use service_kit::{DbArgs, LogArgs, Supervisor};
 use sqlx::PgPool;
@@ -26,9 +26,9 @@ pub struct Config {
     /// The `payments` database.
     #[command(flatten)]
     pub db: DbArgs,
-    /// The broker.
+    /// The broker, the inbox retention and the negative controls.
     #[command(flatten)]
-    pub kafka: kafka::KafkaArgs,
+    pub saga: saga_kit::participant::ParticipantArgs,
     /// Address of the admin endpoints.
     #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8082")]
     pub http_addr: SocketAddr,
@@ -48,12 +48,6 @@ pub struct Config {
     /// Seconds between scans for overdue PENDING operations.
     #[arg(long, env = "RECONCILE_INTERVAL_SECS", default_value_t = 5)]
     pub reconcile_interval_secs: u64,
-    /// Inbox retention.
-    #[command(flatten)]
-    pub inbox: inbox::RetentionArgs,
-    /// Negative controls (test builds only): the layers this service can switch off.
-    #[command(flatten)]
-    pub switches: switches::Switches,
     /// Logs.
     #[command(flatten)]
     pub log: LogArgs,
@@ -84,26 +78,22 @@ pub const SWITCHES: [switches::Switch; 3] = [
 
 /// Connects, migrates, creates topics and binds.
 pub async fn build(config: Config) -> anyhow::Result<App> {
-    saga_kit::retention::check_consumer(&config.kafka, &config.inbox, Some(config.gateway_key_ttl_secs))?;
-    telemetry::metrics::describe(&[METRICS, kafka::METRICS, outbox::METRICS, service_kit::http::METRICS]);
-    let pool = service_kit::db::connect(
+    config
+        .saga
+        .check(NAME, &SWITCHES, &[METRICS], Some(config.gateway_key_ttl_secs))
+        .await?;
+    let pool = saga_kit::participant::connect(
         &config.db.url,
         config.db.pool_size,
-        vec![
-            outbox::migrator(),
-            inbox::migrator(),
-            sqlx::migrate!("../../migrations/payments"),
-        ],
+        vec![sqlx::migrate!("../../migrations/payments")],
     )
     .await?;
-    config.kafka.ensure_topics(&topics::ALL).await?;
     let gateway = gateway::Client::new(
         &config.gateway.url,
         config.gateway.api_key.expose(),
         config.gateway.timeout(),
     )?;
     let listener = TcpListener::bind(config.http_addr).await?;
-    config.switches.install("payment-service", &SWITCHES)?;
     let deps = Deps { pool, gateway };
     Ok(App { deps, listener, config })
 }
@@ -114,13 +104,14 @@ impl App {
         self.listener.local_addr().expect("bound listener")
     }
 
-    /// Runs the consumer, the inbox retention and the admin endpoints until
-    /// `shutdown`, or until one of them dies (then returns its error).
+    /// Runs the payment consumer (charges and refunds at the gateway), the
+    /// pending-payment reconciler, the inbox retention and the admin
+    /// endpoints until `shutdown`, or until one of them dies (then returns
+    /// its error).
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        tracing::info!(addr = %self.local_addr(), "payment-service listening");
         let mut tasks = Supervisor::new(shutdown);
         let config = &self.config;
-        let consumer = SagaConsumer::new(consumers::PAYMENT, &config.kafka, &self.deps.pool, &config.inbox);
+        let consumer = SagaConsumer::new(consumers::PAYMENT, &config.saga, &self.deps.pool);
         consumer.spawn(&mut tasks, self.deps.clone(), |deps, env| async move {
             payments::handle(&deps, env).await
         });
@@ -142,24 +133,12 @@ impl App {
 }
 
 /// The metrics payment-service records, for their `# HELP` (`telemetry::metrics::describe`).
-pub const METRICS: &[telemetry::metrics::Description] = &[
-    telemetry::metrics::Description::counter("payment_settled_total", "Charges and refunds settled with the gateway."),
-    telemetry::metrics::Description::counter(
-        "payment_repeat_commands_total",
-        "Payment commands already settled (no-ops).",
-    ),
-    telemetry::metrics::Description::counter(
-        "payment_reconciliations_total",
-        "Overdue PENDING operations looked up at the gateway, by result (settled, absent, skipped).",
-    ),
-    telemetry::metrics::Description::gauge(
-        "payments_pending",
-        "Payment operations PENDING (the gateway's answer not recorded yet).",
-    ),
-    telemetry::metrics::Description::gauge(
-        "payments_oldest_pending_seconds",
-        "Age of the oldest PENDING payment operation (0 when none).",
-    ),
+pub const METRICS: &[telemetry::metrics::Description] = telemetry::descriptions![
+    counter "payment_settled_total": "Charges and refunds settled with the gateway.",
+    counter "payment_repeat_commands_total": "Payment commands already settled (no-ops).",
+    counter "payment_reconciliations_total": "Overdue PENDING operations looked up at the gateway, by result (settled, absent, skipped).",
+    gauge "payments_pending": "Payment operations PENDING (the gateway's answer not recorded yet).",
+    gauge "payments_oldest_pending_seconds": "Age of the oldest PENDING payment operation (0 when none).",
 ];
 
 #[cfg(test)]

@@ -1,7 +1,10 @@
 use clap::Parser;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    service_kit::run_main(serve())
+}
+
+async fn serve() -> anyhow::Result<()> {
     let config = payment_service::Config::parse();
     let _process = service_kit::init(payment_service::NAME, &config.log);
     let app = payment_service::build(config).await?;

@@ -32,29 +32,7 @@ pub enum ApiError {
     Internal(#[from] anyhow::Error),
 }
 
-impl From<sqlx::Error> for ApiError {
-    fn from(e: sqlx::Error) -> Self {
-        Self::Internal(e.into())
-    }
-}
-
-impl From<idempotency::Error> for ApiError {
-    fn from(e: idempotency::Error) -> Self {
-        Self::Internal(e.into())
-    }
-}
-
-impl From<crate::saga::Error> for ApiError {
-    fn from(e: crate::saga::Error) -> Self {
-        Self::Internal(e.into())
-    }
-}
-
-impl From<outbox::Error> for ApiError {
-    fn from(e: outbox::Error) -> Self {
-        Self::Internal(e.into())
-    }
-}
+service_kit::internal_errors!(ApiError: sqlx::Error, idempotency::Error, crate::saga::Error, outbox::Error);
 
 impl ApiError {
     /// The problem document for this error.

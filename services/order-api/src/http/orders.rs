@@ -161,9 +161,7 @@ pub struct OrderView {
     path = "/orders",
     tag = "orders",
     request_body = CreateOrder,
-    params(
-        ("Idempotency-Key" = String, Header, pattern = "^[!#-~]{1,255}$", description = "1–255 printable ASCII characters, no quote; a retry with the same key and body gets the same response"),
-    ),
+    params(idempotency::KeyHeader),
     responses(
         (status = 201, description = "Created (or replayed: `Idempotent-Replayed: true`)", body = Order,
          headers(("Location" = String, description = "/orders/{id}"))),
@@ -271,7 +269,7 @@ pub async fn show(
     tag = "orders",
     params(
         ("id" = uuid::Uuid, Path, description = "order id"),
-        ("Idempotency-Key" = String, Header, pattern = "^[!#-~]{1,255}$", description = "as for POST /orders"),
+        idempotency::KeyHeader,
     ),
     responses(
         (status = 202, description = "Cancel of a CONFIRMED order started: refund, then stock released", body = Order),

@@ -31,12 +31,7 @@ pub enum Error {
 
 /// Handles one reply event for the saga.
 pub async fn handle(pool: &PgPool, envelope: Envelope) -> Result<Handled, HandleError> {
-    let one = Traced {
-        message: envelope,
-        span: tracing::Span::current(),
-    };
-    let mut handled = handle_batch(pool, vec![one]).await?;
-    Ok(handled.pop().expect("one outcome per envelope"))
+    saga_kit::consumer::handle_one(envelope, |one| handle_batch(pool, one)).await
 }
 
 /// Handles a partition's queued replies, in order, in one transaction: one

@@ -89,16 +89,16 @@ async fn keys_are_scoped_to_the_client() {
 
 #[tokio::test]
 async fn expired_keys_behave_as_new_and_are_reaped() {
-    let api = TestApi::start(Duration::from_millis(300)).await;
+    let api = TestApi::start(Duration::from_secs(1)).await;
     let first = api.post("/orders", "k-exp", None, ORDER).await;
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
     let second = api.post("/orders", "k-exp", None, ORDER).await;
     assert_eq!((second.status, second.replayed), (201, false));
     assert_ne!(first.json()["id"], second.json()["id"]);
     // Two more keys expire; the reaper deletes expired rows in batches.
     api.post("/orders", "k-a", None, ORDER).await;
     api.post("/orders", "k-b", None, ORDER).await;
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
     assert_eq!(idempotency::reap(&api.pool, 2).await.unwrap(), 2);
     assert_eq!(idempotency::reap(&api.pool, 2).await.unwrap(), 1);
     assert_eq!(idempotency::reap(&api.pool, 2).await.unwrap(), 0);

@@ -1,6 +1,8 @@
 //! order-api's HTTP layer against a real PostgreSQL (a fresh database per
-//! test), served on port 0 in-process. The saga consumer is not started: these
-//! tests are about what one request writes, and the outbox row it leaves.
+//! test): the service as its binary starts it (`order_api::build` on port 0,
+//! then `App::run`), in-process, with a local gateway and the test binary's
+//! shared broker (`testkit::broker::shared`). No relay runs: these tests are
+//! about what one request writes, and the outbox row it leaves there.
 
 mod auth;
 mod cards;
@@ -12,7 +14,7 @@ use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use order_api::AppState;
+use clap::Parser as _;
 use sqlx::PgPool;
 use testkit::TempDb;
 
@@ -25,7 +27,10 @@ pub struct TestApi {
     _db: TempDb,
     /// The card vault's database.
     _gateway_db: TempDb,
+    /// Stops the gateway (a test may stop it alone).
     gateway: tokio_util::sync::CancellationToken,
+    /// Stops the API.
+    service: tokio_util::sync::CancellationToken,
     /// API keys by client, provisioned on first use.
     keys: Mutex<HashMap<String, String>>,
     /// The API's authentication (its lookup count).
@@ -34,47 +39,61 @@ pub struct TestApi {
 
 impl Drop for TestApi {
     fn drop(&mut self) {
+        self.service.cancel();
         self.gateway.cancel();
     }
 }
 
 impl TestApi {
+    /// `ttl`: the Idempotency-Key lifetime, in whole seconds (the service's setting).
     pub async fn start(ttl: Duration) -> Self {
         Self::start_with(ttl, order_api::auth::AuthArgs::default()).await
     }
 
     pub async fn start_with(ttl: Duration, limits: order_api::auth::AuthArgs) -> Self {
         let db = TempDb::new("eo_http");
-        let pool = order_api::connect(db.url(), 32).await.expect("database");
         let gateway_db = TempDb::new("eo_http_gw");
-        let gateway = tokio_util::sync::CancellationToken::new();
-        let gateway_url = mock_gateway::start_local(gateway_db.url(), gateway.clone())
+        let (token, service) = (
+            tokio_util::sync::CancellationToken::new(),
+            tokio_util::sync::CancellationToken::new(),
+        );
+        let gateway = mock_gateway::start_local(gateway_db.url(), token.clone())
             .await
             .expect("gateway");
-        let state = AppState {
-            pool: pool.clone(),
-            idempotency_ttl: ttl,
-            gateway: order_api::gateway::Client::new(
-                &gateway_url.url,
-                &gateway_url.order_api_key,
-                Duration::from_secs(5),
-            )
-            .unwrap(),
-            auth: order_api::auth::Auth::new(pool.clone(), limits),
-            fingerprint_key: ::idempotency::FingerprintKey::for_tests(),
-        };
-        let auth = state.auth.clone();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let app = order_api::http::router(state).into_make_service_with_connect_info::<SocketAddr>();
-        tokio::spawn(async move { axum::serve(listener, app).await });
+        let brokers = testkit::broker::shared().await.expect("broker");
+        let ttl = ttl.as_secs().to_string();
+        let mut config = order_api::Config::try_parse_from([
+            "order-api",
+            "--database-url",
+            db.url(),
+            "--kafka-brokers",
+            &brokers,
+            "--http-addr",
+            "127.0.0.1:0",
+            "--gateway-url",
+            &gateway.url,
+            "--gateway-api-key",
+            gateway.order_api_key.expose(),
+            "--gateway-timeout-ms",
+            "5000",
+            "--idempotency-ttl-secs",
+            &ttl,
+            "--idempotency-fingerprint-key",
+            mock_gateway::random_secret().expose(),
+        ])
+        .expect("configuration");
+        config.auth = limits;
+        let app = order_api::build(config).await.expect("order-api");
+        let (addr, pool, auth) = (app.local_addr(), app.state().pool.clone(), app.state().auth.clone());
+        tokio::spawn(app.run(service.clone()));
         Self {
             addr,
             pool,
             http: reqwest::Client::new(),
             _db: db,
             _gateway_db: gateway_db,
-            gateway,
+            gateway: token,
+            service,
             keys: Mutex::default(),
             auth,
         }

@@ -1,0 +1,52 @@
+//! What a saga participant — a service whose database holds its outbox and
+//! inbox and which consumes saga messages (order-api, inventory-service,
+//! payment-service) — does before it runs, in one order for all of them.
+
+use sqlx::migrate::Migrator;
+use sqlx::PgPool;
+
+/// The settings every participant has: flatten it into the service's
+/// configuration (the flags and variables are the layers' own).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ParticipantArgs {
+    /// The broker.
+    #[command(flatten)]
+    pub kafka: kafka::KafkaArgs,
+    /// Inbox retention.
+    #[command(flatten)]
+    pub inbox: inbox::RetentionArgs,
+    /// Negative controls (test builds only): the layers this service can switch off.
+    #[command(flatten)]
+    pub switches: switches::Switches,
+}
+
+impl ParticipantArgs {
+    /// What service `name` checks before it connects: refuses a broken
+    /// retention chain ([`crate::retention::check_consumer`]; with
+    /// `gateway_key_secs`, the lifetime of the gateway keys it sends) and
+    /// switches other than the layers it can switch off (`known`) or this
+    /// build has; describes its `metrics` and the layers' (kafka, outbox,
+    /// HTTP); then creates (or checks) the saga's topics.
+    pub async fn check(
+        &self,
+        name: &'static str,
+        known: &[switches::Switch],
+        metrics: &[&'static [telemetry::metrics::Description]],
+        gateway_key_secs: Option<u64>,
+    ) -> anyhow::Result<()> {
+        crate::retention::check_consumer(&self.kafka, &self.inbox, gateway_key_secs)?;
+        self.switches.install(name, known)?;
+        telemetry::metrics::describe(&[kafka::METRICS, outbox::METRICS, service_kit::http::METRICS]);
+        telemetry::metrics::describe(metrics);
+        self.kafka.ensure_topics(&contract::topics::ALL).await?;
+        Ok(())
+    }
+}
+
+/// Connects to a participant's database, creating it and migrating the
+/// outbox and inbox tables, then `own` (the service's schema) in order.
+pub async fn connect(url: &str, pool_size: u32, own: Vec<Migrator>) -> anyhow::Result<PgPool> {
+    let mut migrators = vec![outbox::migrator(), inbox::migrator()];
+    migrators.extend(own);
+    Ok(service_kit::db::connect(url, pool_size, migrators).await?)
+}
