@@ -84,6 +84,10 @@ enum Cmd {
         /// Only the ceilings and the sustained-rate search (to try settings).
         #[arg(long)]
         quick: bool,
+        /// Instances of each consumer service (inventory, payment, order-api's
+        /// saga) in its consumer group; the report gives each one's handled count.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=4))]
+        instances: u16,
         /// Instead: what tracing costs, one run in three modes (OpenTelemetry
         /// disabled, spans without export, spans exported) at this many
         /// orders/s; figures to target/bench-results/trace-cost.*.
@@ -431,6 +435,7 @@ async fn main() -> anyhow::Result<()> {
             start_rate,
             trials,
             quick,
+            instances,
             trace_cost,
         } => {
             if cfg!(debug_assertions) {
@@ -441,6 +446,7 @@ async fn main() -> anyhow::Result<()> {
                     .args(["--start-rate", &start_rate.to_string()])
                     .args(["--trials", &trials.to_string()])
                     .args(quick.then_some("--quick"))
+                    .args(["--instances", &instances.to_string()])
                     .args(trace_cost.map(|r| format!("--trace-cost={r}")))
                     .status()?;
                 std::process::exit(status.code().unwrap_or(1));
@@ -465,12 +471,13 @@ async fn main() -> anyhow::Result<()> {
                 start_rate,
                 trials,
                 quick,
+                instances: instances.into(),
                 ..Default::default()
             };
             let opts = StackOptions::ephemeral("bench")?;
             eprintln!("booting a fresh stack (logs in {})…", opts.run_dir.display());
-            let stack = Stack::start(opts).await?;
-            let figures = e2e::bench::run(&stack, &cfg).await;
+            let mut stack = Stack::start(opts).await?;
+            let figures = e2e::bench::run(&mut stack, &cfg).await;
             stack.shutdown(figures.is_ok()).await?;
             let figures = figures?;
             let dir = workspace_root().join("target").join("bench-results");

@@ -32,6 +32,15 @@ pub struct KafkaArgs {
     #[arg(long = "kafka-consumer-max-batch", env = "KAFKA_CONSUMER_MAX_BATCH", default_value_t = 32,
           value_parser = clap::value_parser!(u16).range(1..=1_000))]
     pub consumer_max_batch: u16,
+    /// How long a consumer's fetch may wait at the broker for more messages
+    /// to arrive, in milliseconds (`fetch.wait.max.ms`, with
+    /// `fetch.min.bytes` of 16 KiB): a fetch answered at the first message
+    /// makes batches of one — a database transaction and a fetch request per
+    /// message; a short wait gathers them, for up to this much more latency
+    /// per hop. 0 answers every fetch at once.
+    #[arg(long = "kafka-fetch-wait-ms", env = "KAFKA_FETCH_WAIT_MS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(0..=500))]
+    pub fetch_wait_ms: u64,
     /// How long the broker keeps a message, in seconds: set as `retention.ms`
     /// on the topics a service creates. It bounds how late a message can be
     /// redelivered, so every inbox must keep its records longer
@@ -69,6 +78,7 @@ impl KafkaArgs {
             commit_interval_ms: 1000,
             linger_ms: 0,
             consumer_max_batch: 32,
+            fetch_wait_ms: 10,
             topic_retention_secs: 3 * 86_400,
             replication_factor: 1,
             group_instance_id: None,

@@ -9,10 +9,13 @@
 //! 3. placed → terminal latency at half that rate, timed from each order's
 //!    intended send time;
 //! 4. the drain rate of a burst at three times that rate;
-//! 5. `POST /orders` alone, closed loop.
+//! 5. `POST /orders` alone, closed loop;
+//! 6. with `--instances N` ([`scale`]), each consumer service runs as N
+//!    instances in its group, and the events each one applied are reported.
 
 pub mod ceilings;
 pub mod load;
+pub mod scale;
 pub mod trace_cost;
 
 use std::collections::BTreeMap;
@@ -43,6 +46,8 @@ pub struct BenchConfig {
     pub burst: Duration,
     /// Only the ceilings and the sustained-rate search (for trying settings).
     pub quick: bool,
+    /// Instances of each consumer service ([`scale::scale_out`]).
+    pub instances: usize,
 }
 
 impl Default for BenchConfig {
@@ -56,6 +61,7 @@ impl Default for BenchConfig {
             latency_window: Duration::from_secs(30),
             burst: Duration::from_secs(10),
             quick: false,
+            instances: 1,
         }
     }
 }
@@ -141,6 +147,10 @@ pub struct Figures {
     pub burst: Option<Burst>,
     /// `POST /orders` alone.
     pub http: load::HttpFigures,
+    /// Instances per consumer service.
+    pub instances_per_service: usize,
+    /// Every consumer instance and what it handled over the whole run.
+    pub instances: Vec<scale::Instance>,
 }
 
 /// The value at quantile `q` of `sorted` (0 when empty).
@@ -296,8 +306,11 @@ async fn burst(client: &Client, orders_db: &str, rate: f64, window: Duration) ->
     })
 }
 
-/// Runs every measurement on `stack` (fresh, nothing else running on it).
-pub async fn run(stack: &Stack, cfg: &BenchConfig) -> anyhow::Result<Figures> {
+/// Runs every measurement on `stack` (fresh, nothing else running on it),
+/// with `cfg.instances` instances of each consumer service.
+pub async fn run(stack: &mut Stack, cfg: &BenchConfig) -> anyhow::Result<Figures> {
+    let mut instances = scale::scale_out(stack, cfg.instances.max(1)).await?;
+    let stack = &*stack;
     let client = Client::new(stack, Duration::from_secs(10))?;
     client.seed_stock("WIDGET", 2_000_000_000).await?;
     let orders_db = stack.db_url("orders");
@@ -325,6 +338,7 @@ pub async fn run(stack: &Stack, cfg: &BenchConfig) -> anyhow::Result<Figures> {
         },
     )
     .await?;
+    scale::count(&mut instances).await;
     Ok(Figures {
         date: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         machine: machine(),
@@ -337,6 +351,8 @@ pub async fn run(stack: &Stack, cfg: &BenchConfig) -> anyhow::Result<Figures> {
         latency,
         burst,
         http,
+        instances_per_service: cfg.instances.max(1),
+        instances,
     })
 }
 
@@ -420,6 +436,22 @@ pub fn markdown(f: &Figures) -> String {
             t.backlog_growth,
             if t.sustained { "yes" } else { "no" },
             t.drain_secs.map_or("—".into(), |d| format!("{d:.1}"))
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\n## Consumer instances ({} per service): events applied over the run\n",
+        f.instances_per_service
+    );
+    let _ = writeln!(
+        s,
+        "| service | instance | partitions | applied | duplicates absorbed |\n|---|---|---:|---:|---:|"
+    );
+    for i in &f.instances {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {:.0} | {:.0} |",
+            i.service, i.url, i.partitions, i.applied, i.duplicates
         );
     }
     if let Some(best) = f

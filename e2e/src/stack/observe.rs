@@ -1,8 +1,9 @@
 //! What a test reads from a running stack: metrics pages, crash-point
 //! reports in the logs, and the database connections it can drop.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::{Service, Stack};
 
@@ -55,5 +56,55 @@ impl Stack {
             .text()
             .await
             .ok()
+    }
+
+    /// The partitions the instance at `url` says its group gave it
+    /// (`consumer_partitions_assigned == 1`), None when it does not answer.
+    pub async fn assigned_partitions(url: &str) -> Option<BTreeSet<(String, i32)>> {
+        let page = Self::metrics_page(url).await?;
+        Some(
+            page.lines()
+                .filter_map(|l| l.strip_prefix("consumer_partitions_assigned{"))
+                .filter_map(|rest| {
+                    let (labels, value) = rest.split_once("} ")?;
+                    (value.trim() == "1").then_some(())?;
+                    let label = |name: &str| {
+                        labels
+                            .split(',')
+                            .filter_map(|kv| kv.split_once('='))
+                            .find(|(k, _)| *k == name)
+                            .map(|(_, v)| v.trim_matches('"').to_owned())
+                    };
+                    Some((label("topic")?, label("partition")?.parse().ok()?))
+                })
+                .collect(),
+        )
+    }
+
+    /// Waits until the instances at `urls` hold disjoint, non-empty shares
+    /// of all of `topic`'s partitions, or `timeout`; returns the shares.
+    pub async fn wait_shared(
+        urls: &[String],
+        topic: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<Vec<BTreeSet<(String, i32)>>> {
+        let all: BTreeSet<(String, i32)> = (0..kafka::PARTITIONS).map(|p| (topic.to_owned(), p)).collect();
+        let end = Instant::now() + timeout;
+        loop {
+            let mut shares = Vec::new();
+            for url in urls {
+                shares.push(Self::assigned_partitions(url).await.unwrap_or_default());
+            }
+            let union: BTreeSet<_> = shares.iter().flatten().cloned().collect();
+            let total: usize = shares.iter().map(BTreeSet::len).sum();
+            if union == all && total == all.len() && shares.iter().all(|s| !s.is_empty()) {
+                return Ok(shares);
+            }
+            anyhow::ensure!(
+                Instant::now() < end,
+                "{topic}: partitions not shared by {urls:?} within {timeout:?}: {shares:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
     }
 }

@@ -13,29 +13,6 @@ use e2e::invariants::{audit, Expected};
 use e2e::{Service, Stack};
 use uuid::Uuid;
 
-/// The partitions an instance says the group gave it
-/// (`consumer_partitions_assigned == 1`), None when it does not answer.
-async fn assigned(url: &str) -> Option<BTreeSet<(String, i32)>> {
-    let page = Stack::metrics_page(url).await?;
-    Some(
-        page.lines()
-            .filter_map(|l| l.strip_prefix("consumer_partitions_assigned{"))
-            .filter_map(|rest| {
-                let (labels, value) = rest.split_once("} ")?;
-                (value.trim() == "1").then_some(())?;
-                let label = |name: &str| {
-                    labels
-                        .split(',')
-                        .filter_map(|kv| kv.split_once('='))
-                        .find(|(k, _)| *k == name)
-                        .map(|(_, v)| v.trim_matches('"').to_owned())
-                };
-                Some((label("topic")?, label("partition")?.parse().ok()?))
-            })
-            .collect(),
-    )
-}
-
 /// Events an instance applied, from its own metrics (0 when it does not answer).
 async fn applied(url: &str) -> f64 {
     Stack::metric(url, "consumer_events_applied_total", &[])
@@ -46,24 +23,7 @@ async fn applied(url: &str) -> f64 {
 /// Waits until the instances at `urls` hold disjoint, non-empty shares of
 /// all of `topic`'s partitions; returns the shares.
 async fn wait_shared(urls: &[String], topic: &str) -> Vec<BTreeSet<(String, i32)>> {
-    let all: BTreeSet<(String, i32)> = (0..kafka::PARTITIONS).map(|p| (topic.to_owned(), p)).collect();
-    let end = Instant::now() + Duration::from_secs(90);
-    loop {
-        let mut shares = Vec::new();
-        for url in urls {
-            shares.push(assigned(url).await.unwrap_or_default());
-        }
-        let union: BTreeSet<_> = shares.iter().flatten().cloned().collect();
-        let total: usize = shares.iter().map(BTreeSet::len).sum();
-        if union == all && total == all.len() && shares.iter().all(|s| !s.is_empty()) {
-            return shares;
-        }
-        assert!(
-            Instant::now() < end,
-            "{topic}: partitions not shared by {urls:?}: {shares:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    Stack::wait_shared(urls, topic, Duration::from_secs(90)).await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -155,16 +155,24 @@ pub async fn handle(deps: &Deps, envelope: Envelope) -> Result<Handled, HandleEr
         return Ok(Handled::Duplicate);
     }
 
-    // Step 1: the operation, recorded before money moves. A later attempt
-    // of a FAILED refund (an operator's retry) reopens the row under its key.
+    // Step 1: the operation, recorded before money moves, in one statement
+    // (one commit): a new operation is inserted; a known one counts this
+    // attempt, and a later attempt of a FAILED refund (an operator's retry)
+    // reopens it under its new key. The SET expressions all read the row as
+    // it was, so `reopen` is one decision for every column.
     let key = operation.key(order_id);
-    sqlx::query(
-        "INSERT INTO payments (order_id, kind, idempotency_key, amount_cents, status, attempt)
-         VALUES ($1, $2, $3, $4, $5, $6)
+    let (status, attempt): (Status, i32) = sqlx::query_as(
+        "INSERT INTO payments (order_id, kind, idempotency_key, amount_cents, status, attempt, attempts)
+         VALUES ($1, $2, $3, $4, $5, $6, 1)
          ON CONFLICT (order_id, kind) DO UPDATE
-         SET status = EXCLUDED.status, attempt = EXCLUDED.attempt,
-             idempotency_key = EXCLUDED.idempotency_key, updated_at = now()
-         WHERE payments.status = 'FAILED' AND payments.attempt < EXCLUDED.attempt",
+         SET attempts = payments.attempts + 1, updated_at = now(),
+             status = CASE WHEN payments.status = 'FAILED' AND payments.attempt < EXCLUDED.attempt
+                           THEN EXCLUDED.status ELSE payments.status END,
+             attempt = CASE WHEN payments.status = 'FAILED' AND payments.attempt < EXCLUDED.attempt
+                            THEN EXCLUDED.attempt ELSE payments.attempt END,
+             idempotency_key = CASE WHEN payments.status = 'FAILED' AND payments.attempt < EXCLUDED.attempt
+                                    THEN EXCLUDED.idempotency_key ELSE payments.idempotency_key END
+         RETURNING status, attempt",
     )
     .bind(order_id)
     .bind(kind)
@@ -172,15 +180,6 @@ pub async fn handle(deps: &Deps, envelope: Envelope) -> Result<Handled, HandleEr
     .bind(operation.amount_cents())
     .bind(Status::Pending)
     .bind(operation.attempt() as i32)
-    .execute(&mut *conn)
-    .await
-    .map_err(HandleError::transient)?;
-    let (status, attempt): (Status, i32) = sqlx::query_as(
-        "UPDATE payments SET attempts = attempts + 1, updated_at = now()
-         WHERE order_id = $1 AND kind = $2 RETURNING status, attempt",
-    )
-    .bind(order_id)
-    .bind(kind)
     .fetch_one(&mut *conn)
     .await
     .map_err(HandleError::transient)?;
