@@ -50,8 +50,8 @@ pub struct Config {
     /// claims again, in milliseconds: rows gather into fewer rounds (each
     /// round is five statements and two commits whatever its size) for up
     /// to this much more latency per hop. 0 claims again at once.
-    #[arg(long, env = "RELAY_LINGER_MS", default_value_t = 10)]
-    pub linger_ms: u64,
+    #[arg(long = "relay-linger-ms", env = "RELAY_LINGER_MS", default_value_t = 10)]
+    pub claim_linger_ms: u64,
     /// How long published rows are kept before deletion.
     #[arg(long, env = "OUTBOX_RETENTION_SECS", default_value_t = 3 * 86_400)]
     pub retention_secs: u64,
@@ -118,7 +118,7 @@ impl App {
                     .batch(self.config.batch)
                     .in_flight(self.config.in_flight)
                     .poll_interval(Duration::from_millis(self.config.poll_ms))
-                    .linger(Duration::from_millis(self.config.linger_ms)),
+                    .linger(Duration::from_millis(self.config.claim_linger_ms)),
             );
             let (r, token) = (relay.clone(), tasks.token());
             tasks.spawn(format!("relay {name}"), async move { r.run(token).await });
@@ -139,5 +139,24 @@ impl App {
         let admin_pool = self.sources[0].1.clone();
         tasks.serve(self.listener, service_kit::admin::router(admin_pool, tasks.health()));
         tasks.wait().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every flag and variable has its own id (a second `linger_ms`, the
+    /// relay's beside the producer's, once made the release binary refuse to start).
+    #[test]
+    fn the_configuration_is_well_formed() {
+        use clap::CommandFactory as _;
+        super::Config::command().debug_assert();
+        let ids: Vec<_> = super::Config::command()
+            .get_arguments()
+            .map(|a| a.get_id().to_string())
+            .collect();
+        assert!(
+            ids.iter().any(|id| id == "claim_linger_ms") && ids.iter().any(|id| id == "linger_ms"),
+            "{ids:?}"
+        );
     }
 }
