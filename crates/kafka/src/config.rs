@@ -37,8 +37,10 @@ pub struct KafkaArgs {
     /// `fetch.min.bytes` of 16 KiB): a fetch answered at the first message
     /// makes batches of one — a database transaction and a fetch request per
     /// message; a short wait gathers them, for up to this much more latency
-    /// per hop. 0 answers every fetch at once.
-    #[arg(long = "kafka-fetch-wait-ms", env = "KAFKA_FETCH_WAIT_MS", default_value_t = 10,
+    /// per hop. 0 (the default) answers every fetch at once: measured on
+    /// this saga, 10 ms (with `RELAY_LINGER_MS` 10) bought no throughput
+    /// and raised p99 latency (docs/results/e2e-bench.md).
+    #[arg(long = "kafka-fetch-wait-ms", env = "KAFKA_FETCH_WAIT_MS", default_value_t = 0,
           value_parser = clap::value_parser!(u64).range(0..=500))]
     pub fetch_wait_ms: u64,
     /// How long the broker keeps a message, in seconds: set as `retention.ms`
@@ -78,7 +80,7 @@ impl KafkaArgs {
             commit_interval_ms: 1000,
             linger_ms: 0,
             consumer_max_batch: 32,
-            fetch_wait_ms: 10,
+            fetch_wait_ms: 0,
             topic_retention_secs: 3 * 86_400,
             replication_factor: 1,
             group_instance_id: None,

@@ -451,7 +451,11 @@ pub fn markdown(f: &Figures) -> String {
         let _ = writeln!(
             s,
             "| {} | {} | {} | {:.0} | {:.0} |",
-            i.service, i.url, i.partitions, i.applied, i.duplicates
+            i.service,
+            i.url,
+            i.partitions,
+            i.applied.max(0.0),
+            i.duplicates.max(0.0)
         );
     }
     if let Some(best) = f

@@ -49,8 +49,10 @@ pub struct Config {
     /// After a claim that was not full, how long the relay waits before it
     /// claims again, in milliseconds: rows gather into fewer rounds (each
     /// round is five statements and two commits whatever its size) for up
-    /// to this much more latency per hop. 0 claims again at once.
-    #[arg(long = "relay-linger-ms", env = "RELAY_LINGER_MS", default_value_t = 10)]
+    /// to this much more latency per hop. 0 (the default) claims again at
+    /// once: measured on this saga, 10 ms bought no throughput and raised
+    /// p99 latency (docs/results/e2e-bench.md).
+    #[arg(long = "relay-linger-ms", env = "RELAY_LINGER_MS", default_value_t = 0)]
     pub claim_linger_ms: u64,
     /// How long published rows are kept before deletion.
     #[arg(long, env = "OUTBOX_RETENTION_SECS", default_value_t = 3 * 86_400)]
