@@ -37,7 +37,8 @@ pub struct KafkaArgs {
     /// `fetch.min.bytes` of 16 KiB): a fetch answered at the first message
     /// makes batches of one — a database transaction and a fetch request per
     /// message; a short wait gathers them, for up to this much more latency
-    /// per hop. 0 (the default) answers every fetch at once: measured on
+    /// per hop. 0 (the default) leaves librdkafka's long poll, answered at
+    /// the first message: measured on
     /// this saga, 10 ms (with `RELAY_LINGER_MS` 10) bought no throughput
     /// and raised p99 latency (docs/results/e2e-bench.md).
     #[arg(long = "kafka-fetch-wait-ms", env = "KAFKA_FETCH_WAIT_MS", default_value_t = 0,

@@ -123,6 +123,14 @@ pub fn build(settings: &ConsumerSettings) -> Result<GroupConsumer> {
     if let Some(id) = &settings.kafka.group_instance_id {
         config.set("group.instance.id", id);
     }
+    if settings.kafka.fetch_wait_ms > 0 {
+        // A short wait at the broker gathers messages into batches (see
+        // `KafkaArgs::fetch_wait_ms`); unset, a fetch is answered at the
+        // first byte (librdkafka's long poll, `fetch.min.bytes` 1).
+        config
+            .set("fetch.wait.max.ms", settings.kafka.fetch_wait_ms.to_string())
+            .set("fetch.min.bytes", "16384");
+    }
     let consumer: GroupConsumer = config
         .set("group.id", &settings.group_id)
         .set("partition.assignment.strategy", "cooperative-sticky")
@@ -132,16 +140,6 @@ pub fn build(settings: &ConsumerSettings) -> Result<GroupConsumer> {
         .set("auto.commit.interval.ms", settings.kafka.commit_interval_ms.to_string())
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
-        // A short wait at the broker gathers messages into batches (see `KafkaArgs::fetch_wait_ms`).
-        .set("fetch.wait.max.ms", settings.kafka.fetch_wait_ms.to_string())
-        .set(
-            "fetch.min.bytes",
-            if settings.kafka.fetch_wait_ms == 0 {
-                "1"
-            } else {
-                "16384"
-            },
-        )
         // A SIGKILLed member's partitions wait this long for a new owner.
         .set("session.timeout.ms", "10000")
         .set("heartbeat.interval.ms", "1000")
