@@ -89,6 +89,16 @@ impl KafkaArgs {
         }
     }
 
+    /// A consumer's fetch wait ([`Self::fetch_wait_ms`]): with 0, librdkafka's
+    /// long poll, answered at the first byte (`fetch.min.bytes` 1).
+    pub fn set_fetch_wait(&self, config: &mut ClientConfig) {
+        if self.fetch_wait_ms > 0 {
+            config
+                .set("fetch.wait.max.ms", self.fetch_wait_ms.to_string())
+                .set("fetch.min.bytes", "16384");
+        }
+    }
+
     /// The base client configuration for these settings.
     pub fn client_config(&self) -> ClientConfig {
         let mut c = crate::client_config(&self.brokers);

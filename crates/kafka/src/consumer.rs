@@ -105,8 +105,7 @@ pub struct ConsumerSettings {
     pub group_id: String,
     /// Topics to consume.
     pub topics: Vec<String>,
-    /// Most messages of one partition handed to a batch handler at once
-    /// ([`run_batches`]); [`run`] hands over one at a time.
+    /// Most messages of one partition a batch handler gets ([`run_batches`]; [`run`]: one).
     pub max_batch: usize,
 }
 
@@ -123,14 +122,7 @@ pub fn build(settings: &ConsumerSettings) -> Result<GroupConsumer> {
     if let Some(id) = &settings.kafka.group_instance_id {
         config.set("group.instance.id", id);
     }
-    if settings.kafka.fetch_wait_ms > 0 {
-        // A short wait at the broker gathers messages into batches (see
-        // `KafkaArgs::fetch_wait_ms`); unset, a fetch is answered at the
-        // first byte (librdkafka's long poll, `fetch.min.bytes` 1).
-        config
-            .set("fetch.wait.max.ms", settings.kafka.fetch_wait_ms.to_string())
-            .set("fetch.min.bytes", "16384");
-    }
+    settings.kafka.set_fetch_wait(&mut config);
     let consumer: GroupConsumer = config
         .set("group.id", &settings.group_id)
         .set("partition.assignment.strategy", "cooperative-sticky")
