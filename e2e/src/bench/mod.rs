@@ -92,6 +92,56 @@ pub struct Trial {
     pub cpu_ms_per_order: BTreeMap<String, f64>,
     /// Seconds to drain after the window (`None`: did not drain within the limit).
     pub drain_secs: Option<f64>,
+    /// PostgreSQL per order over the window and its drain: WAL bytes and
+    /// commits (every committed transaction in the four databases,
+    /// read-only ones included: the services' gauges and the driver's polls).
+    pub postgres_per_order: PgPerOrder,
+}
+
+/// What PostgreSQL wrote and committed per order ([`PgCounters`] around a trial).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct PgPerOrder {
+    /// WAL bytes (the whole cluster: nothing else runs during a bench).
+    pub wal_bytes: f64,
+    /// Transactions committed, all four databases.
+    pub commits: f64,
+}
+
+/// The cluster's WAL position and the four databases' commit count.
+#[derive(Debug, Clone, Copy)]
+struct PgCounters {
+    wal_lsn: i64,
+    commits: i64,
+}
+
+impl PgCounters {
+    async fn read(stack: &Stack) -> anyhow::Result<Self> {
+        use sqlx::Connection as _;
+        let dbs: Vec<String> = ["orders", "inventory", "payments", "gateway"]
+            .iter()
+            .map(|d| stack.db_url(d).rsplit('/').next().unwrap_or_default().to_owned())
+            .collect();
+        let mut db = sqlx::PgConnection::connect(&stack.db_url("orders")).await?;
+        // Backends publish their counters at most once a second.
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        let (wal_lsn, commits): (i64, i64) = sqlx::query_as(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint,
+                    (SELECT coalesce(sum(xact_commit), 0)::bigint FROM pg_stat_database WHERE datname = ANY($1))",
+        )
+        .bind(&dbs)
+        .fetch_one(&mut db)
+        .await?;
+        db.close().await?;
+        Ok(Self { wal_lsn, commits })
+    }
+
+    fn per_order(self, after: Self, orders: usize) -> PgPerOrder {
+        let n = orders.max(1) as f64;
+        PgPerOrder {
+            wal_bytes: (after.wal_lsn - self.wal_lsn) as f64 / n,
+            commits: (after.commits - self.commits) as f64 / n,
+        }
+    }
 }
 
 /// Latency at a fixed rate.
@@ -201,7 +251,9 @@ fn cpu_per_order(
         .collect()
 }
 
-async fn trial(client: &Client, orders_db: &str, rate: f64, window: Duration) -> anyhow::Result<Trial> {
+async fn trial(stack: &Stack, client: &Client, rate: f64, window: Duration) -> anyhow::Result<Trial> {
+    let orders_db = &stack.db_url("orders");
+    let pg_before = PgCounters::read(stack).await?;
     let before = testkit::process::cpu_seconds_by_command();
     let sent = load::open_loop(client, orders_db, rate, window).await?;
     let after = testkit::process::cpu_seconds_by_command();
@@ -214,6 +266,7 @@ async fn trial(client: &Client, orders_db: &str, rate: f64, window: Duration) ->
     };
     let backlog_growth = quarter(3) - quarter(1);
     let drain = load::wait_drained(orders_db, Duration::from_secs(180)).await?;
+    let pg_after = PgCounters::read(stack).await?;
     let sustained = sent.failed == 0 && backlog_growth <= (0.5 * rate).max(20.0) && drain.is_some();
     Ok(Trial {
         rate,
@@ -226,17 +279,18 @@ async fn trial(client: &Client, orders_db: &str, rate: f64, window: Duration) ->
         backlog: sent.backlog.clone(),
         cpu_ms_per_order: cpu_per_order(&before, &after, sent.intended.len()),
         drain_secs: drain.map(|d| d.as_secs_f64()),
+        postgres_per_order: pg_before.per_order(pg_after, sent.intended.len()),
     })
 }
 
 /// Searches the highest sustained rate: up by half while trials pass, then
 /// halfway between the best pass and the lowest failure.
-async fn search(client: &Client, orders_db: &str, cfg: &BenchConfig) -> anyhow::Result<(Vec<Trial>, f64)> {
+async fn search(stack: &Stack, client: &Client, cfg: &BenchConfig) -> anyhow::Result<(Vec<Trial>, f64)> {
     let (mut trials, mut best, mut failed_at) = (Vec::new(), 0.0f64, f64::INFINITY);
     let mut rate = cfg.start_rate;
     for _ in 0..cfg.trials {
         eprintln!("bench: sustained trial at {rate:.0} orders/s for {:?}", cfg.window);
-        let t = trial(client, orders_db, rate, cfg.window).await?;
+        let t = trial(stack, client, rate, cfg.window).await?;
         eprintln!(
             "bench:   placed {} failed {} backlog mid {} end {} growth {:.0} → {}",
             t.placed,
@@ -318,7 +372,7 @@ pub async fn run(stack: &mut Stack, cfg: &BenchConfig) -> anyhow::Result<Figures
     let broker = ceilings::broker(&stack.brokers(), cfg.broker_messages).await?;
     eprintln!("bench: database ceiling ({:?} per loop)", cfg.tight_loop);
     let database = ceilings::database(8, cfg.tight_loop).await?;
-    let (trials, sustained) = search(&client, &orders_db, cfg).await?;
+    let (trials, sustained) = search(stack, &client, cfg).await?;
     let (latency, burst) = if sustained > 0.0 && !cfg.quick {
         (
             Some(latency(&client, &orders_db, sustained / 2.0, cfg.latency_window).await?),
@@ -422,12 +476,12 @@ pub fn markdown(f: &Figures) -> String {
     let _ = writeln!(s, "\n## Sustained-rate trials\n");
     let _ = writeln!(
         s,
-        "| rate | placed | failed | backlog mid → end (growth) | sustained | drain s |\n|---:|---:|---:|---|---|---:|"
+        "| rate | placed | failed | backlog mid → end (growth) | sustained | drain s | WAL kB / order | commits / order |\n|---:|---:|---:|---|---|---:|---:|---:|"
     );
     for t in &f.trials {
         let _ = writeln!(
             s,
-            "| {:.0} | {} | {} | {} → {} ({:+.0}) | {} | {} |",
+            "| {:.0} | {} | {} | {} → {} ({:+.0}) | {} | {} | {:.1} | {:.1} |",
             t.rate,
             t.placed,
             t.failed,
@@ -435,7 +489,9 @@ pub fn markdown(f: &Figures) -> String {
             t.backlog_end,
             t.backlog_growth,
             if t.sustained { "yes" } else { "no" },
-            t.drain_secs.map_or("—".into(), |d| format!("{d:.1}"))
+            t.drain_secs.map_or("—".into(), |d| format!("{d:.1}")),
+            t.postgres_per_order.wal_bytes / 1024.0,
+            t.postgres_per_order.commits
         );
     }
     let _ = writeln!(

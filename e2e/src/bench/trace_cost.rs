@@ -72,7 +72,7 @@ async fn mode(
     let orders_db = stack.db_url("orders");
     let spans_before = receiver.span_count();
     eprintln!("trace cost: tracing {tracing}: {rate:.0} orders/s for 30 s");
-    let trial = super::trial(client, &orders_db, rate, Duration::from_secs(30)).await?;
+    let trial = super::trial(stack, client, rate, Duration::from_secs(30)).await?;
     let cpu: f64 = trial.cpu_ms_per_order.values().sum();
     let burst = super::burst(client, &orders_db, rate * 3.0, Duration::from_secs(5)).await?;
     Ok(Mode {
