@@ -145,18 +145,23 @@ pub async fn note_miss(
     Ok(())
 }
 
-/// Whether `consumer` already processed `event_id` (a cheap pre-check for
+/// Which of `event_ids` `consumer` already processed (a cheap pre-check for
 /// handlers that must not even start their work twice; the authoritative
-/// check is still [`record`] in the effect's transaction).
-pub async fn seen(conn: &mut PgConnection, consumer: &str, event_id: Uuid) -> sqlx::Result<bool> {
+/// check is still [`record`] / [`record_batch`] in the effect's transaction).
+pub async fn seen(
+    conn: &mut PgConnection,
+    consumer: &str,
+    event_ids: &[Uuid],
+) -> sqlx::Result<std::collections::HashSet<Uuid>> {
     if disabled() {
-        return Ok(false);
+        return Ok(Default::default());
     }
-    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM inbox WHERE consumer = $1 AND event_id = $2)")
+    let seen = sqlx::query_scalar("SELECT event_id FROM inbox WHERE consumer = $1 AND event_id = ANY($2)")
         .bind(consumer)
-        .bind(event_id)
-        .fetch_one(conn)
-        .await
+        .bind(event_ids)
+        .fetch_all(conn)
+        .await?;
+    Ok(seen.into_iter().collect())
 }
 
 /// Deletes up to `batch` inbox rows older than `retention`; returns how many.

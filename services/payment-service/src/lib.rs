@@ -112,8 +112,8 @@ impl App {
         let mut tasks = Supervisor::new(shutdown);
         let config = &self.config;
         let consumer = SagaConsumer::new(consumers::PAYMENT, &config.saga, &self.deps.pool);
-        consumer.spawn(&mut tasks, self.deps.clone(), |deps, env| async move {
-            payments::handle(&deps, env).await
+        consumer.spawn_batches(&mut tasks, self.deps.clone(), |deps, batch| async move {
+            payments::handle_batch(&deps, batch).await
         });
         let (deps, deadline) = (self.deps.clone(), Duration::from_secs(config.pending_deadline_secs));
         tasks.spawn_every(

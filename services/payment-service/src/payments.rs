@@ -14,7 +14,8 @@
 
 use contract::topics::consumers::PAYMENT;
 use contract::{Envelope, Message};
-use kafka::consumer::{HandleError, Handled};
+use kafka::consumer::{HandleError, Handled, Traced};
+use tracing::Instrument as _;
 use uuid::Uuid;
 
 use crate::gateway::Reply;
@@ -31,7 +32,7 @@ pub const DEAD_LETTER_COMMAND: &str = "payment::dead_letter_command";
 pub const CRASH_AFTER_GATEWAY_BEFORE_RECORD: &str = "payment::after_gateway_before_record";
 
 /// The kind of a payment operation (stored as `charge` / `refund`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, sqlx::Type)]
 #[sqlx(type_name = "text", rename_all = "lowercase")]
 pub enum Kind {
     /// Take the order's amount.
@@ -132,117 +133,242 @@ impl Operation {
     }
 }
 
-/// Handles one payment command.
-#[tracing::instrument(skip_all, fields(order_id = %envelope.order_id, event_type = %envelope.event_type, event_id = %envelope.event_id))]
+/// Gateway calls in flight at once per partition lane (each order's own
+/// calls stay in order; different orders' calls overlap).
+pub const GATEWAY_CALLS_PER_LANE: usize = 16;
+
+/// Handles one payment command: a batch of one.
 pub async fn handle(deps: &Deps, envelope: Envelope) -> Result<Handled, HandleError> {
-    let operation = Operation::from_message(envelope.message().map_err(HandleError::permanent)?)?;
-    fail::fail_point!(DEAD_LETTER_COMMAND, |_| Err(HandleError::Permanent(format!(
-        "injected: {DEAD_LETTER_COMMAND}"
-    ))));
-    let (order_id, kind) = (envelope.order_id, operation.kind());
+    saga_kit::consumer::handle_one(envelope, |batch| handle_batch(deps, batch)).await
+}
+
+/// Handles a partition's queued payment commands (in order) in three steps
+/// whatever their number: one transaction records every new operation as
+/// `PENDING`, the gateway calls run concurrently (up to
+/// [`GATEWAY_CALLS_PER_LANE`], an order's calls one after another), and one
+/// transaction records every result with its inbox row and reply. All or
+/// nothing: an error leaves every offset for redelivery, and the redelivery
+/// asks the gateway again under the same keys and gets the same answers.
+pub async fn handle_batch(deps: &Deps, batch: Vec<Traced<Envelope>>) -> Result<Vec<Handled>, HandleError> {
+    let mut operations = Vec::with_capacity(batch.len());
+    for item in &batch {
+        let envelope = &item.message;
+        operations.push(Operation::from_message(
+            envelope.message().map_err(HandleError::permanent)?,
+        )?);
+        if refused(envelope.event_id, batch.len() == 1) {
+            return Err(HandleError::Permanent(format!("injected: {DEAD_LETTER_COMMAND}")));
+        }
+    }
     if switches::on(switches::Switch::NoPaymentDedup) {
         // The chaos suite's negative control: no inbox, a new gateway key per delivery.
-        return handle_without_dedup(deps, &envelope, &operation).await;
+        let mut handled = Vec::with_capacity(batch.len());
+        for (item, operation) in batch.iter().zip(&operations) {
+            let one = handle_without_dedup(deps, &item.message, operation);
+            handled.push(one.instrument(item.span.clone()).await?);
+        }
+        return Ok(handled);
     }
+
+    // Redeliveries stop here, before anything is written for them.
     let mut conn = deps.pool.acquire().await.map_err(HandleError::transient)?;
-    if inbox::seen(&mut conn, PAYMENT.name, envelope.event_id)
+    let ids: Vec<Uuid> = batch.iter().map(|t| t.message.event_id).collect();
+    let seen = inbox::seen(&mut conn, PAYMENT.name, &ids)
         .await
-        .map_err(HandleError::transient)?
-    {
-        inbox::note_redelivery(&mut conn, PAYMENT.name, envelope.event_id)
+        .map_err(HandleError::transient)?;
+    for id in ids.iter().filter(|id| seen.contains(id)) {
+        inbox::note_redelivery(&mut conn, PAYMENT.name, *id)
             .await
             .map_err(HandleError::transient)?;
-        return Ok(Handled::Duplicate);
     }
-
-    // Step 1: the operation, recorded before money moves, in one statement
-    // (one commit): a new operation is inserted; a known one counts this
-    // attempt, and a later attempt of a FAILED refund (an operator's retry)
-    // reopens it under its new key. The SET expressions all read the row as
-    // it was, so `reopen` is one decision for every column.
-    let key = operation.key(order_id);
-    let (status, attempt): (Status, i32) = sqlx::query_as(
-        "INSERT INTO payments (order_id, kind, idempotency_key, amount_cents, status, attempt, attempts)
-         VALUES ($1, $2, $3, $4, $5, $6, 1)
-         ON CONFLICT (order_id, kind) DO UPDATE
-         SET attempts = payments.attempts + 1, updated_at = now(),
-             status = CASE WHEN payments.status = 'FAILED' AND payments.attempt < EXCLUDED.attempt
-                           THEN EXCLUDED.status ELSE payments.status END,
-             attempt = CASE WHEN payments.status = 'FAILED' AND payments.attempt < EXCLUDED.attempt
-                            THEN EXCLUDED.attempt ELSE payments.attempt END,
-             idempotency_key = CASE WHEN payments.status = 'FAILED' AND payments.attempt < EXCLUDED.attempt
-                                    THEN EXCLUDED.idempotency_key ELSE payments.idempotency_key END
-         RETURNING status, attempt",
-    )
-    .bind(order_id)
-    .bind(kind)
-    .bind(&key)
-    .bind(operation.amount_cents())
-    .bind(Status::Pending)
-    .bind(operation.attempt() as i32)
-    .fetch_one(&mut *conn)
-    .await
-    .map_err(HandleError::transient)?;
     drop(conn);
-    if status != Status::Pending || attempt != operation.attempt() as i32 {
-        // Settled by an earlier command for the same operation (a new event
-        // id for the same charge): its reply was sent then. Nothing to do.
-        tracing::info!(status = status.as_str(), "payment already settled; command is a no-op");
-        telemetry::metrics::incr("payment_repeat_commands_total", &[("kind", kind.as_str())]);
-        return settle(deps, &envelope, kind, None).await;
-    }
+    let fresh: Vec<usize> = (0..batch.len()).filter(|i| !seen.contains(&ids[*i])).collect();
 
-    // Step 2: the external effect, made safe to repeat by the key. A
-    // refusal is as definite as a decline: the same key always gets it.
-    let reply =
-        Reply::from_call(call_gateway(deps, &operation, &key, order_id).await).map_err(HandleError::Transient)?;
+    // Step 1: every operation, recorded before money moves, in one commit.
+    // Which of them this batch must take to the gateway: those left PENDING
+    // at their own attempt, each operation once.
+    let to_call = open(deps, &batch, &operations, &fresh).await?;
+
+    // Step 2: the external effects, made safe to repeat by their keys.
+    let mut results: Vec<Option<(Status, Message)>> = vec![None; batch.len()];
+    for (i, result) in call_all(deps, &batch, &operations, &to_call).await? {
+        results[i] = Some(result);
+    }
     fail::fail_point!(CRASH_AFTER_GATEWAY_BEFORE_RECORD, |_| telemetry::crash_point(
         CRASH_AFTER_GATEWAY_BEFORE_RECORD
     ));
 
-    // Step 3: record the result and reply, atomically with the inbox row.
-    let result = outcome(kind, reply)?;
-    settle(deps, &envelope, kind, Some(result)).await
+    // Step 3: every result and reply, atomically with the inbox rows.
+    let fresh_batch: Vec<Traced<Envelope>> = fresh.iter().map(|&i| batch[i].clone()).collect();
+    let fresh_results: Vec<_> = fresh
+        .iter()
+        .map(|&i| (results[i].clone(), operations[i].kind()))
+        .collect();
+    let settled = saga_kit::consumer::apply_batch(
+        &deps.pool,
+        PAYMENT.name,
+        &fresh_batch,
+        &fresh_results,
+        |_, _| Box::pin(async { Ok::<(), outbox::Error>(()) }),
+        |tx, envelope, results, i| {
+            let (result, kind) = results[i].clone();
+            Box::pin(settle(tx, envelope, kind, result))
+        },
+    )
+    .await?;
+    let mut handled = vec![Handled::Duplicate; batch.len()];
+    for (i, outcome) in fresh.into_iter().zip(settled) {
+        handled[i] = outcome;
+    }
+    Ok(handled)
 }
 
-/// Records the inbox row and, when given, moves the payment out of PENDING
-/// and enqueues the reply — all in one transaction.
-async fn settle(
+/// Step 1 for the batch's `fresh` commands, in one transaction: a new
+/// operation is inserted as PENDING; a known one counts this attempt, and a
+/// later attempt of a FAILED refund (an operator's retry) reopens it under
+/// its new key. Returns the indexes whose operation is PENDING at this
+/// command's attempt — the first command of each operation only (a repeat
+/// of it in the same batch settles nothing: step 3 finds it settled).
+async fn open(
     deps: &Deps,
+    batch: &[Traced<Envelope>],
+    operations: &[Operation],
+    fresh: &[usize],
+) -> Result<Vec<usize>, HandleError> {
+    let mut tx = deps.pool.begin().await.map_err(HandleError::transient)?;
+    let mut to_call = Vec::with_capacity(fresh.len());
+    let mut opened = std::collections::HashSet::new();
+    for &i in fresh {
+        let (order_id, operation) = (batch[i].message.order_id, &operations[i]);
+        let kind = operation.kind();
+        // The SET expressions all read the row as it was, so `reopen` is one
+        // decision for every column.
+        let (status, attempt): (Status, i32) = sqlx::query_as(
+            "INSERT INTO payments (order_id, kind, idempotency_key, amount_cents, status, attempt, attempts)
+             VALUES ($1, $2, $3, $4, $5, $6, 1)
+             ON CONFLICT (order_id, kind) DO UPDATE
+             SET attempts = payments.attempts + 1, updated_at = now(),
+                 status = CASE WHEN payments.status = 'FAILED' AND payments.attempt < EXCLUDED.attempt
+                               THEN EXCLUDED.status ELSE payments.status END,
+                 attempt = CASE WHEN payments.status = 'FAILED' AND payments.attempt < EXCLUDED.attempt
+                                THEN EXCLUDED.attempt ELSE payments.attempt END,
+                 idempotency_key = CASE WHEN payments.status = 'FAILED' AND payments.attempt < EXCLUDED.attempt
+                                        THEN EXCLUDED.idempotency_key ELSE payments.idempotency_key END
+             RETURNING status, attempt",
+        )
+        .bind(order_id)
+        .bind(kind)
+        .bind(operation.key(order_id))
+        .bind(operation.amount_cents())
+        .bind(Status::Pending)
+        .bind(operation.attempt() as i32)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(HandleError::transient)?;
+        let first = opened.insert((order_id, kind, operation.attempt()));
+        if first && status == Status::Pending && attempt == operation.attempt() as i32 {
+            to_call.push(i);
+        } else {
+            // Settled by an earlier command for the same operation (a new
+            // event id for the same charge): its reply was sent then.
+            let _span = batch[i].span.enter();
+            tracing::info!(status = status.as_str(), "payment already settled; command is a no-op");
+            telemetry::metrics::incr("payment_repeat_commands_total", &[("kind", kind.as_str())]);
+        }
+    }
+    tx.commit().await.map_err(HandleError::transient)?;
+    Ok(to_call)
+}
+
+/// Step 2: the gateway calls of `to_call`, concurrently across orders and
+/// in batch order within one, each in its command's span. Any transient
+/// failure fails the batch (its redelivery repeats every call, under the
+/// same keys).
+async fn call_all(
+    deps: &Deps,
+    batch: &[Traced<Envelope>],
+    operations: &[Operation],
+    to_call: &[usize],
+) -> Result<Vec<(usize, (Status, Message))>, HandleError> {
+    use futures::{StreamExt as _, TryStreamExt as _};
+    let mut by_order: Vec<(Uuid, Vec<usize>)> = Vec::new();
+    for &i in to_call {
+        let order_id = batch[i].message.order_id;
+        match by_order.iter_mut().find(|(o, _)| *o == order_id) {
+            Some((_, calls)) => calls.push(i),
+            None => by_order.push((order_id, vec![i])),
+        }
+    }
+    let chains = by_order.into_iter().map(|(order_id, calls)| async move {
+        let mut done = Vec::with_capacity(calls.len());
+        for i in calls {
+            let operation = &operations[i];
+            let key = operation.key(order_id);
+            let call = call_gateway(deps, operation, &key, order_id).instrument(batch[i].span.clone());
+            let reply = Reply::from_call(call.await).map_err(HandleError::Transient)?;
+            // A refusal is as definite as a decline: the same key always gets it.
+            done.push((i, outcome(operation.kind(), reply)?));
+        }
+        Ok::<_, HandleError>(done)
+    });
+    let chains: Vec<Vec<_>> = futures::stream::iter(chains)
+        .buffer_unordered(GATEWAY_CALLS_PER_LANE)
+        .try_collect()
+        .await?;
+    Ok(chains.into_iter().flatten().collect())
+}
+
+/// Whether this delivery of `event_id` is refused as a command that cannot
+/// be handled (failpoints builds, [`DEAD_LETTER_COMMAND`]). Refused in a
+/// batch of several, the command stays refused until the lane's
+/// one-at-a-time retry of the batch (`alone`) refuses it again and
+/// dead-letters it — as a command that could never be handled would be; a
+/// later delivery (the saga's re-send) is handled.
+fn refused(event_id: Uuid, alone: bool) -> bool {
+    static REFUSED: std::sync::Mutex<Vec<Uuid>> = std::sync::Mutex::new(Vec::new());
+    let mut refused = REFUSED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(at) = refused.iter().position(|id| *id == event_id) {
+        if alone {
+            refused.swap_remove(at);
+        }
+        return true;
+    }
+    let picked = (|| {
+        fail::fail_point!(DEAD_LETTER_COMMAND, |_| true);
+        false
+    })();
+    if picked && !alone {
+        refused.push(event_id);
+    }
+    picked
+}
+
+/// Step 3 for one command, in the batch's transaction (its inbox row is
+/// recorded): when given a result, moves the payment out of PENDING and
+/// enqueues the reply; a command new to the inbox whose payment was settled
+/// already is a miss the business key caught, and counted as one.
+async fn settle(
+    tx: &mut sqlx::PgConnection,
     envelope: &Envelope,
     kind: Kind,
     result: Option<(Status, Message)>,
-) -> Result<Handled, HandleError> {
-    let Some(mut tx) = inbox::begin(&deps.pool, PAYMENT.name, envelope.event_id)
-        .await
-        .map_err(HandleError::transient)?
-    else {
-        // Another instance handled this very event meanwhile.
-        return Ok(Handled::Duplicate);
+) -> outbox::Result<()> {
+    // Whether this delivery settled the payment.
+    let settled_here = match result {
+        Some((status, reply)) => record(tx, envelope.order_id, kind, status, &reply, Some(envelope)).await?,
+        None => false,
     };
-    // Whether this delivery settled the payment; if not, the command was new
-    // to the inbox yet its payment was settled already: a miss the business
-    // key caught.
-    let settled_here = if let Some((status, reply)) = result {
-        record(&mut tx, envelope.order_id, kind, status, &reply, Some(envelope))
-            .await
-            .map_err(HandleError::transient)?
-    } else {
-        false
-    };
-    if !settled_here && !settled_by_reconciliation(&mut tx, envelope.order_id, kind).await? {
+    if !settled_here && !settled_by_reconciliation(tx, envelope.order_id, kind).await? {
         inbox::note_miss(
-            &mut tx,
+            tx,
             PAYMENT.name,
             envelope.event_id,
             envelope.order_id,
             "payment per operation",
         )
-        .await
-        .map_err(HandleError::transient)?;
+        .await?;
     }
-    tx.commit().await.map_err(HandleError::transient)?;
-    Ok(Handled::Applied)
+    Ok(())
 }
 
 /// Moves payment `(order_id, kind)` out of PENDING to `status` and enqueues
@@ -284,18 +410,14 @@ pub(crate) async fn record(
 
 /// Whether the reconciler settled payment `(order_id, kind)` from the
 /// gateway's record (a command arriving after that is expected, not a miss).
-async fn settled_by_reconciliation(
-    tx: &mut sqlx::PgConnection,
-    order_id: Uuid,
-    kind: Kind,
-) -> Result<bool, HandleError> {
-    sqlx::query_scalar("SELECT reconciled_at IS NOT NULL FROM payments WHERE order_id = $1 AND kind = $2")
-        .bind(order_id)
-        .bind(kind)
-        .fetch_optional(&mut *tx)
-        .await
-        .map(|r| r.unwrap_or(false))
-        .map_err(HandleError::transient)
+async fn settled_by_reconciliation(tx: &mut sqlx::PgConnection, order_id: Uuid, kind: Kind) -> outbox::Result<bool> {
+    let reconciled =
+        sqlx::query_scalar("SELECT reconciled_at IS NOT NULL FROM payments WHERE order_id = $1 AND kind = $2")
+            .bind(order_id)
+            .bind(kind)
+            .fetch_optional(&mut *tx)
+            .await?;
+    Ok(reconciled.unwrap_or(false))
 }
 
 /// The negative control: what payment handling looks like without layers 3

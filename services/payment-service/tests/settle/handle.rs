@@ -122,3 +122,91 @@ async fn a_refund_after_a_capture_is_made_once() {
     assert_eq!(f.operation(order, "refund").await.0, "REFUNDED");
     assert_eq!(f.replies(order).await, ["PaymentCaptured", "PaymentRefunded"]);
 }
+
+fn traced(envelope: &Envelope) -> kafka::consumer::Traced<Envelope> {
+    kafka::consumer::Traced {
+        message: envelope.clone(),
+        span: tracing::Span::none(),
+    }
+}
+
+#[tokio::test]
+async fn a_batch_charges_each_order_once_with_its_repeats_and_redeliveries_inside_it() {
+    let f = fixture().await;
+    let orders: Vec<Uuid> = (0..5).map(|_| Uuid::now_v7()).collect();
+    let token = f.card_token().await;
+    let commands: Vec<Envelope> = orders.iter().map(|o| charge(*o, &token)).collect();
+    // Handled before: the first order's command, redelivered in the batch.
+    payments::handle(&f.deps, commands[0].clone()).await.unwrap();
+    let again = republished(&commands[1]);
+    let batch = vec![
+        traced(&commands[0]), // redelivered: stops at the inbox
+        traced(&commands[1]),
+        traced(&commands[2]),
+        traced(&commands[1]), // the same event twice in one batch
+        traced(&again),       // the same operation under a new event id
+        traced(&commands[3]),
+        traced(&commands[4]),
+    ];
+    let replays = || telemetry::metrics::get("http_idempotent_replays_total", &[]);
+    let before = replays();
+    let handled = payments::handle_batch(&f.deps, batch).await.unwrap();
+    assert_eq!(
+        replays(),
+        before,
+        "an operation repeated in the batch called the gateway again"
+    );
+    use Handled::{Applied, Duplicate};
+    assert_eq!(
+        handled,
+        [Duplicate, Applied, Applied, Duplicate, Applied, Applied, Applied]
+    );
+    for order in &orders {
+        assert_eq!(
+            f.ledger(*order).await,
+            [("charge".to_owned(), "captured".to_owned())],
+            "one charge at the gateway for {order}"
+        );
+        assert_eq!(f.replies(*order).await, ["PaymentCaptured"], "one reply for {order}");
+        assert_eq!(f.operation(*order, "charge").await.0, "CAPTURED");
+    }
+    let misses: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox_misses WHERE event_id = $1")
+        .bind(again.event_id)
+        .fetch_one(&f.deps.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        misses, 1,
+        "the repeat under a new event id is a miss the payment caught"
+    );
+}
+
+#[tokio::test]
+async fn a_batch_that_fails_at_the_gateway_commits_nothing_and_its_retry_charges_once() {
+    let f = fixture().await;
+    let orders: Vec<Uuid> = (0..3).map(|_| Uuid::now_v7()).collect();
+    let token = f.card_token().await;
+    let batch: Vec<_> = orders.iter().map(|o| traced(&charge(*o, &token))).collect();
+    // The gateway unreachable: a client whose every call fails.
+    let down = payment_service::Deps {
+        pool: f.deps.pool.clone(),
+        gateway: payment_service::gateway::Client::new(
+            "http://127.0.0.1:9",
+            f.gateway.payment_key.expose(),
+            std::time::Duration::from_millis(200),
+        )
+        .unwrap(),
+    };
+    let e = payments::handle_batch(&down, batch.clone()).await.unwrap_err();
+    assert!(matches!(e, kafka::consumer::HandleError::Transient(_)), "{e}");
+    for order in &orders {
+        assert!(f.replies(*order).await.is_empty(), "nothing replied for {order}");
+        assert_eq!(f.operation(*order, "charge").await.0, "PENDING", "left PENDING");
+    }
+    let handled = payments::handle_batch(&f.deps, batch).await.unwrap();
+    assert_eq!(handled, [Handled::Applied; 3]);
+    for order in &orders {
+        assert_eq!(f.ledger(*order).await, [("charge".to_owned(), "captured".to_owned())]);
+        assert_eq!(f.replies(*order).await, ["PaymentCaptured"]);
+    }
+}
