@@ -93,6 +93,10 @@ enum Cmd {
         /// orders/s; figures to target/bench-results/trace-cost.*.
         #[arg(long, value_name = "RATE")]
         trace_cost: Option<f64>,
+        /// A PostgreSQL setting for this run, `name=value` (repeatable;
+        /// applied with ALTER SYSTEM and reset after; not those needing a restart).
+        #[arg(long = "pg-set", value_name = "NAME=VALUE", value_parser = e2e::bench::pg_settings::parse)]
+        pg_set: Vec<(String, String)>,
     },
     /// Tell one failure scenario of docs/scenarios.md (1..=25) — what is
     /// injected, which layer acts, what is checked — and run its test.
@@ -437,6 +441,7 @@ async fn main() -> anyhow::Result<()> {
             quick,
             instances,
             trace_cost,
+            pg_set,
         } => {
             if cfg!(debug_assertions) {
                 // Measure release builds only, the driver included: re-run this command optimised.
@@ -448,6 +453,7 @@ async fn main() -> anyhow::Result<()> {
                     .args(quick.then_some("--quick"))
                     .args(["--instances", &instances.to_string()])
                     .args(trace_cost.map(|r| format!("--trace-cost={r}")))
+                    .args(pg_set.iter().map(|(n, v)| format!("--pg-set={n}={v}")))
                     .status()?;
                 std::process::exit(status.code().unwrap_or(1));
             }
@@ -472,6 +478,7 @@ async fn main() -> anyhow::Result<()> {
                 trials,
                 quick,
                 instances: instances.into(),
+                postgres_settings: pg_set,
                 ..Default::default()
             };
             let opts = StackOptions::ephemeral("bench")?;

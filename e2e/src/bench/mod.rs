@@ -15,6 +15,7 @@
 
 pub mod ceilings;
 pub mod load;
+pub mod pg_settings;
 pub mod scale;
 pub mod trace_cost;
 
@@ -48,6 +49,8 @@ pub struct BenchConfig {
     pub quick: bool,
     /// Instances of each consumer service ([`scale::scale_out`]).
     pub instances: usize,
+    /// PostgreSQL settings applied for the run ([`pg_settings`]), `name=value`.
+    pub postgres_settings: Vec<(String, String)>,
 }
 
 impl Default for BenchConfig {
@@ -62,6 +65,7 @@ impl Default for BenchConfig {
             burst: Duration::from_secs(10),
             quick: false,
             instances: 1,
+            postgres_settings: Vec::new(),
         }
     }
 }
@@ -201,6 +205,8 @@ pub struct Figures {
     pub instances_per_service: usize,
     /// Every consumer instance and what it handled over the whole run.
     pub instances: Vec<scale::Instance>,
+    /// PostgreSQL settings applied for the run (`name=value`; none: the server's own).
+    pub postgres_settings: Vec<String>,
 }
 
 /// The value at quantile `q` of `sorted` (0 when empty).
@@ -363,6 +369,13 @@ async fn burst(client: &Client, orders_db: &str, rate: f64, window: Duration) ->
 /// Runs every measurement on `stack` (fresh, nothing else running on it),
 /// with `cfg.instances` instances of each consumer service.
 pub async fn run(stack: &mut Stack, cfg: &BenchConfig) -> anyhow::Result<Figures> {
+    let settings = pg_settings::apply(&stack.db_url("orders"), &cfg.postgres_settings).await?;
+    let figures = measure(stack, cfg).await;
+    settings.reset().await?;
+    figures
+}
+
+async fn measure(stack: &mut Stack, cfg: &BenchConfig) -> anyhow::Result<Figures> {
     let mut instances = scale::scale_out(stack, cfg.instances.max(1)).await?;
     let stack = &*stack;
     let client = Client::new(stack, Duration::from_secs(10))?;
@@ -407,6 +420,7 @@ pub async fn run(stack: &mut Stack, cfg: &BenchConfig) -> anyhow::Result<Figures
         http,
         instances_per_service: cfg.instances.max(1),
         instances,
+        postgres_settings: cfg.postgres_settings.iter().map(|(n, v)| format!("{n}={v}")).collect(),
     })
 }
 
@@ -414,6 +428,13 @@ pub async fn run(stack: &mut Stack, cfg: &BenchConfig) -> anyhow::Result<Figures
 pub fn markdown(f: &Figures) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "# Saga throughput and latency — {}\n\n{}\n", f.date, f.machine);
+    if !f.postgres_settings.is_empty() {
+        let _ = writeln!(
+            s,
+            "PostgreSQL settings for this run: `{}`\n",
+            f.postgres_settings.join("`, `")
+        );
+    }
     let _ = writeln!(s, "| figure | value | ceiling | ratio |\n|---|---:|---:|---:|");
     let _ = writeln!(
         s,
