@@ -146,6 +146,43 @@ fn compose_creates_every_service_database_and_runs_kafka_in_kraft_mode() {
     assert_eq!(doc["services"]["postgres"]["image"].as_str(), Some("postgres:16"));
 }
 
+/// The `-c name=value` pairs compose passes to its PostgreSQL are exactly
+/// the rows of docs/operations.md's "PostgreSQL settings for production"
+/// marked `compose`, with the same values.
+#[test]
+fn compose_passes_postgres_the_settings_operations_md_lists() {
+    let doc = compose();
+    let args: Vec<&str> = doc["services"]["postgres"]["command"]
+        .as_sequence()
+        .expect("postgres has a command")
+        .iter()
+        .filter_map(|a| a.as_str())
+        .collect();
+    assert_eq!(args.first(), Some(&"postgres"));
+    let mut passed = std::collections::BTreeMap::new();
+    for pair in args[1..].chunks(2) {
+        assert_eq!(pair[0], "-c", "{args:?}");
+        let (name, value) = pair[1].split_once('=').expect("name=value");
+        passed.insert(name.to_owned(), value.to_owned());
+    }
+    let ops = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/operations.md")).unwrap();
+    let section = ops
+        .split("## PostgreSQL settings for production")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("the section exists");
+    let listed: std::collections::BTreeMap<String, String> = section
+        .lines()
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            (cells.len() > 4 && cells[3] == "compose")
+                .then(|| (cells[1].trim_matches('`').to_owned(), cells[2].trim_matches('`').to_owned()))
+        })
+        .collect();
+    assert!(!listed.is_empty(), "no row marked compose");
+    assert_eq!(passed, listed);
+}
+
 #[test]
 fn compose_sends_traces_to_jaeger_and_prometheus_scrapes_every_service() {
     let doc = compose();
