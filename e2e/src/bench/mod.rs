@@ -207,6 +207,25 @@ pub struct Figures {
     pub instances: Vec<scale::Instance>,
     /// PostgreSQL settings applied for the run (`name=value`; none: the server's own).
     pub postgres_settings: Vec<String>,
+    /// Cores each process uses with the stack up and no orders (over
+    /// [`IDLE_WINDOW`], before any load): the fixed cost every rate pays.
+    pub idle_cores: BTreeMap<String, f64>,
+}
+
+/// How long the idle stack's CPU is measured.
+pub const IDLE_WINDOW: Duration = Duration::from_secs(20);
+
+/// Cores each process of [`PROCESSES`] uses over [`IDLE_WINDOW`] with no orders.
+async fn idle() -> BTreeMap<String, f64> {
+    eprintln!("bench: idle stack for {IDLE_WINDOW:?}");
+    let before = testkit::process::cpu_seconds_by_command();
+    tokio::time::sleep(IDLE_WINDOW).await;
+    let after = testkit::process::cpu_seconds_by_command();
+    // CPU ms per "order" over a window of IDLE_WINDOW seconds, one order: ms used.
+    cpu_per_order(&before, &after, 1)
+        .into_iter()
+        .map(|(p, ms)| (p, ms / 1000.0 / IDLE_WINDOW.as_secs_f64()))
+        .collect()
 }
 
 /// The value at quantile `q` of `sorted` (0 when empty).
@@ -380,6 +399,7 @@ async fn measure(stack: &mut Stack, cfg: &BenchConfig) -> anyhow::Result<Figures
     let stack = &*stack;
     let client = Client::new(stack, Duration::from_secs(10))?;
     client.seed_stock("WIDGET", 2_000_000_000).await?;
+    let idle_cores = idle().await;
     let orders_db = stack.db_url("orders");
     eprintln!("bench: broker ceiling ({} messages)", cfg.broker_messages);
     let broker = ceilings::broker(&stack.brokers(), cfg.broker_messages).await?;
@@ -421,6 +441,7 @@ async fn measure(stack: &mut Stack, cfg: &BenchConfig) -> anyhow::Result<Figures
         instances_per_service: cfg.instances.max(1),
         instances,
         postgres_settings: cfg.postgres_settings.iter().map(|(n, v)| format!("{n}={v}")).collect(),
+        idle_cores,
     })
 }
 
@@ -542,12 +563,26 @@ pub fn markdown(f: &Figures) -> String {
         .max_by(|a, b| a.rate.total_cmp(&b.rate))
     {
         let _ = writeln!(s, "\n## CPU per order at {:.0} orders/s (ms)\n", best.rate);
-        let _ = writeln!(s, "| process | ms / order |\n|---|---:|");
+        let _ = writeln!(
+            s,
+            "Idle: cores the process uses with no orders. Above idle: ms per order beyond that fixed cost.\n"
+        );
+        let _ = writeln!(
+            s,
+            "| process | ms / order | idle, cores | above idle, ms / order |\n|---|---:|---:|---:|"
+        );
+        let above = |p: &str, ms: f64| ms - f.idle_cores.get(p).unwrap_or(&0.0) * 1000.0 / best.rate;
         for (p, ms) in &best.cpu_ms_per_order {
-            let _ = writeln!(s, "| {p} | {ms:.2} |");
+            let idle = f.idle_cores.get(p).unwrap_or(&0.0);
+            let _ = writeln!(s, "| {p} | {ms:.2} | {idle:.3} | {:.2} |", above(p, *ms));
         }
         let total: f64 = best.cpu_ms_per_order.values().sum();
-        let _ = writeln!(s, "| **total** | **{total:.2}** |");
+        let idle: f64 = f.idle_cores.values().sum();
+        let _ = writeln!(
+            s,
+            "| **total** | **{total:.2}** | **{idle:.3}** | **{:.2}** |",
+            total - idle * 1000.0 / best.rate
+        );
     }
     s
 }
