@@ -102,7 +102,7 @@ pub struct Trial {
     pub postgres_per_order: PgPerOrder,
 }
 
-/// What PostgreSQL wrote and committed per order ([`PgCounters`] around a trial).
+/// What PostgreSQL wrote and committed per order (its WAL position and commit count read around a trial).
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct PgPerOrder {
     /// WAL bytes (the whole cluster: nothing else runs during a bench).

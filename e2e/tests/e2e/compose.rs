@@ -175,8 +175,12 @@ fn compose_passes_postgres_the_settings_operations_md_lists() {
         .lines()
         .filter_map(|l| {
             let cells: Vec<&str> = l.split('|').map(str::trim).collect();
-            (cells.len() > 4 && cells[3] == "compose")
-                .then(|| (cells[1].trim_matches('`').to_owned(), cells[2].trim_matches('`').to_owned()))
+            (cells.len() > 4 && cells[3] == "compose").then(|| {
+                (
+                    cells[1].trim_matches('`').to_owned(),
+                    cells[2].trim_matches('`').to_owned(),
+                )
+            })
         })
         .collect();
     assert!(!listed.is_empty(), "no row marked compose");
