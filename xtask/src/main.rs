@@ -79,7 +79,7 @@ enum Cmd {
         #[arg(long, default_value_t = 100.0)]
         start_rate: f64,
         /// Sustained-rate trials at most.
-        #[arg(long, default_value_t = 4)]
+        #[arg(long, default_value_t = 6)]
         trials: usize,
         /// Only the ceilings and the sustained-rate search (to try settings).
         #[arg(long)]

@@ -58,7 +58,7 @@ impl Default for BenchConfig {
         Self {
             window: Duration::from_secs(60),
             start_rate: 100.0,
-            trials: 4,
+            trials: 6,
             broker_messages: 20_000,
             tight_loop: Duration::from_secs(5),
             latency_window: Duration::from_secs(30),
