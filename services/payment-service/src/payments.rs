@@ -170,17 +170,14 @@ pub async fn handle_batch(deps: &Deps, batch: Vec<Traced<Envelope>>) -> Result<V
         return Ok(handled);
     }
 
-    // Redeliveries stop here, before anything is written for them.
+    // Redeliveries stop here, before anything is written or called for
+    // them; step 3's inbox insert finds them again, skips them and counts
+    // each redelivery once, in the batch's transaction.
     let mut conn = deps.pool.acquire().await.map_err(HandleError::transient)?;
     let ids: Vec<Uuid> = batch.iter().map(|t| t.message.event_id).collect();
     let seen = inbox::seen(&mut conn, PAYMENT.name, &ids)
         .await
         .map_err(HandleError::transient)?;
-    for id in ids.iter().filter(|id| seen.contains(id)) {
-        inbox::note_redelivery(&mut conn, PAYMENT.name, *id)
-            .await
-            .map_err(HandleError::transient)?;
-    }
     drop(conn);
     let fresh: Vec<usize> = (0..batch.len()).filter(|i| !seen.contains(&ids[*i])).collect();
 
@@ -199,28 +196,22 @@ pub async fn handle_batch(deps: &Deps, batch: Vec<Traced<Envelope>>) -> Result<V
     ));
 
     // Step 3: every result and reply, atomically with the inbox rows.
-    let fresh_batch: Vec<Traced<Envelope>> = fresh.iter().map(|&i| batch[i].clone()).collect();
-    let fresh_results: Vec<_> = fresh
-        .iter()
-        .map(|&i| (results[i].clone(), operations[i].kind()))
+    let ctx: Vec<_> = results
+        .into_iter()
+        .zip(operations.iter().map(Operation::kind))
         .collect();
-    let settled = saga_kit::consumer::apply_batch(
+    saga_kit::consumer::apply_batch(
         &deps.pool,
         PAYMENT.name,
-        &fresh_batch,
-        &fresh_results,
+        &batch,
+        &ctx,
         |_, _| Box::pin(async { Ok::<(), outbox::Error>(()) }),
-        |tx, envelope, results, i| {
-            let (result, kind) = results[i].clone();
+        |tx, envelope, ctx, i| {
+            let (result, kind) = ctx[i].clone();
             Box::pin(settle(tx, envelope, kind, result))
         },
     )
-    .await?;
-    let mut handled = vec![Handled::Duplicate; batch.len()];
-    for (i, outcome) in fresh.into_iter().zip(settled) {
-        handled[i] = outcome;
-    }
-    Ok(handled)
+    .await
 }
 
 /// Step 1 for the batch's `fresh` commands, in one transaction: a new
@@ -333,14 +324,17 @@ fn refused(event_id: Uuid, alone: bool) -> bool {
         }
         return true;
     }
-    let picked = (|| {
-        fail::fail_point!(DEAD_LETTER_COMMAND, |_| true);
-        false
-    })();
+    let picked = picked_to_refuse();
     if picked && !alone {
         refused.push(event_id);
     }
     picked
+}
+
+/// Whether the fault point [`DEAD_LETTER_COMMAND`] fires for this delivery.
+fn picked_to_refuse() -> bool {
+    fail::fail_point!(DEAD_LETTER_COMMAND, |_| true);
+    false
 }
 
 /// Step 3 for one command, in the batch's transaction (its inbox row is

@@ -179,6 +179,16 @@ async fn a_batch_charges_each_order_once_with_its_repeats_and_redeliveries_insid
         misses, 1,
         "the repeat under a new event id is a miss the payment caught"
     );
+    for redelivered in [&commands[0], &commands[1]] {
+        let counted: i64 = sqlx::query_scalar(
+            "SELECT coalesce(sum(redeliveries), 0)::bigint FROM inbox_redeliveries WHERE event_id = $1",
+        )
+        .bind(redelivered.event_id)
+        .fetch_one(&f.deps.pool)
+        .await
+        .unwrap();
+        assert_eq!(counted, 1, "each redelivery counted once");
+    }
 }
 
 #[tokio::test]
