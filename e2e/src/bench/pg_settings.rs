@@ -31,7 +31,9 @@ pub async fn apply(url: &str, settings: &[(String, String)]) -> anyhow::Result<A
         url: url.to_owned(),
         names: settings.iter().map(|(n, _)| n.clone()).collect(),
     };
-    for (name, value) in settings {
+    // Every name checked before any is set: a refused one leaves the
+    // server as it was.
+    for (name, _) in settings {
         let context: Option<String> = sqlx::query_scalar("SELECT context FROM pg_settings WHERE name = $1")
             .bind(name)
             .fetch_optional(&mut db)
@@ -41,12 +43,20 @@ pub async fn apply(url: &str, settings: &[(String, String)]) -> anyhow::Result<A
             Some("postmaster") => anyhow::bail!("{name} takes effect only after a server restart; set it by hand"),
             Some(_) => {}
         }
+    }
+    for (name, value) in settings {
         // ALTER SYSTEM takes no bind parameters; the name is checked above
         // and the value is quoted as a literal.
         let literal = value.replace('\'', "''");
-        sqlx::raw_sql(&format!("ALTER SYSTEM SET {name} = '{literal}'"))
+        let set = sqlx::raw_sql(&format!("ALTER SYSTEM SET {name} = '{literal}'"))
             .execute(&mut db)
-            .await?;
+            .await;
+        if let Err(e) = set {
+            // A value the server refused: undo the ones set before it.
+            db.close().await.ok();
+            applied.reset().await?;
+            return Err(e.into());
+        }
     }
     sqlx::query("SELECT pg_reload_conf()").execute(&mut db).await?;
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
