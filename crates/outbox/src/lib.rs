@@ -85,6 +85,34 @@ pub async fn enqueue(conn: &mut PgConnection, event: &OutboxEvent<'_>) -> Result
     insert(conn, event, INSERT).await
 }
 
+/// Inserts `events` in the caller's transaction with one statement, their
+/// ids (and so the relay's order per key) in the order given — what
+/// [`enqueue`] does for each, for a batch of replies.
+pub async fn enqueue_all(conn: &mut PgConnection, events: &[OutboxEvent<'_>]) -> Result<()> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    let column = |f: for<'e> fn(&'e OutboxEvent<'_>) -> &'e str| events.iter().map(f).collect::<Vec<_>>();
+    let event_ids: Vec<Uuid> = events.iter().map(|e| e.event_id).collect();
+    let traceparents: Vec<Option<&str>> = events.iter().map(|e| e.traceparent).collect();
+    sqlx::query(
+        "INSERT INTO outbox (event_id, topic, message_key, envelope, event_type, traceparent)
+         SELECT e, t, k, b::json, ty, tp
+         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
+              WITH ORDINALITY AS r(e, t, k, b, ty, tp, n)
+         ORDER BY n",
+    )
+    .bind(&event_ids)
+    .bind(column(|e| e.topic))
+    .bind(column(|e| &e.key))
+    .bind(column(|e| &e.body))
+    .bind(column(|e| e.event_type))
+    .bind(&traceparents)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
 const INSERT: &str = "INSERT INTO outbox (event_id, topic, message_key, envelope, event_type, traceparent)
                       VALUES ($1, $2, $3, $4::json, $5, $6)";
 const INSERT_AGAIN: &str = "INSERT INTO outbox (event_id, topic, message_key, envelope, event_type, traceparent)

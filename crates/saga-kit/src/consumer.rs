@@ -42,19 +42,7 @@ pub async fn apply_batch<C: Sync + ?Sized, E: std::fmt::Display>(
     prepare: impl for<'c> FnOnce(&'c mut PgConnection, &'c C) -> Step<'c, E>,
     mut effect: impl for<'c> FnMut(&'c mut PgConnection, &'c Envelope, &'c C, usize) -> Step<'c, E>,
 ) -> Result<Vec<Handled>, HandleError> {
-    let ids: Vec<_> = batch.iter().map(|t| t.message.event_id).collect();
-    let mut tx = pool.begin().await.map_err(HandleError::transient)?;
-    let recorded = inbox::record_batch(&mut tx, consumer, &ids)
-        .await
-        .map_err(HandleError::transient)?;
-    if switches::on(switches::Switch::InboxSeparateTx) {
-        // The negative control: "processed" is durable before the effect is.
-        tx.commit().await.map_err(HandleError::transient)?;
-        fail::fail_point!(CRASH_AFTER_INBOX_BEFORE_EFFECT, |_| telemetry::crash_point(
-            CRASH_AFTER_INBOX_BEFORE_EFFECT
-        ));
-        tx = pool.begin().await.map_err(HandleError::transient)?;
-    }
+    let (mut tx, recorded) = begin_batch(pool, consumer, batch).await?;
     prepare(&mut tx, ctx).await.map_err(HandleError::transient)?;
     let mut handled = Vec::with_capacity(batch.len());
     for (i, (item, recorded)) in batch.iter().zip(recorded).enumerate() {
@@ -70,6 +58,59 @@ pub async fn apply_batch<C: Sync + ?Sized, E: std::fmt::Display>(
     }
     tx.commit().await.map_err(HandleError::transient)?;
     Ok(handled)
+}
+
+/// [`apply_batch`] for a handler that applies the batch as a set: after the
+/// inbox insert, `apply(conn, fresh, ctx)` gets the indices (in order) of
+/// the envelopes new to `consumer`'s inbox — and is not called when there
+/// are none — in the same transaction. Its writes can then be a few
+/// multi-row statements instead of a few per envelope.
+pub async fn apply_fresh<C: Sync + ?Sized, E: std::fmt::Display>(
+    pool: &PgPool,
+    consumer: &str,
+    batch: &[Traced<Envelope>],
+    ctx: &C,
+    apply: impl for<'c> FnOnce(&'c mut PgConnection, &'c [usize], &'c C) -> Step<'c, E>,
+) -> Result<Vec<Handled>, HandleError> {
+    let (mut tx, recorded) = begin_batch(pool, consumer, batch).await?;
+    let fresh: Vec<usize> = (0..recorded.len())
+        .filter(|&i| recorded[i] == inbox::Recorded::New)
+        .collect();
+    if !fresh.is_empty() {
+        apply(&mut tx, &fresh, ctx).await.map_err(HandleError::transient)?;
+    }
+    tx.commit().await.map_err(HandleError::transient)?;
+    Ok(recorded
+        .into_iter()
+        .map(|r| match r {
+            inbox::Recorded::New => Handled::Applied,
+            inbox::Recorded::Duplicate => Handled::Duplicate,
+        })
+        .collect())
+}
+
+/// Opens a batch's transaction and records its envelopes in `consumer`'s
+/// inbox, one multi-row insert; under the negative control's switch the
+/// inbox rows commit on their own first.
+async fn begin_batch<'p>(
+    pool: &'p PgPool,
+    consumer: &str,
+    batch: &[Traced<Envelope>],
+) -> Result<(sqlx::Transaction<'p, sqlx::Postgres>, Vec<inbox::Recorded>), HandleError> {
+    let ids: Vec<_> = batch.iter().map(|t| t.message.event_id).collect();
+    let mut tx = pool.begin().await.map_err(HandleError::transient)?;
+    let recorded = inbox::record_batch(&mut tx, consumer, &ids)
+        .await
+        .map_err(HandleError::transient)?;
+    if switches::on(switches::Switch::InboxSeparateTx) {
+        // The negative control: "processed" is durable before the effect is.
+        tx.commit().await.map_err(HandleError::transient)?;
+        fail::fail_point!(CRASH_AFTER_INBOX_BEFORE_EFFECT, |_| telemetry::crash_point(
+            CRASH_AFTER_INBOX_BEFORE_EFFECT
+        ));
+        tx = pool.begin().await.map_err(HandleError::transient)?;
+    }
+    Ok((tx, recorded))
 }
 
 /// A batch handler's answer for one envelope, handled as a batch of one in

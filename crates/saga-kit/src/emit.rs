@@ -64,3 +64,22 @@ pub fn outbox_event<'a>(topic: &'a str, envelope: &'a Envelope) -> outbox::Outbo
     )
     .traceparent(envelope.traceparent.as_deref())
 }
+
+/// The envelope replying `message` to `cause` — a new event id, `cause`'s
+/// correlation — in the trace of `span` (the cause's consumer span), for
+/// [`emit_all`].
+pub fn reply(message: &Message, cause: &Envelope, span: &tracing::Span) -> Envelope {
+    let mut envelope = Envelope::new(cause.order_id, message, Some(cause));
+    envelope.traceparent = telemetry::propagation::traceparent(span);
+    envelope
+}
+
+/// Enqueues every `(message, envelope)` in the caller's transaction with
+/// one statement, in the order given: [`emit`] for a batch's replies.
+pub async fn emit_all(conn: &mut PgConnection, replies: &[(Message, Envelope)]) -> outbox::Result<()> {
+    let events: Vec<_> = replies
+        .iter()
+        .map(|(message, envelope)| outbox_event(message.topic(), envelope))
+        .collect();
+    outbox::enqueue_all(conn, &events).await
+}

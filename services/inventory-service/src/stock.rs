@@ -8,7 +8,10 @@ use contract::{Envelope, Message};
 use kafka::consumer::{HandleError, Handled, Traced};
 use serde::{Deserialize, Serialize};
 use service_kit::problem::Problem;
+use std::collections::HashMap;
+
 use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
 
 /// Handles one inventory command.
 pub async fn handle(pool: &PgPool, envelope: Envelope) -> Result<Handled, HandleError> {
@@ -21,11 +24,18 @@ enum Command<'a> {
     Release,
 }
 
-/// Handles a partition's queued commands, in order, in one transaction:
-/// one multi-row inbox insert, the stock rows the batch may touch locked in
-/// SKU order (so two batches never wait on each other in a cycle), then each
-/// new command applied with its reply in the outbox. All commit together or
-/// none does.
+/// Handles a partition's queued commands, in order, in one transaction and
+/// a fixed handful of statements however many there are: one multi-row
+/// inbox insert; the stock rows the batch may touch locked in SKU order (so
+/// two batches never wait on each other in a cycle) and read, with the
+/// batch's reservations; then the commands applied in order to those rows
+/// in memory ([`decide`]) and the result written back — one update per SKU,
+/// one insert of the new reservations, one update of the changed ones, one
+/// insert of every reply into the outbox. All commit together or none does.
+///
+/// A hot SKU is updated once per batch, not once per order: per-order
+/// updates left one dead row version per order on the same row, and each
+/// next update walked them.
 pub async fn handle_batch(pool: &PgPool, batch: Vec<Traced<Envelope>>) -> Result<Vec<Handled>, HandleError> {
     let envelopes: Vec<&Envelope> = batch.iter().map(|t| &t.message).collect();
     let messages = envelopes
@@ -46,146 +56,236 @@ pub async fn handle_batch(pool: &PgPool, batch: Vec<Traced<Envelope>>) -> Result
             ))),
         })
         .collect::<Result<Vec<_>, _>>()?;
-    saga_kit::consumer::apply_batch(
-        pool,
-        INVENTORY.name,
-        &batch,
-        &(envelopes, commands),
-        |conn, (envelopes, commands)| {
-            Box::pin(async move {
-                if envelopes.len() > 1 {
-                    lock_stock(conn, envelopes, commands).await?;
-                }
-                Ok::<_, outbox::Error>(())
-            })
-        },
-        |conn, envelope, (_, commands), i| Box::pin(apply(conn, envelope, &commands[i])),
-    )
+    let ctx = (&batch[..], commands);
+    saga_kit::consumer::apply_fresh(pool, INVENTORY.name, &batch, &ctx, |conn, fresh, (batch, commands)| {
+        Box::pin(apply_all(conn, batch, commands, fresh))
+    })
     .await
 }
 
-/// Locks, in SKU order, every stock row the batch may update: the SKUs it
-/// reserves and those of the reservations it releases.
-async fn lock_stock(conn: &mut PgConnection, envelopes: &[&Envelope], commands: &[Command<'_>]) -> sqlx::Result<()> {
-    let mut skus = Vec::new();
-    let mut releasing = Vec::new();
-    for (envelope, command) in envelopes.iter().zip(commands) {
-        match command {
-            Command::Reserve { sku, .. } => skus.push(sku.to_string()),
-            Command::Release => releasing.push(envelope.order_id),
-        }
+/// A reservation as [`decide`] sees and leaves it.
+#[derive(Debug, Clone, PartialEq)]
+struct Reservation {
+    sku: String,
+    quantity: i32,
+    status: &'static str,
+    /// Already in the table (else inserted by this batch).
+    stored: bool,
+    /// Changed by this batch.
+    changed: bool,
+}
+
+/// What a batch's commands do to the rows they read: the replies (by
+/// command index), the repeats the reservation key caught, and the rows to
+/// write back.
+#[derive(Debug, Default, PartialEq)]
+struct Decided {
+    replies: Vec<(usize, Message)>,
+    repeats: Vec<(usize, &'static str)>,
+    reserved: u64,
+    rejected: u64,
+    released: u64,
+}
+
+/// Applies `commands[i]` for each `i` in `fresh`, in order, to `stock`
+/// (SKU → available, the locked rows) and `reservations` (order → its
+/// reservation), as the one-command-at-a-time statements did: a reserve is
+/// a no-op for an order that has a reservation; it takes the units when
+/// they are available and is rejected otherwise; a release returns the
+/// units of a RESERVED reservation only.
+fn decide(
+    orders: &[Uuid],
+    commands: &[Command<'_>],
+    fresh: &[usize],
+    stock: &mut HashMap<String, i64>,
+    reservations: &mut HashMap<Uuid, Reservation>,
+) -> Decided {
+    let mut d = Decided::default();
+    for &i in fresh {
+        let order = orders[i];
+        let reply = match commands[i] {
+            Command::Reserve { quantity, .. } if quantity <= 0 => Message::StockRejected {
+                reason: "invalid_quantity".into(),
+            },
+            Command::Reserve { .. } if reservations.contains_key(&order) => {
+                d.repeats.push((i, "reservation per order"));
+                continue;
+            }
+            Command::Reserve { sku, quantity } => {
+                let taken = match stock.get_mut(sku) {
+                    Some(available) if *available >= i64::from(quantity) => {
+                        *available -= i64::from(quantity);
+                        true
+                    }
+                    _ => false,
+                };
+                let status = if taken { "RESERVED" } else { "REJECTED" };
+                reservations.insert(
+                    order,
+                    Reservation {
+                        sku: sku.to_string(),
+                        quantity,
+                        status,
+                        stored: false,
+                        changed: true,
+                    },
+                );
+                if taken {
+                    d.reserved += 1;
+                    Message::StockReserved
+                } else {
+                    d.rejected += 1;
+                    Message::StockRejected {
+                        reason: "out_of_stock".into(),
+                    }
+                }
+            }
+            Command::Release => match reservations.get_mut(&order) {
+                Some(r) if r.status == "RESERVED" => {
+                    r.status = "RELEASED";
+                    r.changed = true;
+                    if let Some(available) = stock.get_mut(&r.sku) {
+                        *available += i64::from(r.quantity);
+                    }
+                    d.released += 1;
+                    Message::StockReleased
+                }
+                _ => {
+                    d.repeats.push((i, "release once per reservation"));
+                    continue;
+                }
+            },
+        };
+        d.replies.push((i, reply));
     }
-    sqlx::query(
-        "SELECT 1 FROM stock WHERE sku IN (
+    d
+}
+
+/// [`handle_batch`]'s transaction after the inbox insert: lock and read,
+/// [`decide`], write back.
+async fn apply_all(
+    conn: &mut PgConnection,
+    batch: &[Traced<Envelope>],
+    commands: &[Command<'_>],
+    fresh: &[usize],
+) -> anyhow::Result<()> {
+    let orders: Vec<Uuid> = batch.iter().map(|t| t.message.order_id).collect();
+    let fresh_orders: Vec<Uuid> = fresh.iter().map(|&i| orders[i]).collect();
+    let reserving: Vec<&str> = fresh
+        .iter()
+        .filter_map(|&i| match commands[i] {
+            Command::Reserve { sku, quantity } if quantity > 0 => Some(sku),
+            _ => None,
+        })
+        .collect();
+    let rows: Vec<(String, i32)> = sqlx::query_as(
+        "SELECT sku, available FROM stock WHERE sku IN (
              SELECT unnest($1::text[]) UNION SELECT sku FROM reservations WHERE order_id = ANY($2))
          ORDER BY sku FOR UPDATE",
     )
-    .bind(&skus)
-    .bind(&releasing)
-    .execute(conn)
+    .bind(&reserving)
+    .bind(&fresh_orders)
+    .fetch_all(&mut *conn)
     .await?;
-    Ok(())
-}
-
-/// Applies one new command and puts its reply, if any, in the outbox.
-#[tracing::instrument(skip_all, fields(order_id = %envelope.order_id, event_type = %envelope.event_type, event_id = %envelope.event_id))]
-async fn apply(conn: &mut PgConnection, envelope: &Envelope, command: &Command<'_>) -> Result<(), outbox::Error> {
-    let reply = match command {
-        Command::Reserve { sku, quantity } => reserve(conn, envelope, sku, *quantity).await?,
-        Command::Release => release(conn, envelope).await?,
-    };
-    if let Some(reply) = reply {
-        saga_kit::emit::emit(conn, envelope.order_id, &reply, Some(envelope)).await?;
+    let before: HashMap<String, i64> = rows.into_iter().map(|(s, a)| (s, i64::from(a))).collect();
+    let stored: Vec<(Uuid, String, i32, String)> =
+        sqlx::query_as("SELECT order_id, sku, quantity, status FROM reservations WHERE order_id = ANY($1) FOR UPDATE")
+            .bind(&fresh_orders)
+            .fetch_all(&mut *conn)
+            .await?;
+    let mut reservations = HashMap::new();
+    for (order, sku, quantity, status) in stored {
+        let status = match status.as_str() {
+            "RESERVED" => "RESERVED",
+            "REJECTED" => "REJECTED",
+            _ => "RELEASED",
+        };
+        let r = Reservation {
+            sku,
+            quantity,
+            status,
+            stored: true,
+            changed: false,
+        };
+        reservations.insert(order, r);
     }
-    Ok(())
-}
+    let mut stock = before.clone();
+    let decided = decide(&orders, commands, fresh, &mut stock, &mut reservations);
 
-/// Reserves stock for the order once. The reservation's primary key (order
-/// id) decides: a second ReserveStock for the same order — even under a new
-/// event id, even concurrently — finds the row and does nothing.
-async fn reserve(conn: &mut PgConnection, env: &Envelope, sku: &str, quantity: i32) -> sqlx::Result<Option<Message>> {
-    if quantity <= 0 {
-        return Ok(Some(Message::StockRejected {
-            reason: "invalid_quantity".into(),
-        }));
+    let (mut skus, mut available) = (Vec::new(), Vec::new());
+    for (sku, now) in &stock {
+        if before.get(sku) != Some(now) {
+            skus.push(sku.as_str());
+            available.push(i32::try_from(*now).map_err(|_| anyhow::anyhow!("stock of {sku} would overflow: {now}"))?);
+        }
     }
-    let claimed = sqlx::query(
-        "INSERT INTO reservations (order_id, sku, quantity, status) VALUES ($1, $2, $3, 'RESERVED')
-         ON CONFLICT (order_id) DO NOTHING",
-    )
-    .bind(env.order_id)
-    .bind(sku)
-    .bind(quantity)
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
-    if claimed == 0 {
-        tracing::info!("order already has a reservation; reserve is a no-op");
-        telemetry::metrics::incr("inventory_repeat_commands_total", &[("command", "reserve")]);
-        inbox::note_miss(
-            conn,
-            INVENTORY.name,
-            env.event_id,
-            env.order_id,
-            "reservation per order",
+    if !skus.is_empty() {
+        sqlx::query(
+            "UPDATE stock s SET available = v.available, updated_at = now()
+             FROM unnest($1::text[], $2::int4[]) AS v(sku, available) WHERE s.sku = v.sku",
         )
-        .await?;
-        return Ok(None);
-    }
-    // The conditional decrement is atomic: concurrent orders for the last
-    // unit serialise on the stock row and only one sees available >= quantity.
-    let taken = sqlx::query(
-        "UPDATE stock SET available = available - $2, updated_at = now() WHERE sku = $1 AND available >= $2",
-    )
-    .bind(sku)
-    .bind(quantity)
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
-    if taken == 1 {
-        telemetry::metrics::incr("inventory_reserved_total", &[]);
-        return Ok(Some(Message::StockReserved));
-    }
-    sqlx::query("UPDATE reservations SET status = 'REJECTED', updated_at = now() WHERE order_id = $1")
-        .bind(env.order_id)
+        .bind(&skus)
+        .bind(&available)
         .execute(&mut *conn)
         .await?;
-    telemetry::metrics::incr("inventory_rejected_total", &[]);
-    Ok(Some(Message::StockRejected {
-        reason: "out_of_stock".into(),
-    }))
-}
-
-/// Releases the order's reservation once: only a RESERVED row moves to
-/// RELEASED, and the row lock of that UPDATE serialises concurrent releases.
-async fn release(conn: &mut PgConnection, env: &Envelope) -> sqlx::Result<Option<Message>> {
-    let released: Option<(String, i32)> = sqlx::query_as(
-        "UPDATE reservations SET status = 'RELEASED', updated_at = now()
-         WHERE order_id = $1 AND status = 'RESERVED' RETURNING sku, quantity",
-    )
-    .bind(env.order_id)
-    .fetch_optional(&mut *conn)
-    .await?;
-    let Some((sku, quantity)) = released else {
-        tracing::info!("no reserved stock for order; release is a no-op");
-        telemetry::metrics::incr("inventory_repeat_commands_total", &[("command", "release")]);
-        inbox::note_miss(
-            conn,
-            INVENTORY.name,
-            env.event_id,
-            env.order_id,
-            "release once per reservation",
+    }
+    let changed = || reservations.iter().filter(|(_, r)| r.changed);
+    let (new, old): (Vec<_>, Vec<_>) = changed().partition(|(_, r)| !r.stored);
+    if !new.is_empty() {
+        let inserted = sqlx::query(
+            "INSERT INTO reservations (order_id, sku, quantity, status)
+             SELECT * FROM unnest($1::uuid[], $2::text[], $3::int4[], $4::text[])
+             ON CONFLICT (order_id) DO NOTHING",
         )
-        .await?;
-        return Ok(None);
-    };
-    sqlx::query("UPDATE stock SET available = available + $2, updated_at = now() WHERE sku = $1")
-        .bind(&sku)
-        .bind(quantity)
+        .bind(new.iter().map(|(o, _)| **o).collect::<Vec<_>>())
+        .bind(new.iter().map(|(_, r)| r.sku.as_str()).collect::<Vec<_>>())
+        .bind(new.iter().map(|(_, r)| r.quantity).collect::<Vec<_>>())
+        .bind(new.iter().map(|(_, r)| r.status).collect::<Vec<_>>())
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+        // A concurrent transaction reserved one of these orders after the
+        // read above: retry the batch, which then sees its reservation.
+        anyhow::ensure!(
+            inserted == new.len() as u64,
+            "a reservation appeared concurrently; retrying the batch"
+        );
+    }
+    if !old.is_empty() {
+        sqlx::query(
+            "UPDATE reservations r SET status = v.status, updated_at = now()
+             FROM unnest($1::uuid[], $2::text[]) AS v(order_id, status) WHERE r.order_id = v.order_id",
+        )
+        .bind(old.iter().map(|(o, _)| **o).collect::<Vec<_>>())
+        .bind(old.iter().map(|(_, r)| r.status).collect::<Vec<_>>())
         .execute(&mut *conn)
         .await?;
-    telemetry::metrics::incr("inventory_released_total", &[]);
-    Ok(Some(Message::StockReleased))
+    }
+    for &(i, caught_by) in &decided.repeats {
+        let env = &batch[i].message;
+        let command = match commands[i] {
+            Command::Reserve { .. } => "reserve",
+            Command::Release => "release",
+        };
+        batch[i].span.in_scope(|| {
+            tracing::info!(command, "the order's reservation already decided this command; a no-op");
+        });
+        telemetry::metrics::incr("inventory_repeat_commands_total", &[("command", command)]);
+        inbox::note_miss(conn, INVENTORY.name, env.event_id, env.order_id, caught_by).await?;
+    }
+    let replies: Vec<(Message, Envelope)> = decided
+        .replies
+        .into_iter()
+        .map(|(i, message)| {
+            let envelope = saga_kit::emit::reply(&message, &batch[i].message, &batch[i].span);
+            (message, envelope)
+        })
+        .collect();
+    saga_kit::emit::emit_all(conn, &replies).await?;
+    telemetry::metrics::incr_by("inventory_reserved_total", &[], decided.reserved);
+    telemetry::metrics::incr_by("inventory_rejected_total", &[], decided.rejected);
+    telemetry::metrics::incr_by("inventory_released_total", &[], decided.released);
+    Ok(())
 }
 
 /// Stock level of one SKU.
@@ -288,4 +388,86 @@ pub async fn set(
     .await
     .map_err(unavailable)?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(commands: &[(Uuid, Command<'_>)], available: i64) -> (Decided, i64, HashMap<Uuid, Reservation>) {
+        let orders: Vec<Uuid> = commands.iter().map(|(o, _)| *o).collect();
+        let commands: Vec<Command<'_>> = commands
+            .iter()
+            .map(|(_, c)| match c {
+                Command::Reserve { sku, quantity } => Command::Reserve {
+                    sku,
+                    quantity: *quantity,
+                },
+                Command::Release => Command::Release,
+            })
+            .collect();
+        let fresh: Vec<usize> = (0..commands.len()).collect();
+        let mut stock = HashMap::from([("A".to_string(), available)]);
+        let mut reservations = HashMap::new();
+        let d = decide(&orders, &commands, &fresh, &mut stock, &mut reservations);
+        (d, stock["A"], reservations)
+    }
+
+    const ONE: Command<'static> = Command::Reserve { sku: "A", quantity: 1 };
+
+    #[test]
+    fn a_batch_decides_each_command_as_if_applied_one_at_a_time() {
+        let (a, b, c) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+        // a reserves, b takes the last unit, c finds none; a's release
+        // returns its unit; a second reserve and release of a are no-ops.
+        let (d, left, reservations) = run(
+            &[
+                (a, ONE),
+                (b, ONE),
+                (c, ONE),
+                (a, Command::Release),
+                (a, ONE),
+                (a, Command::Release),
+            ],
+            2,
+        );
+        assert_eq!(left, 1, "2 - a - b + a");
+        let replies: Vec<usize> = d.replies.iter().map(|(i, _)| *i).collect();
+        assert_eq!(replies, [0, 1, 2, 3]);
+        assert_eq!(
+            d.replies[2].1,
+            Message::StockRejected {
+                reason: "out_of_stock".into()
+            }
+        );
+        assert_eq!(d.replies[3].1, Message::StockReleased);
+        assert_eq!(
+            d.repeats,
+            [(4, "reservation per order"), (5, "release once per reservation")]
+        );
+        assert_eq!((d.reserved, d.rejected, d.released), (2, 1, 1));
+        assert_eq!(reservations[&a].status, "RELEASED");
+        assert_eq!(reservations[&c].status, "REJECTED");
+    }
+
+    #[test]
+    fn an_invalid_quantity_is_rejected_without_a_reservation_and_a_release_without_one_is_a_no_op() {
+        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+        let (d, left, reservations) = run(
+            &[(a, Command::Reserve { sku: "A", quantity: 0 }), (b, Command::Release)],
+            5,
+        );
+        assert_eq!(left, 5);
+        assert_eq!(
+            d.replies,
+            [(
+                0,
+                Message::StockRejected {
+                    reason: "invalid_quantity".into()
+                }
+            )]
+        );
+        assert_eq!(d.repeats, [(1, "release once per reservation")]);
+        assert!(reservations.is_empty());
+    }
 }

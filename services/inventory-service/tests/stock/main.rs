@@ -185,9 +185,12 @@ async fn batches_touching_skus_in_opposite_orders_never_deadlock_and_conserve_st
         )
     };
     // Two partitions' lanes, each applying batches that touch A and B in
-    // opposite orders: without the up-front lock in SKU order these
-    // transactions wait on each other in a cycle and PostgreSQL aborts one
-    // (tried: with `lock_stock` skipped this fails with "deadlock detected").
+    // opposite orders: the batch reads the stock it may touch locked, in
+    // SKU order, then writes each SKU's new count once. Without that lock
+    // two batches read the same count and one's write is lost (tried: with
+    // `FOR UPDATE` dropped from the read, the count below is off); locked
+    // in another order they would wait on each other in a
+    // cycle and PostgreSQL would abort one.
     let mut reserved = Vec::new();
     for _ in 0..20 {
         let forward = vec![on("A"), on("B"), on("A")];
