@@ -65,11 +65,11 @@ pub fn outbox_event<'a>(topic: &'a str, envelope: &'a Envelope) -> outbox::Outbo
     .traceparent(envelope.traceparent.as_deref())
 }
 
-/// The envelope replying `message` to `cause` — a new event id, `cause`'s
-/// correlation — in the trace of `span` (the cause's consumer span), for
-/// [`emit_all`].
-pub fn reply(message: &Message, cause: &Envelope, span: &tracing::Span) -> Envelope {
-    let mut envelope = Envelope::new(cause.order_id, message, Some(cause));
+/// The envelope of `message` about `order_id` — a new event id, caused by
+/// `cause` when given — in the trace of `span` (the cause's consumer span,
+/// or the current one), for [`emit_all`]: what [`emit`] builds.
+pub fn envelope(order_id: Uuid, message: &Message, cause: Option<&Envelope>, span: &tracing::Span) -> Envelope {
+    let mut envelope = Envelope::new(order_id, message, cause);
     envelope.traceparent = telemetry::propagation::traceparent(span);
     envelope
 }

@@ -277,7 +277,12 @@ async fn apply_all(
         .replies
         .into_iter()
         .map(|(i, message)| {
-            let envelope = saga_kit::emit::reply(&message, &batch[i].message, &batch[i].span);
+            let envelope = saga_kit::emit::envelope(
+                batch[i].message.order_id,
+                &message,
+                Some(&batch[i].message),
+                &batch[i].span,
+            );
             (message, envelope)
         })
         .collect();

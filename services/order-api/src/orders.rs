@@ -182,33 +182,61 @@ pub async fn lock(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<Option<Orde
         .await
 }
 
-/// Sets the status (and cancel reason, when given), the command the new
-/// state waits on, and restarts the state's deadline.
-pub async fn set_status(
-    conn: &mut PgConnection,
-    id: Uuid,
-    status: Status,
-    cancel_reason: Option<&str>,
-    command: Option<Uuid>,
-) -> sqlx::Result<()> {
+/// Loads orders `ids` (those that exist) and locks them for their
+/// transitions, in id order — two batches sharing orders lock them in the
+/// same order.
+pub async fn lock_all(conn: &mut PgConnection, ids: &[Uuid]) -> sqlx::Result<Vec<Order>> {
+    sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM orders WHERE id = ANY($1) ORDER BY id FOR UPDATE"
+    ))
+    .bind(ids)
+    .fetch_all(conn)
+    .await
+}
+
+/// An order's move to a new status: the status, the cancel reason when
+/// given, and the command the new state waits on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Transition {
+    /// The order.
+    pub id: Uuid,
+    /// Its new status.
+    pub status: Status,
+    /// Why it is cancelled (kept when `None`).
+    pub cancel_reason: Option<&'static str>,
+    /// The command the new state waits on.
+    pub command: Option<Uuid>,
+}
+
+/// Sets each order's status (and cancel reason, when given) and the
+/// command its new state waits on, and restarts the state's deadline, in
+/// one statement. At most one transition per order.
+pub async fn set_statuses(conn: &mut PgConnection, moves: &[Transition]) -> sqlx::Result<()> {
+    if moves.is_empty() {
+        return Ok(());
+    }
     sqlx::query(
-        "UPDATE orders SET status = $2, cancel_reason = COALESCE($3, cancel_reason), last_command_id = $4,
-                           reconcile_attempts = 0, updated_at = now()
-         WHERE id = $1",
+        "UPDATE orders o SET status = v.status, cancel_reason = COALESCE(v.cancel_reason, o.cancel_reason),
+                             last_command_id = v.command, reconcile_attempts = 0, updated_at = now()
+         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::uuid[]) AS v(id, status, cancel_reason, command)
+         WHERE o.id = v.id",
     )
-    .bind(id)
-    .bind(status)
-    .bind(cancel_reason)
-    .bind(command)
+    .bind(moves.iter().map(|m| m.id).collect::<Vec<_>>())
+    .bind(moves.iter().map(|m| m.status.as_str()).collect::<Vec<_>>())
+    .bind(moves.iter().map(|m| m.cancel_reason).collect::<Vec<_>>())
+    .bind(moves.iter().map(|m| m.command).collect::<Vec<_>>())
     .execute(conn)
     .await?;
     Ok(())
 }
 
-/// Notes that the gateway's answer was taken for a participant's reply.
-pub async fn mark_reconciled(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<()> {
-    sqlx::query("UPDATE orders SET reconciled_at = now() WHERE id = $1")
-        .bind(id)
+/// Notes that the gateway's answer was taken for participants' replies.
+pub async fn mark_reconciled(conn: &mut PgConnection, ids: &[Uuid]) -> sqlx::Result<()> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    sqlx::query("UPDATE orders SET reconciled_at = now() WHERE id = ANY($1)")
+        .bind(ids)
         .execute(conn)
         .await?;
     Ok(())
@@ -224,6 +252,24 @@ pub async fn set_last_command(conn: &mut PgConnection, id: Uuid, command: Uuid) 
     Ok(())
 }
 
+/// One entry of an order's history: a transition applied, or one ignored
+/// (`applied` false, `from` = `to`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewHistory {
+    /// The order.
+    pub order_id: Uuid,
+    /// Status before (none for the order's creation).
+    pub from: Option<Status>,
+    /// Status after.
+    pub to: Status,
+    /// The event type or HTTP action.
+    pub cause: String,
+    /// The event that caused it, when one did.
+    pub event_id: Option<Uuid>,
+    /// Whether the transition was applied.
+    pub applied: bool,
+}
+
 /// Appends a history entry.
 pub async fn record_history(
     conn: &mut PgConnection,
@@ -234,16 +280,35 @@ pub async fn record_history(
     event_id: Option<Uuid>,
     applied: bool,
 ) -> sqlx::Result<()> {
+    let entry = NewHistory {
+        order_id: id,
+        from,
+        to,
+        cause: cause.into(),
+        event_id,
+        applied,
+    };
+    record_histories(conn, std::slice::from_ref(&entry)).await
+}
+
+/// Appends history entries in one statement, in the order given.
+pub async fn record_histories(conn: &mut PgConnection, entries: &[NewHistory]) -> sqlx::Result<()> {
+    if entries.is_empty() {
+        return Ok(());
+    }
     sqlx::query(
         "INSERT INTO order_history (order_id, from_status, to_status, cause, event_id, applied)
-         VALUES ($1, $2, $3, $4, $5, $6)",
+         SELECT o, f, t, c, e, a
+         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::uuid[], $6::bool[])
+              WITH ORDINALITY AS r(o, f, t, c, e, a, n)
+         ORDER BY n",
     )
-    .bind(id)
-    .bind(from)
-    .bind(to)
-    .bind(cause)
-    .bind(event_id)
-    .bind(applied)
+    .bind(entries.iter().map(|e| e.order_id).collect::<Vec<_>>())
+    .bind(entries.iter().map(|e| e.from.map(Status::as_str)).collect::<Vec<_>>())
+    .bind(entries.iter().map(|e| e.to.as_str()).collect::<Vec<_>>())
+    .bind(entries.iter().map(|e| e.cause.as_str()).collect::<Vec<_>>())
+    .bind(entries.iter().map(|e| e.event_id).collect::<Vec<_>>())
+    .bind(entries.iter().map(|e| e.applied).collect::<Vec<_>>())
     .execute(conn)
     .await?;
     Ok(())

@@ -11,9 +11,12 @@ pub mod reconcile;
 pub mod transitions;
 
 use contract::topics::consumers::ORDER_SAGA;
-use contract::Envelope;
+use std::collections::HashMap;
+
+use contract::{Envelope, Message};
 use kafka::consumer::{HandleError, Handled, Traced};
 use sqlx::PgPool;
+use uuid::Uuid;
 
 use crate::orders::{self, Order};
 pub use transitions::{decide, Decision, Input};
@@ -34,43 +37,56 @@ pub async fn handle(pool: &PgPool, envelope: Envelope) -> Result<Handled, Handle
     saga_kit::consumer::handle_one(envelope, |one| handle_batch(pool, one)).await
 }
 
-/// Handles a partition's queued replies, in order, in one transaction: one
-/// multi-row inbox insert, then each new reply applied to its order. All
-/// commit together or none does (the consumer then retries, or handles the
-/// envelopes one by one to isolate one that can never apply).
+/// Handles a partition's queued replies, in order, in one transaction and a
+/// fixed handful of statements: one multi-row inbox insert, the batch's
+/// orders locked and read in one, then each new reply decided in order
+/// against its order in memory ([`Plan::step`]) and the result written in
+/// one statement per table ([`Plan::write`]). All commit together or none
+/// does (the consumer then retries, or handles the envelopes one by one to
+/// isolate one that can never apply).
 pub async fn handle_batch(pool: &PgPool, batch: Vec<Traced<Envelope>>) -> Result<Vec<Handled>, HandleError> {
     let messages = batch
         .iter()
         .map(|t| t.message.message())
         .collect::<Result<Vec<_>, _>>()
         .map_err(HandleError::permanent)?;
-    saga_kit::consumer::apply_batch(
-        pool,
-        ORDER_SAGA.name,
-        &batch,
-        &messages,
-        |_, _| Box::pin(async { Ok::<_, Error>(()) }),
-        |conn, envelope, messages, i| Box::pin(apply_reply(conn, envelope, &messages[i])),
-    )
+    let ctx = (&batch[..], messages);
+    saga_kit::consumer::apply_fresh(pool, ORDER_SAGA.name, &batch, &ctx, |conn, fresh, (batch, messages)| {
+        Box::pin(apply_replies(conn, batch, messages, fresh))
+    })
     .await
 }
 
-/// Applies one new reply to its order inside the batch's transaction.
-#[tracing::instrument(skip_all, fields(order_id = %envelope.order_id, event_type = %envelope.event_type, event_id = %envelope.event_id))]
-async fn apply_reply(
+/// Applies the new replies (`fresh` indices of `batch`) to their orders
+/// inside the batch's transaction.
+async fn apply_replies(
     conn: &mut sqlx::PgConnection,
-    envelope: &Envelope,
-    message: &contract::Message,
+    batch: &[Traced<Envelope>],
+    messages: &[Message],
+    fresh: &[usize],
 ) -> Result<(), Error> {
-    let Some(order) = orders::lock(conn, envelope.order_id).await? else {
-        // Not retriable: an order id we never created. The inbox row commits so
-        // a redelivery is absorbed; the dead-letter topic gets nothing to replay.
-        tracing::warn!("reply for unknown order ignored");
-        telemetry::metrics::incr("saga_unknown_order_total", &[]);
-        return Ok(());
-    };
-    apply(conn, &order, Input::Reply(message), Some(envelope)).await?;
-    Ok(())
+    let ids: Vec<Uuid> = fresh.iter().map(|&i| batch[i].message.order_id).collect();
+    let mut locked: HashMap<Uuid, Order> = orders::lock_all(conn, &ids)
+        .await?
+        .into_iter()
+        .map(|o| (o.id, o))
+        .collect();
+    let mut plan = Plan::default();
+    for &i in fresh {
+        let Traced {
+            message: envelope,
+            span,
+        } = &batch[i];
+        let Some(order) = locked.get_mut(&envelope.order_id) else {
+            // Not retriable: an order id we never created. The inbox row commits so
+            // a redelivery is absorbed; the dead-letter topic gets nothing to replay.
+            span.in_scope(|| tracing::warn!("reply for unknown order ignored"));
+            telemetry::metrics::incr("saga_unknown_order_total", &[]);
+            continue;
+        };
+        plan.step(order, Input::Reply(&messages[i]), Some(envelope), span);
+    }
+    plan.write(conn).await
 }
 
 /// Applies `input` to `order` (locked by the caller) inside the caller's
@@ -81,65 +97,129 @@ pub async fn apply(
     input: Input<'_>,
     cause: Option<&Envelope>,
 ) -> Result<bool, Error> {
-    let event_type = input.name();
-    let event_id = cause.map(|c| c.event_id);
-    match decide(order, input) {
-        Decision::Ignore => {
-            tracing::info!(status = order.status.as_str(), "illegal or stale transition ignored");
-            telemetry::metrics::incr(
-                "saga_ignored_transitions_total",
-                &[("status", order.status.as_str()), ("event_type", &event_type)],
-            );
-            orders::record_history(
-                conn,
-                order.id,
-                Some(order.status),
-                order.status,
-                &event_type,
-                event_id,
-                false,
-            )
-            .await?;
-            match (event_id, order.reconciled_at) {
-                // A reply new to the inbox that the state machine had to stop.
-                (Some(event_id), None) => {
-                    inbox::note_miss(conn, ORDER_SAGA.name, event_id, order.id, "saga state machine").await?
+    let mut plan = Plan::default();
+    let legal = plan.step(&mut order.clone(), input, cause, &tracing::Span::current());
+    plan.write(conn).await?;
+    Ok(legal)
+}
+
+/// What a run of saga inputs writes, gathered to be written together.
+#[derive(Debug, Default)]
+struct Plan {
+    /// The commands to send, in order.
+    commands: Vec<(Message, Envelope)>,
+    /// The last transition of each order moved.
+    moves: Vec<orders::Transition>,
+    history: Vec<orders::NewHistory>,
+    /// Replies new to the inbox that the state machine stopped: (event, order).
+    misses: Vec<(Uuid, Uuid)>,
+    reconciled: Vec<Uuid>,
+}
+
+impl Plan {
+    /// Decides `input` for `order` and notes what that writes; an applied
+    /// transition also moves `order` in memory, for the next input about
+    /// it. Logs and metrics go to `span`. Returns whether it was legal.
+    fn step(&mut self, order: &mut Order, input: Input<'_>, cause: Option<&Envelope>, span: &tracing::Span) -> bool {
+        let _entered = span.enter();
+        let event_type = input.name();
+        let event_id = cause.map(|c| c.event_id);
+        let (to, emit, cancel_reason) = match decide(order, input) {
+            Decision::Ignore => {
+                tracing::info!(status = order.status.as_str(), "illegal or stale transition ignored");
+                telemetry::metrics::incr(
+                    "saga_ignored_transitions_total",
+                    &[("status", order.status.as_str()), ("event_type", &event_type)],
+                );
+                self.history.push(orders::NewHistory {
+                    order_id: order.id,
+                    from: Some(order.status),
+                    to: order.status,
+                    cause: event_type,
+                    event_id,
+                    applied: false,
+                });
+                match (event_id, order.reconciled_at) {
+                    // A reply new to the inbox that the state machine had to stop.
+                    (Some(event_id), None) => self.misses.push((event_id, order.id)),
+                    // The participant's reply, arriving after reconciliation took
+                    // the gateway's answer for it: expected, not a miss.
+                    (Some(_), Some(_)) => telemetry::metrics::incr("saga_replies_after_reconciliation_total", &[]),
+                    (None, _) => {}
                 }
-                // The participant's reply, arriving after reconciliation took
-                // the gateway's answer for it: expected, not a miss.
-                (Some(_), Some(_)) => telemetry::metrics::incr("saga_replies_after_reconciliation_total", &[]),
-                (None, _) => {}
+                return false;
             }
-            Ok(false)
-        }
-        Decision::Apply {
-            to,
-            emit,
-            cancel_reason,
-        } => {
-            // The command the new state waits on (at most one per transition).
-            let mut command = None;
-            for next in &emit {
-                command = Some(saga_kit::emit::emit(conn, order.id, next, cause).await?.event_id);
-            }
-            orders::set_status(conn, order.id, to, cancel_reason, command).await?;
-            orders::record_history(conn, order.id, Some(order.status), to, &event_type, event_id, true).await?;
-            if matches!(input, Input::Reconciled(_)) {
-                orders::mark_reconciled(conn, order.id).await?;
-            }
-            telemetry::metrics::incr(
-                "saga_transitions_total",
-                &[("from", order.status.as_str()), ("to", to.as_str())],
-            );
-            if matches!(
+            Decision::Apply {
                 to,
-                orders::Status::Confirmed | orders::Status::Cancelled | orders::Status::ManualReview
-            ) {
-                let took = (chrono::Utc::now() - order.created_at).to_std().unwrap_or_default();
-                telemetry::metrics::observe("saga_duration_seconds", &[("status", to.as_str())], took);
-            }
-            tracing::info!(from = order.status.as_str(), to = to.as_str(), "saga transition");
-            Ok(true)
+                emit,
+                cancel_reason,
+            } => (to, emit, cancel_reason),
+        };
+        // The command the new state waits on (at most one per transition).
+        let mut command = None;
+        for next in emit {
+            let envelope = saga_kit::emit::envelope(order.id, &next, cause, span);
+            command = Some(envelope.event_id);
+            self.commands.push((next, envelope));
         }
+        let moved = orders::Transition {
+            id: order.id,
+            status: to,
+            cancel_reason,
+            command,
+        };
+        match self.moves.iter_mut().find(|m| m.id == order.id) {
+            Some(earlier) => {
+                *earlier = orders::Transition {
+                    cancel_reason: cancel_reason.or(earlier.cancel_reason),
+                    ..moved
+                }
+            }
+            None => self.moves.push(moved),
+        }
+        self.history.push(orders::NewHistory {
+            order_id: order.id,
+            from: Some(order.status),
+            to,
+            cause: event_type,
+            event_id,
+            applied: true,
+        });
+        if matches!(input, Input::Reconciled(_)) {
+            self.reconciled.push(order.id);
+            order.reconciled_at = Some(chrono::Utc::now());
+        }
+        telemetry::metrics::incr(
+            "saga_transitions_total",
+            &[("from", order.status.as_str()), ("to", to.as_str())],
+        );
+        if matches!(
+            to,
+            orders::Status::Confirmed | orders::Status::Cancelled | orders::Status::ManualReview
+        ) {
+            let took = (chrono::Utc::now() - order.created_at).to_std().unwrap_or_default();
+            telemetry::metrics::observe("saga_duration_seconds", &[("status", to.as_str())], took);
+        }
+        tracing::info!(from = order.status.as_str(), to = to.as_str(), "saga transition");
+        order.status = to;
+        if let Some(reason) = cancel_reason {
+            order.cancel_reason = Some(reason.into());
+        }
+        order.last_command_id = command;
+        order.reconcile_attempts = 0;
+        true
+    }
+
+    /// Writes what the steps noted: the commands' outbox rows, the orders'
+    /// new states, the history entries, each in one statement.
+    async fn write(self, conn: &mut sqlx::PgConnection) -> Result<(), Error> {
+        saga_kit::emit::emit_all(conn, &self.commands).await?;
+        orders::set_statuses(conn, &self.moves).await?;
+        orders::record_histories(conn, &self.history).await?;
+        orders::mark_reconciled(conn, &self.reconciled).await?;
+        for (event_id, order_id) in self.misses {
+            inbox::note_miss(conn, ORDER_SAGA.name, event_id, order_id, "saga state machine").await?;
+        }
+        Ok(())
     }
 }
