@@ -200,17 +200,10 @@ pub async fn handle_batch(deps: &Deps, batch: Vec<Traced<Envelope>>) -> Result<V
         .into_iter()
         .zip(operations.iter().map(Operation::kind))
         .collect();
-    saga_kit::consumer::apply_batch(
-        &deps.pool,
-        PAYMENT.name,
-        &batch,
-        &ctx,
-        |_, _| Box::pin(async { Ok::<(), outbox::Error>(()) }),
-        |tx, envelope, ctx, i| {
-            let (result, kind) = ctx[i].clone();
-            Box::pin(settle(tx, envelope, kind, result))
-        },
-    )
+    let ctx = (&batch[..], ctx);
+    saga_kit::consumer::apply_fresh(&deps.pool, PAYMENT.name, &batch, &ctx, |tx, fresh, (batch, ctx)| {
+        Box::pin(settle(tx, batch, ctx, fresh))
+    })
     .await
 }
 
@@ -337,69 +330,106 @@ fn picked_to_refuse() -> bool {
     false
 }
 
-/// Step 3 for one command, in the batch's transaction (its inbox row is
-/// recorded): when given a result, moves the payment out of PENDING and
-/// enqueues the reply; a command new to the inbox whose payment was settled
-/// already is a miss the business key caught, and counted as one.
+/// Step 3 for the batch's commands new to the inbox, in the batch's
+/// transaction: the results move their payments out of PENDING and enqueue
+/// their replies ([`record_all`], one statement each); a new command whose
+/// payment was settled already is a miss the business key caught, and
+/// counted as one.
 async fn settle(
     tx: &mut sqlx::PgConnection,
-    envelope: &Envelope,
-    kind: Kind,
-    result: Option<(Status, Message)>,
+    batch: &[Traced<Envelope>],
+    ctx: &[(Option<(Status, Message)>, Kind)],
+    fresh: &[usize],
 ) -> outbox::Result<()> {
-    // Whether this delivery settled the payment.
-    let settled_here = match result {
-        Some((status, reply)) => record(tx, envelope.order_id, kind, status, &reply, Some(envelope)).await?,
-        None => false,
-    };
-    if !settled_here && !settled_by_reconciliation(tx, envelope.order_id, kind).await? {
-        inbox::note_miss(
-            tx,
-            PAYMENT.name,
-            envelope.event_id,
-            envelope.order_id,
-            "payment per operation",
-        )
-        .await?;
+    let with_result: Vec<usize> = fresh.iter().copied().filter(|&i| ctx[i].0.is_some()).collect();
+    let settlements: Vec<Settlement<'_>> = with_result
+        .iter()
+        .map(|&i| {
+            let (status, reply) = ctx[i].0.as_ref().expect("filtered on a result");
+            Settlement {
+                order_id: batch[i].message.order_id,
+                kind: ctx[i].1,
+                status: *status,
+                reply,
+                cause: Some(&batch[i].message),
+                span: &batch[i].span,
+            }
+        })
+        .collect();
+    let moved = record_all(tx, &settlements).await?;
+    for &i in fresh {
+        // Whether this delivery settled the payment.
+        let settled_here = with_result.iter().position(|&j| j == i).is_some_and(|at| moved[at]);
+        let envelope = &batch[i].message;
+        if !settled_here && !settled_by_reconciliation(tx, envelope.order_id, ctx[i].1).await? {
+            inbox::note_miss(
+                tx,
+                PAYMENT.name,
+                envelope.event_id,
+                envelope.order_id,
+                "payment per operation",
+            )
+            .await?;
+        }
     }
     Ok(())
 }
 
-/// Moves payment `(order_id, kind)` out of PENDING to `status` and enqueues
-/// `reply`, in the caller's transaction. Only the caller that moves it
+/// A gateway's answer to record: payment `(order_id, kind)` moves to
+/// `status` and `reply` goes out, caused by `cause`, in `span`'s trace.
+pub(crate) struct Settlement<'a> {
+    pub order_id: Uuid,
+    pub kind: Kind,
+    pub status: Status,
+    pub reply: &'a Message,
+    pub cause: Option<&'a Envelope>,
+    pub span: &'a tracing::Span,
+}
+
+/// Moves each payment of `settlements` (at most one per payment) out of
+/// PENDING to its status and enqueues its reply, in the caller's
+/// transaction and two statements. Only the caller that moves a payment
 /// replies (a concurrent delivery or the reconciler that lost the race
-/// stays silent); returns whether this one did.
-pub(crate) async fn record(
+/// stays silent); returns, per settlement, whether this one did.
+pub(crate) async fn record_all(
     tx: &mut sqlx::PgConnection,
-    order_id: Uuid,
-    kind: Kind,
-    status: Status,
-    reply: &Message,
-    cause: Option<&Envelope>,
-) -> outbox::Result<bool> {
-    let gateway_ref = match reply {
+    settlements: &[Settlement<'_>],
+) -> outbox::Result<Vec<bool>> {
+    if settlements.is_empty() {
+        return Ok(Vec::new());
+    }
+    let gateway_ref = |reply: &Message| match reply {
         Message::PaymentCaptured { charge_id } => Some(charge_id.clone()),
         Message::PaymentRefunded { refund_id } => Some(refund_id.clone()),
         _ => None,
     };
-    let moved = sqlx::query(
-        "UPDATE payments SET status = $3, gateway_ref = $4, updated_at = now()
-         WHERE order_id = $1 AND kind = $2 AND status = $5",
+    let moved: Vec<(Uuid, String)> = sqlx::query_as(
+        "UPDATE payments p SET status = v.status, gateway_ref = v.gateway_ref, updated_at = now()
+         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[]) AS v(order_id, kind, status, gateway_ref)
+         WHERE p.order_id = v.order_id AND p.kind = v.kind AND p.status = $5
+         RETURNING p.order_id, p.kind",
     )
-    .bind(order_id)
-    .bind(kind)
-    .bind(status)
-    .bind(gateway_ref)
+    .bind(settlements.iter().map(|s| s.order_id).collect::<Vec<_>>())
+    .bind(settlements.iter().map(|s| s.kind.as_str()).collect::<Vec<_>>())
+    .bind(settlements.iter().map(|s| s.status.as_str()).collect::<Vec<_>>())
+    .bind(settlements.iter().map(|s| gateway_ref(s.reply)).collect::<Vec<_>>())
     .bind(Status::Pending)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    if moved == 1 {
-        saga_kit::emit::emit(tx, order_id, reply, cause).await?;
-        telemetry::metrics::incr("payment_settled_total", &[("status", status.as_str())]);
-        tracing::info!(status = status.as_str(), reply = %reply.to_parts().0, "payment settled");
+    .fetch_all(&mut *tx)
+    .await?;
+    let moved: Vec<bool> = settlements
+        .iter()
+        .map(|s| moved.iter().any(|(o, k)| *o == s.order_id && k == s.kind.as_str()))
+        .collect();
+    let mut replies = Vec::new();
+    for (s, _) in settlements.iter().zip(&moved).filter(|(_, moved)| **moved) {
+        telemetry::metrics::incr("payment_settled_total", &[("status", s.status.as_str())]);
+        s.span
+            .in_scope(|| tracing::info!(status = s.status.as_str(), reply = %s.reply.to_parts().0, "payment settled"));
+        let envelope = saga_kit::emit::envelope(s.order_id, s.reply, s.cause, s.span);
+        replies.push((s.reply.clone(), envelope));
     }
-    Ok(moved == 1)
+    saga_kit::emit::emit_all(tx, &replies).await?;
+    Ok(moved)
 }
 
 /// Whether the reconciler settled payment `(order_id, kind)` from the

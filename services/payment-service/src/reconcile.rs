@@ -10,7 +10,7 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use crate::gateway::Reply;
-use crate::payments::{outcome, record, Kind};
+use crate::payments::{outcome, record_all, Kind, Settlement};
 use crate::Deps;
 
 /// What one scan did.
@@ -74,7 +74,15 @@ pub async fn tick(deps: &Deps, deadline: Duration) -> anyhow::Result<Report> {
             Ok(Some(reply)) => {
                 let (status, message) = outcome(kind, reply).map_err(|e| anyhow::anyhow!("{e:?}"))?;
                 let mut tx = deps.pool.begin().await?;
-                if record(&mut tx, order_id, kind, status, &message, None).await? {
+                let settlement = Settlement {
+                    order_id,
+                    kind,
+                    status,
+                    reply: &message,
+                    cause: None,
+                    span: &tracing::Span::current(),
+                };
+                if record_all(&mut tx, &[settlement]).await?[0] {
                     sqlx::query("UPDATE payments SET reconciled_at = now() WHERE order_id = $1 AND kind = $2")
                         .bind(order_id)
                         .bind(kind)
