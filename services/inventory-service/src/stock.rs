@@ -8,7 +8,7 @@ use contract::{Envelope, Message};
 use kafka::consumer::{HandleError, Handled, Traced};
 use serde::{Deserialize, Serialize};
 use service_kit::problem::Problem;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
@@ -26,16 +26,16 @@ enum Command<'a> {
 
 /// Handles a partition's queued commands, in order, in one transaction and
 /// a fixed handful of statements however many there are: one multi-row
-/// inbox insert; the stock rows the batch may touch locked in SKU order (so
-/// two batches never wait on each other in a cycle) and read, with the
-/// batch's reservations; then the commands applied in order to those rows
-/// in memory ([`decide`]) and the result written back — one update per SKU,
-/// one insert of the new reservations, one update of the changed ones, one
-/// insert of every reply into the outbox. All commit together or none does.
+/// inbox insert; the batch's reservations read locked; the commands
+/// applied in order to those rows and the stock in memory ([`decide`]);
+/// then the result written back — one update per SKU, one insert of the
+/// new reservations, one update of the changed ones, one insert of every
+/// reply into the outbox. All commit together or none does.
 ///
-/// A hot SKU is updated once per batch, not once per order: per-order
+/// A hot SKU is updated once per batch, not once per order (per-order
 /// updates left one dead row version per order on the same row, and each
-/// next update walked them.
+/// next update walked them), and a batch of one SKU holds its row only from
+/// that update to the commit ([`take_one_sku`]).
 pub async fn handle_batch(pool: &PgPool, batch: Vec<Traced<Envelope>>) -> Result<Vec<Handled>, HandleError> {
     let envelopes: Vec<&Envelope> = batch.iter().map(|t| &t.message).collect();
     let messages = envelopes
@@ -161,8 +161,92 @@ fn decide(
     d
 }
 
-/// [`handle_batch`]'s transaction after the inbox insert: lock and read,
-/// [`decide`], write back.
+/// Stock large enough for any batch, for deciding before the count is read.
+const UNLIMITED: i64 = i64::MAX / 4;
+
+/// The common batch — one SKU — without holding its row any longer than
+/// one statement before commit: decides as if the stock were unlimited,
+/// then takes the units in one conditional update, which holds exactly when
+/// the stock covers every unit the batch reserves (releases only add, so
+/// each reserve in order would have found its units). `None` when it does
+/// not (or the SKU is unknown): the batch is then decided against the
+/// locked count ([`take_locked`]).
+async fn take_one_sku(
+    conn: &mut PgConnection,
+    sku: &str,
+    orders: &[Uuid],
+    commands: &[Command<'_>],
+    fresh: &[usize],
+    reservations: &HashMap<Uuid, Reservation>,
+) -> anyhow::Result<Option<(Decided, HashMap<Uuid, Reservation>)>> {
+    let mut after = reservations.clone();
+    let mut stock = HashMap::from([(sku.to_string(), UNLIMITED)]);
+    let decided = decide(orders, commands, fresh, &mut stock, &mut after);
+    let taken: i64 = after
+        .values()
+        .filter(|r| !r.stored && r.status != "REJECTED")
+        .map(|r| i64::from(r.quantity))
+        .sum();
+    let delta = stock[sku] - UNLIMITED;
+    if taken == 0 && delta == 0 {
+        return Ok(Some((decided, after)));
+    }
+    let updated = sqlx::query(
+        "UPDATE stock SET available = (available + $2::int8)::int4, updated_at = now()
+         WHERE sku = $1 AND available >= $3::int8",
+    )
+    .bind(sku)
+    .bind(delta)
+    .bind(taken)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    Ok((updated == 1).then_some((decided, after)))
+}
+
+/// Decides the batch against the stock of `skus`, read locked in SKU order
+/// (so two batches never wait on each other in a cycle), and writes each
+/// changed count once.
+async fn take_locked(
+    conn: &mut PgConnection,
+    skus: &BTreeSet<String>,
+    orders: &[Uuid],
+    commands: &[Command<'_>],
+    fresh: &[usize],
+    reservations: &mut HashMap<Uuid, Reservation>,
+) -> anyhow::Result<Decided> {
+    let skus: Vec<&str> = skus.iter().map(String::as_str).collect();
+    let rows: Vec<(String, i32)> =
+        sqlx::query_as("SELECT sku, available FROM stock WHERE sku = ANY($1) ORDER BY sku FOR UPDATE")
+            .bind(&skus)
+            .fetch_all(&mut *conn)
+            .await?;
+    let before: HashMap<String, i64> = rows.into_iter().map(|(s, a)| (s, i64::from(a))).collect();
+    let mut stock = before.clone();
+    let decided = decide(orders, commands, fresh, &mut stock, reservations);
+    let (mut changed, mut available) = (Vec::new(), Vec::new());
+    for (sku, now) in &stock {
+        if before.get(sku) != Some(now) {
+            changed.push(sku.as_str());
+            available.push(i32::try_from(*now).map_err(|_| anyhow::anyhow!("stock of {sku} would overflow: {now}"))?);
+        }
+    }
+    if !changed.is_empty() {
+        sqlx::query(
+            "UPDATE stock s SET available = v.available, updated_at = now()
+             FROM unnest($1::text[], $2::int4[]) AS v(sku, available) WHERE s.sku = v.sku",
+        )
+        .bind(&changed)
+        .bind(&available)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(decided)
+}
+
+/// [`handle_batch`]'s transaction after the inbox insert: read the batch's
+/// reservations locked, [`decide`] against the stock ([`take_one_sku`] or
+/// [`take_locked`]), write back.
 async fn apply_all(
     conn: &mut PgConnection,
     batch: &[Traced<Envelope>],
@@ -171,28 +255,13 @@ async fn apply_all(
 ) -> anyhow::Result<()> {
     let orders: Vec<Uuid> = batch.iter().map(|t| t.message.order_id).collect();
     let fresh_orders: Vec<Uuid> = fresh.iter().map(|&i| orders[i]).collect();
-    let reserving: Vec<&str> = fresh
-        .iter()
-        .filter_map(|&i| match commands[i] {
-            Command::Reserve { sku, quantity } if quantity > 0 => Some(sku),
-            _ => None,
-        })
-        .collect();
-    let rows: Vec<(String, i32)> = sqlx::query_as(
-        "SELECT sku, available FROM stock WHERE sku IN (
-             SELECT unnest($1::text[]) UNION SELECT sku FROM reservations WHERE order_id = ANY($2))
-         ORDER BY sku FOR UPDATE",
+    let stored: Vec<(Uuid, String, i32, String)> = sqlx::query_as(
+        "SELECT order_id, sku, quantity, status FROM reservations WHERE order_id = ANY($1)
+         ORDER BY order_id FOR UPDATE",
     )
-    .bind(&reserving)
     .bind(&fresh_orders)
     .fetch_all(&mut *conn)
     .await?;
-    let before: HashMap<String, i64> = rows.into_iter().map(|(s, a)| (s, i64::from(a))).collect();
-    let stored: Vec<(Uuid, String, i32, String)> =
-        sqlx::query_as("SELECT order_id, sku, quantity, status FROM reservations WHERE order_id = ANY($1) FOR UPDATE")
-            .bind(&fresh_orders)
-            .fetch_all(&mut *conn)
-            .await?;
     let mut reservations = HashMap::new();
     for (order, sku, quantity, status) in stored {
         let status = match status.as_str() {
@@ -209,26 +278,37 @@ async fn apply_all(
         };
         reservations.insert(order, r);
     }
-    let mut stock = before.clone();
-    let decided = decide(&orders, commands, fresh, &mut stock, &mut reservations);
-
-    let (mut skus, mut available) = (Vec::new(), Vec::new());
-    for (sku, now) in &stock {
-        if before.get(sku) != Some(now) {
-            skus.push(sku.as_str());
-            available.push(i32::try_from(*now).map_err(|_| anyhow::anyhow!("stock of {sku} would overflow: {now}"))?);
+    // Every SKU the batch may touch: those it reserves, those it may release.
+    let mut skus: BTreeSet<String> = reservations.values().map(|r| r.sku.clone()).collect();
+    for &i in fresh {
+        if let Command::Reserve { sku, quantity } = commands[i] {
+            if quantity > 0 {
+                skus.insert(sku.to_string());
+            }
         }
     }
-    if !skus.is_empty() {
-        sqlx::query(
-            "UPDATE stock s SET available = v.available, updated_at = now()
-             FROM unnest($1::text[], $2::int4[]) AS v(sku, available) WHERE s.sku = v.sku",
-        )
-        .bind(&skus)
-        .bind(&available)
-        .execute(&mut *conn)
-        .await?;
-    }
+    let one_sku = match skus.len() {
+        1 => {
+            take_one_sku(
+                conn,
+                skus.first().expect("one"),
+                &orders,
+                commands,
+                fresh,
+                &reservations,
+            )
+            .await?
+        }
+        _ => None,
+    };
+    let decided = match one_sku {
+        Some((decided, after)) => {
+            reservations = after;
+            decided
+        }
+        None => take_locked(conn, &skus, &orders, commands, fresh, &mut reservations).await?,
+    };
+
     let changed = || reservations.iter().filter(|(_, r)| r.changed);
     let (new, old): (Vec<_>, Vec<_>) = changed().partition(|(_, r)| !r.stored);
     if !new.is_empty() {
