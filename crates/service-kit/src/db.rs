@@ -82,6 +82,17 @@ pub async fn connect(url: &str, max_connections: u32, migrators: Vec<Migrator>) 
     Ok(pool)
 }
 
+/// A further pool on a database [`connect`] already created and migrated:
+/// a bulkhead, so one kind of work (a service's consumer, say) never waits
+/// for connections behind another (its HTTP requests).
+pub async fn pool(url: &str, max_connections: u32) -> Result<PgPool> {
+    Ok(PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(parse(url)?)
+        .await?)
+}
+
 /// The database name in `url` (`postgres` when it names none).
 pub fn database_name(url: &str) -> Result<String> {
     Ok(parse(url)?.get_database().unwrap_or("postgres").to_owned())
