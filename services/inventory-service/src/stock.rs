@@ -27,7 +27,7 @@ enum Command<'a> {
 /// Handles a partition's queued commands, in order, in one transaction and
 /// a fixed handful of statements however many there are: one multi-row
 /// inbox insert; the batch's reservations read locked; the commands
-/// applied in order to those rows and the stock in memory ([`decide`]);
+/// applied in order to those rows and the stock in memory (`decide`);
 /// then the result written back — one update per SKU, one insert of the
 /// new reservations, one update of the changed ones, one insert of every
 /// reply into the outbox. All commit together or none does.
@@ -35,7 +35,7 @@ enum Command<'a> {
 /// A hot SKU is updated once per batch, not once per order (per-order
 /// updates left one dead row version per order on the same row, and each
 /// next update walked them), and a batch of one SKU holds its row only from
-/// that update to the commit ([`take_one_sku`]).
+/// that update to the commit (`take_one_sku`).
 pub async fn handle_batch(pool: &PgPool, batch: Vec<Traced<Envelope>>) -> Result<Vec<Handled>, HandleError> {
     let envelopes: Vec<&Envelope> = batch.iter().map(|t| &t.message).collect();
     let messages = envelopes

@@ -18,7 +18,13 @@
 //! a query. A known key never waits on either. Concurrent requests with the
 //! same uncached key share one lookup: after a restart, hundreds of a
 //! client's requests in flight cost one query and one unit of the
-//! address's allowance, not hundreds.
+//! address's allowance, not hundreds. A lookup that fails (the database
+//! unreachable, its connections dropped) is a 503 with `Retry-After`, not a
+//! 401 — the key may be good — and is remembered for [`FAILED_LOOKUP_TTL`]:
+//! the requests queued behind it, and those that follow, are answered 503
+//! without a query of their own, so an outage neither hammers the database
+//! nor spends the address's allowance (which would turn a good client's
+//! retries into 429s).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -33,6 +39,10 @@ use service_kit::problem::Problem;
 use sha2::{Digest as _, Sha256};
 use sqlx::PgPool;
 use uuid::Uuid;
+
+/// How long a failed lookup of a key answers for it: the requests with that
+/// key get a 503 without a query until then.
+pub const FAILED_LOOKUP_TTL: Duration = Duration::from_secs(1);
 
 /// Authentication and limits, from the environment.
 #[derive(Debug, Clone, clap::Args)]
@@ -78,6 +88,8 @@ pub struct Auth {
     buckets: Mutex<HashMap<String, (f64, Instant)>>,
     /// key hash → when it was found unknown
     unknown: Mutex<HashMap<String, Instant>>,
+    /// key hash → when its lookup failed (the database, not the key)
+    failed: Mutex<HashMap<String, Instant>>,
     /// remote address → lookup tokens
     lookups: Mutex<HashMap<std::net::IpAddr, (f64, Instant)>>,
     /// key hash → the lookup of it in progress (one at a time per key)
@@ -101,6 +113,9 @@ pub enum Refusal {
     /// Over the remote address's allowance of key lookups.
     #[error("more than {0} lookups of uncached API keys per second from this address")]
     TooManyLookups(f64),
+    /// The key could not be checked: its lookup failed, or failed moments ago.
+    #[error("the API key could not be checked now; retry after Retry-After")]
+    Unavailable,
 }
 
 impl IntoResponse for Refusal {
@@ -117,6 +132,11 @@ impl IntoResponse for Refusal {
                 "/problems/rate-limited",
                 "Too many requests",
             ),
+            Self::Unavailable => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "/problems/unavailable",
+                "Service unavailable",
+            ),
         };
         let mut resp = Problem::new(status, kind, title, self.to_string()).into_response();
         match self {
@@ -124,7 +144,7 @@ impl IntoResponse for Refusal {
                 resp.headers_mut()
                     .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             }
-            Self::TooMany(_) | Self::TooManyLookups(_) => {
+            Self::TooMany(_) | Self::TooManyLookups(_) | Self::Unavailable => {
                 resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(1));
             }
             Self::TooLarge(_) => {}
@@ -147,6 +167,7 @@ impl Auth {
             keys: Mutex::default(),
             buckets: Mutex::default(),
             unknown: Mutex::default(),
+            failed: Mutex::default(),
             lookups: Mutex::default(),
             in_flight: Mutex::default(),
             lookups_made: Default::default(),
@@ -188,7 +209,8 @@ impl Auth {
     }
 
     /// What the caches say about the key with `digest`: its client, a
-    /// refusal if it is known not to exist, or None if it must be looked up.
+    /// refusal if it is known not to exist or its lookup failed moments
+    /// ago, or None if it must be looked up.
     fn remembered(&self, digest: &str, ttl: Duration) -> Option<Result<String, Refusal>> {
         if let Some((client, at)) = self.keys.lock().expect("keys lock").get(digest) {
             if at.elapsed() < ttl {
@@ -204,6 +226,16 @@ impl Auth {
         {
             telemetry::metrics::incr("api_key_lookups_avoided_total", &[("reason", "known_unknown")]);
             return Some(Err(Refusal::Unauthenticated("unknown or revoked API key")));
+        }
+        if self
+            .failed
+            .lock()
+            .expect("failed lock")
+            .get(digest)
+            .is_some_and(|at| at.elapsed() < FAILED_LOOKUP_TTL)
+        {
+            telemetry::metrics::incr("api_key_lookups_avoided_total", &[("reason", "failed_recently")]);
+            return Some(Err(Refusal::Unavailable));
         }
         None
     }
@@ -227,17 +259,12 @@ impl Auth {
                 .await
                 .map_err(|e| {
                     tracing::error!(error = %e, "API key lookup failed");
-                    Refusal::Unauthenticated("the API key could not be checked; retry")
+                    remember(&self.failed, digest.clone(), FAILED_LOOKUP_TTL);
+                    Refusal::Unavailable
                 })?;
+        self.failed.lock().expect("failed lock").remove(&digest);
         let Some(client) = client else {
-            let mut unknown = self.unknown.lock().expect("unknown lock");
-            if unknown.len() > 100_000 {
-                unknown.retain(|_, at| at.elapsed() < ttl);
-                if unknown.len() > 100_000 {
-                    unknown.clear();
-                }
-            }
-            unknown.insert(digest, Instant::now());
+            remember(&self.unknown, digest, ttl);
             return Err(Refusal::Unauthenticated("unknown or revoked API key"));
         };
         let mut keys = self.keys.lock().expect("keys lock");
@@ -257,6 +284,19 @@ impl Auth {
             Err(Refusal::TooMany(rate))
         }
     }
+}
+
+/// Notes when `digest` was found unknown (or its lookup failed), in a map
+/// kept under 100,000 entries: those older than `ttl` go first, then all.
+fn remember(at: &Mutex<HashMap<String, Instant>>, digest: String, ttl: Duration) {
+    let mut at = at.lock().expect("remembered lock");
+    if at.len() > 100_000 {
+        at.retain(|_, when| when.elapsed() < ttl);
+        if at.len() > 100_000 {
+            at.clear();
+        }
+    }
+    at.insert(digest, Instant::now());
 }
 
 /// Takes one token from `key`'s bucket (refilled at `rate`/s up to
@@ -290,6 +330,7 @@ pub async fn middleware(State(auth): State<Arc<Auth>>, mut req: Request, next: N
         Err(refusal) => {
             let reason = match refusal {
                 Refusal::TooManyLookups(_) => "lookup_limited",
+                Refusal::Unavailable => "key_check_unavailable",
                 _ => "unauthenticated",
             };
             telemetry::metrics::incr("api_refusals_total", &[("reason", reason)]);
@@ -402,5 +443,44 @@ mod tests {
         auth.admit("b").expect("another client has its own bucket");
         std::thread::sleep(Duration::from_millis(150));
         auth.admit("a").expect("refilled at 10/s");
+    }
+
+    /// As under the chaos run's dropped database connections: the lookup
+    /// of a good client's key fails while hundreds of its requests wait on
+    /// it. Each must get a 503 to retry — not a 401 (its key is fine), and
+    /// not, after the address's allowance is spent on lookups of their own,
+    /// a 429.
+    #[tokio::test]
+    async fn a_failed_lookup_answers_its_waiters_503_without_a_query_each() {
+        // Nothing listens on port 9 of the loopback: every lookup fails.
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .acquire_timeout(Duration::from_millis(200))
+            .connect_lazy("postgres://eo@127.0.0.1:9/none")
+            .unwrap();
+        let auth = Auth::new(
+            pool,
+            AuthArgs {
+                lookups_per_sec: 1.0,
+                ..AuthArgs::default()
+            },
+        );
+        let mut headers = axum::http::HeaderMap::new();
+        headers.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer eo_good_key"));
+        let peer = Some(std::net::IpAddr::from([127, 0, 0, 1]));
+        let answers = futures::future::join_all((0..200).map(|_| auth.client(&headers, peer))).await;
+        assert!(
+            answers.iter().all(|a| *a == Err(Refusal::Unavailable)),
+            "{:?}",
+            answers.iter().find(|a| **a != Err(Refusal::Unavailable))
+        );
+        assert_eq!(auth.lookups_made(), 1, "one lookup for 200 requests");
+        assert_eq!(
+            Refusal::Unavailable.into_response().status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        // The failure is not kept: a request after it looks the key up again.
+        tokio::time::sleep(FAILED_LOOKUP_TTL).await;
+        assert_eq!(auth.client(&headers, peer).await, Err(Refusal::Unavailable));
+        assert_eq!(auth.lookups_made(), 2);
     }
 }

@@ -26,6 +26,12 @@ service_kit::problem_response!(
     "Over the client's request rate (Retry-After)"
 );
 service_kit::problem_response!(
+    /// 503: the API key could not be checked (its store unreachable).
+    KeyCheckUnavailable,
+    503,
+    "The API key could not be checked now (nothing stored; retry after Retry-After)"
+);
+service_kit::problem_response!(
     /// 404: no such order — or another client's, which is not told apart.
     OrderNotFound,
     404,
@@ -172,7 +178,7 @@ pub struct OrderView {
         (status = 409, description = "The same key is still being processed (Retry-After)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid fields, or the key reused with another body", body = Problem, content_type = "application/problem+json"),
         (status = 500, description = "Internal error (nothing stored; retry with the key)", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The card vault is unavailable (nothing stored; retry with the key after Retry-After)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The card vault is unavailable, or the API key could not be checked (nothing stored; retry with the key after Retry-After)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 ///
@@ -245,6 +251,7 @@ async fn respond(
         OrderNotFound,
         RateLimited,
         service_kit::problem::responses::Internal,
+        KeyCheckUnavailable,
     )
 )]
 pub async fn show(
@@ -282,6 +289,7 @@ pub async fn show(
         (status = 409, description = "Not cancellable in its state, or the key in flight", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "The key reused with another request", body = Problem, content_type = "application/problem+json"),
         service_kit::problem::responses::Internal,
+        KeyCheckUnavailable,
     )
 )]
 /// `POST /orders/{id}/cancel` — requires `Idempotency-Key`. A CONFIRMED

@@ -40,8 +40,8 @@ pub async fn handle(pool: &PgPool, envelope: Envelope) -> Result<Handled, Handle
 /// Handles a partition's queued replies, in order, in one transaction and a
 /// fixed handful of statements: one multi-row inbox insert, the batch's
 /// orders locked and read in one, then each new reply decided in order
-/// against its order in memory ([`Plan::step`]) and the result written in
-/// one statement per table ([`Plan::write`]). All commit together or none
+/// against its order in memory (`Plan::step`) and the result written in
+/// one statement per table (`Plan::write`). All commit together or none
 /// does (the consumer then retries, or handles the envelopes one by one to
 /// isolate one that can never apply).
 pub async fn handle_batch(pool: &PgPool, batch: Vec<Traced<Envelope>>) -> Result<Vec<Handled>, HandleError> {
