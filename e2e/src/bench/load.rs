@@ -35,6 +35,12 @@ pub struct Sent {
     pub failed: usize,
     /// Backlog (orders not yet terminal) per second of the run.
     pub backlog: Vec<i64>,
+    /// How late the most delayed arrival was sent (waiting for one of the
+    /// `MAX_IN_FLIGHT` requests to be answered): an intake that cannot keep
+    /// up shows here, not in the backlog of orders placed.
+    pub send_lag: Duration,
+    /// Orders sent per second: all of them over the time to send the last.
+    pub offered_per_sec: f64,
 }
 
 /// Sends payable orders at `rate` per second for `duration`, open loop,
@@ -65,6 +71,11 @@ pub async fn open_loop(client: &Client, orders_db: &str, rate: f64, duration: Du
         let offset = Duration::from_secs_f64(i as f64 / rate);
         tokio::time::sleep_until((start + offset).into()).await;
         let permit = permits.clone().acquire_owned().await?;
+        let lag = start.elapsed().saturating_sub(offset);
+        {
+            let mut s = sent.lock().expect("sent");
+            s.send_lag = s.send_lag.max(lag);
+        }
         let (client, sent) = (client.clone(), sent.clone());
         tasks.spawn(async move {
             let result = client.post_order(&Uuid::new_v4().to_string(), &payable()).await;
@@ -84,9 +95,11 @@ pub async fn open_loop(client: &Client, orders_db: &str, rate: f64, duration: Du
             }
         });
     }
+    let sending = start.elapsed();
     while tasks.join_next().await.is_some() {}
     sampler.abort();
     let mut sent = sent.lock().expect("sent");
+    sent.offered_per_sec = n as f64 / sending.as_secs_f64().max(f64::EPSILON);
     Ok(std::mem::take(&mut *sent))
 }
 
