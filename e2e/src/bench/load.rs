@@ -26,6 +26,13 @@ fn payable() -> OrderRequest {
     }
 }
 
+/// How late a trial's orders may be sent and the rate still count as
+/// offered: past it, `POST /orders` answered slower than the arrivals came
+/// (the driver's requests in flight all taken), and the backlog of orders
+/// placed — which does not see the orders waiting to be sent — would call a
+/// rate sustained that the intake never took.
+pub const MAX_SEND_LAG: Duration = Duration::from_secs(1);
+
 /// What an open-loop run sent.
 #[derive(Debug, Default)]
 pub struct Sent {
@@ -41,6 +48,13 @@ pub struct Sent {
     pub send_lag: Duration,
     /// Orders sent per second: all of them over the time to send the last.
     pub offered_per_sec: f64,
+}
+
+impl Sent {
+    /// Whether every order went out within [`MAX_SEND_LAG`] of its time.
+    pub fn on_time(&self) -> bool {
+        self.send_lag <= MAX_SEND_LAG
+    }
 }
 
 /// Sends payable orders at `rate` per second for `duration`, open loop,

@@ -70,13 +70,6 @@ impl Default for BenchConfig {
     }
 }
 
-/// How late a trial's orders may be sent and the rate still count as
-/// offered: past it, `POST /orders` answered slower than the arrivals came
-/// (the driver's requests in flight all taken), and the backlog of orders
-/// placed — which does not see the orders waiting to be sent — would call a
-/// rate sustained that the intake never took.
-pub const MAX_SEND_LAG: Duration = Duration::from_secs(1);
-
 /// One sustained-rate trial.
 #[derive(Debug, Clone, Serialize)]
 pub struct Trial {
@@ -93,12 +86,11 @@ pub struct Trial {
     /// Backlog growth: mean of the last quarter of the window minus mean of
     /// the second quarter.
     pub backlog_growth: f64,
-    /// Sustained: every order was sent within [`MAX_SEND_LAG`] of its time
-    /// (the intake kept up), nothing failed, the backlog did not grow by
-    /// more than half a second of arrivals (or 20 orders) between the second
-    /// and the last quarter of the window, and it drained afterwards.
+    /// Sustained: every order sent within [`load::MAX_SEND_LAG`], none
+    /// failed, the backlog grew by at most half a second of arrivals (or 20)
+    /// from the second to the last quarter of the window, and it drained.
     pub sustained: bool,
-    /// Orders sent per second (all of them over the time to send the last).
+    /// Orders sent per second (all, over the time to send the last).
     pub offered_per_sec: f64,
     /// How late the most delayed order was sent, in seconds.
     pub send_lag_secs: f64,
@@ -304,10 +296,8 @@ async fn trial(stack: &Stack, client: &Client, rate: f64, window: Duration) -> a
     let backlog_growth = quarter(3) - quarter(1);
     let drain = load::wait_drained(orders_db, Duration::from_secs(180)).await?;
     let pg_after = PgCounters::read(stack).await?;
-    let sustained = sent.send_lag <= MAX_SEND_LAG
-        && sent.failed == 0
-        && backlog_growth <= (0.5 * rate).max(20.0)
-        && drain.is_some();
+    let kept_up = backlog_growth <= (0.5 * rate).max(20.0) && drain.is_some();
+    let sustained = sent.on_time() && sent.failed == 0 && kept_up;
     Ok(Trial {
         rate,
         placed: sent.intended.len(),
