@@ -81,15 +81,12 @@ pub async fn open_loop(client: &Client, orders_db: &str, rate: f64, duration: Du
         })
     };
     let mut tasks = tokio::task::JoinSet::new();
+    let mut send_lag = Duration::ZERO;
     for i in 0..n {
         let offset = Duration::from_secs_f64(i as f64 / rate);
         tokio::time::sleep_until((start + offset).into()).await;
         let permit = permits.clone().acquire_owned().await?;
-        let lag = start.elapsed().saturating_sub(offset);
-        {
-            let mut s = sent.lock().expect("sent");
-            s.send_lag = s.send_lag.max(lag);
-        }
+        send_lag = send_lag.max(start.elapsed().saturating_sub(offset));
         let (client, sent) = (client.clone(), sent.clone());
         tasks.spawn(async move {
             let result = client.post_order(&Uuid::new_v4().to_string(), &payable()).await;
@@ -113,6 +110,7 @@ pub async fn open_loop(client: &Client, orders_db: &str, rate: f64, duration: Du
     while tasks.join_next().await.is_some() {}
     sampler.abort();
     let mut sent = sent.lock().expect("sent");
+    sent.send_lag = send_lag;
     sent.offered_per_sec = n as f64 / sending.as_secs_f64().max(f64::EPSILON);
     Ok(std::mem::take(&mut *sent))
 }

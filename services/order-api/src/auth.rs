@@ -217,23 +217,11 @@ impl Auth {
                 return Some(Ok(client.clone()));
             }
         }
-        if self
-            .unknown
-            .lock()
-            .expect("unknown lock")
-            .get(digest)
-            .is_some_and(|at| at.elapsed() < ttl)
-        {
+        if recent(&self.unknown, digest, ttl) {
             telemetry::metrics::incr("api_key_lookups_avoided_total", &[("reason", "known_unknown")]);
             return Some(Err(Refusal::Unauthenticated("unknown or revoked API key")));
         }
-        if self
-            .failed
-            .lock()
-            .expect("failed lock")
-            .get(digest)
-            .is_some_and(|at| at.elapsed() < FAILED_LOOKUP_TTL)
-        {
+        if recent(&self.failed, digest, FAILED_LOOKUP_TTL) {
             telemetry::metrics::incr("api_key_lookups_avoided_total", &[("reason", "failed_recently")]);
             return Some(Err(Refusal::Unavailable));
         }
@@ -262,7 +250,6 @@ impl Auth {
                     remember(&self.failed, digest.clone(), FAILED_LOOKUP_TTL);
                     Refusal::Unavailable
                 })?;
-        self.failed.lock().expect("failed lock").remove(&digest);
         let Some(client) = client else {
             remember(&self.unknown, digest, ttl);
             return Err(Refusal::Unauthenticated("unknown or revoked API key"));
@@ -297,6 +284,14 @@ fn remember(at: &Mutex<HashMap<String, Instant>>, digest: String, ttl: Duration)
         }
     }
     at.insert(digest, Instant::now());
+}
+
+/// Whether `remember` noted `digest` less than `ttl` ago.
+fn recent(at: &Mutex<HashMap<String, Instant>>, digest: &str, ttl: Duration) -> bool {
+    at.lock()
+        .expect("remembered lock")
+        .get(digest)
+        .is_some_and(|when| when.elapsed() < ttl)
 }
 
 /// Takes one token from `key`'s bucket (refilled at `rate`/s up to
