@@ -139,8 +139,16 @@ async fn main() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });
+    // `/orders` takes an API key (the baseline route has no auth layer).
+    let (_, api_key) = order_api::auth::create_key(&pool, "bench").await.expect("an API key");
+    let mut auth = reqwest::header::HeaderMap::new();
+    auth.insert(
+        reqwest::header::AUTHORIZATION,
+        format!("Bearer {api_key}").parse().expect("a header value"),
+    );
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(CONCURRENCY)
+        .default_headers(auth)
         .build()
         .unwrap();
 
