@@ -48,7 +48,10 @@ mod tests {
         tokio::spawn(async {
             tokio::time::sleep(Duration::from_millis(300)).await;
             let pid = std::process::id().to_string();
-            let status = tokio::process::Command::new("kill").args(["-TERM", &pid]).status().await;
+            let status = tokio::process::Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .await;
             assert!(status.expect("kill runs").success());
         });
         let result = tokio::time::timeout(Duration::from_secs(10), unless_interrupted(work))

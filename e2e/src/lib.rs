@@ -3,6 +3,7 @@
 //! - [`stack`]: starts the broker and the five services as real processes on
 //!   free ports with fresh, uniquely named databases; kills and restarts them.
 //! - [`driver`]: places orders over HTTP like real clients do.
+//! - [`interrupt`]: Ctrl-C or SIGTERM stops a long command and its stack, leaving nothing behind.
 //! - [`chaos`]: the chaos suite — faults on a seed-fixed schedule, then the audit.
 //! - [`proxy`]: a TCP fault proxy (latency, reset, blackhole).
 //! - [`invariants`]: checks the invariants of docs/design.md against the databases and
@@ -12,6 +13,7 @@ pub mod bench;
 pub mod chaos;
 pub mod demo;
 pub mod driver;
+pub mod interrupt;
 pub mod invariants;
 pub mod otlp;
 pub use testkit::proxy;

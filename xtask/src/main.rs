@@ -10,6 +10,7 @@ use std::process::Command;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use e2e::demo::{self, Mix};
+use e2e::interrupt::unless_interrupted;
 use e2e::{Stack, StackOptions};
 
 #[derive(Parser)]
@@ -395,7 +396,7 @@ async fn main() -> anyhow::Result<()> {
                 layer_off.map(|l| format!("-{}-off", l.name())).unwrap_or_default()
             ));
             cfg.report_dir = Some(dir.clone());
-            let report = e2e::chaos::run(&cfg).await?;
+            let report = unless_interrupted(e2e::chaos::run(&cfg)).await?;
             println!("{}", e2e::chaos::markdown(&report));
             println!("report: {}/report.md and report.json", dir.display());
             if negative_control {
@@ -460,8 +461,8 @@ async fn main() -> anyhow::Result<()> {
             if let Some(rate) = trace_cost {
                 let opts = StackOptions::ephemeral("trace-cost")?;
                 eprintln!("booting a fresh stack (logs in {})…", opts.run_dir.display());
-                let mut stack = Stack::start(opts).await?;
-                let cost = e2e::bench::trace_cost::run(&mut stack, rate).await;
+                let mut stack = unless_interrupted(Stack::start(opts)).await?;
+                let cost = unless_interrupted(e2e::bench::trace_cost::run(&mut stack, rate)).await;
                 stack.shutdown(cost.is_ok()).await?;
                 let cost = cost?;
                 let dir = workspace_root().join("target").join("bench-results");
@@ -483,7 +484,7 @@ async fn main() -> anyhow::Result<()> {
             };
             let opts = StackOptions::ephemeral("bench")?;
             eprintln!("booting a fresh stack (logs in {})…", opts.run_dir.display());
-            let mut stack = Stack::start(opts).await?;
+            let mut stack = unless_interrupted(Stack::start(opts)).await?;
             let figures = e2e::bench::run(&mut stack, &cfg).await;
             stack.shutdown(figures.is_ok()).await?;
             let figures = figures?;
@@ -536,16 +537,16 @@ async fn main() -> anyhow::Result<()> {
         } => {
             let opts = StackOptions::ephemeral("demo")?;
             eprintln!("booting the stack (logs in {})…", opts.run_dir.display());
-            let stack = Stack::start(opts).await?;
+            let stack = unless_interrupted(Stack::start(opts)).await?;
             eprintln!("stack ready; placing {} orders…", payable + declined + out_of_stock);
-            let outcome = demo::run(
+            let outcome = unless_interrupted(demo::run(
                 &stack,
                 Mix {
                     payable,
                     declined,
                     out_of_stock,
                 },
-            )
+            ))
             .await;
             let ok = match &outcome {
                 Ok(o) => {

@@ -398,7 +398,8 @@ async fn burst(client: &Client, orders_db: &str, rate: f64, window: Duration) ->
 /// with `cfg.instances` instances of each consumer service.
 pub async fn run(stack: &mut Stack, cfg: &BenchConfig) -> anyhow::Result<Figures> {
     let settings = pg_settings::apply(&stack.db_url("orders"), &cfg.postgres_settings).await?;
-    let figures = measure(stack, cfg).await;
+    // Interrupted too, the settings are reset (then the caller drops the stack).
+    let figures = crate::interrupt::unless_interrupted(measure(stack, cfg)).await;
     settings.reset().await?;
     figures
 }
