@@ -139,7 +139,10 @@ pub async fn insert(conn: &mut PgConnection, client_id: &str, new: &NewOrder) ->
     insert_with(conn, Uuid::now_v7(), client_id, new, None).await
 }
 
-/// Inserts PENDING order `id`, waiting on `command`, and its first history entry.
+/// Inserts PENDING order `id`, waiting on `command`, and its first history
+/// entry — in one statement: `POST /orders` makes one round trip fewer per
+/// order than with an insert each (the history row's foreign key is checked
+/// at the statement's end, when the order row is there).
 pub async fn insert_with(
     conn: &mut PgConnection,
     id: Uuid,
@@ -147,9 +150,14 @@ pub async fn insert_with(
     new: &NewOrder,
     command: Option<Uuid>,
 ) -> sqlx::Result<Order> {
-    let order: Order = sqlx::query_as(&format!(
-        "INSERT INTO orders (id, client_id, sku, quantity, amount_cents, card_token, card_last4, status, last_command_id)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING {COLUMNS}"
+    sqlx::query_as(&format!(
+        "WITH o AS (
+             INSERT INTO orders (id, client_id, sku, quantity, amount_cents, card_token, card_last4, status, last_command_id)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING {COLUMNS}),
+         h AS (
+             INSERT INTO order_history (order_id, from_status, to_status, cause, event_id, applied)
+             SELECT id, NULL, status, 'OrderPlaced', NULL, true FROM o)
+         SELECT {COLUMNS} FROM o"
     ))
     .bind(id)
     .bind(client_id)
@@ -160,10 +168,8 @@ pub async fn insert_with(
     .bind(&new.card_last4)
     .bind(Status::Pending)
     .bind(command)
-    .fetch_one(&mut *conn)
-    .await?;
-    record_history(conn, id, None, Status::Pending, "OrderPlaced", None, true).await?;
-    Ok(order)
+    .fetch_one(conn)
+    .await
 }
 
 /// Loads an order.

@@ -69,6 +69,19 @@ async fn scenario_20_a_redelivered_payment_reply_confirms_the_order_once() {
         .unwrap();
     assert_eq!(misses, 0, "no business key had to catch it");
     let history = orders::history(&mut conn, order.id).await.unwrap();
+    // The insert wrote the first step with the order.
+    let placed = &history[0];
+    assert_eq!(
+        (
+            placed.from_status,
+            placed.to_status,
+            placed.cause.as_str(),
+            placed.event_id,
+            placed.applied
+        ),
+        (None, Status::Pending, "OrderPlaced", None, true),
+        "{history:?}"
+    );
     let confirmed = history
         .iter()
         .filter(|h| h.to_status == Status::Confirmed && h.applied)
