@@ -4,10 +4,9 @@
 //! 1. [`ceilings`]: the broker alone (produce + consume with the services'
 //!    client settings, as orders per second) and the database alone (the
 //!    create transaction and a consumer's inbox + effect transaction);
-//! 2. the highest arrival rate the whole saga sustains for a window without a
-//!    growing backlog (open loop, [`load::open_loop`]), with CPU per order;
-//! 3. placed → terminal latency at half that rate, timed from each order's
-//!    intended send time;
+//! 2. after a warm-up ([`load::warm_up`]), the highest arrival rate the saga
+//!    sustains for a window without a growing backlog (open loop), with CPU
+//!    per order; 3. placed → terminal latency at half that rate;
 //! 4. the drain rate of a burst at three times that rate;
 //! 5. `POST /orders` alone, closed loop;
 //! 6. with `--instances N` ([`scale`]), each consumer service runs as N
@@ -415,6 +414,7 @@ async fn measure(stack: &mut Stack, cfg: &BenchConfig) -> anyhow::Result<Figures
     let broker = ceilings::broker(&stack.brokers(), cfg.broker_messages).await?;
     eprintln!("bench: database ceiling ({:?} per loop)", cfg.tight_loop);
     let database = ceilings::database(8, cfg.tight_loop).await?;
+    load::warm_up(&client, &orders_db, cfg.start_rate).await?;
     let (trials, sustained) = search(stack, &client, cfg).await?;
     let (latency, burst) = if sustained > 0.0 && !cfg.quick {
         (
