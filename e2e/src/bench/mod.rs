@@ -5,8 +5,8 @@
 //!    client settings, as orders per second) and the database alone (the
 //!    create transaction and a consumer's inbox + effect transaction);
 //! 2. after a warm-up ([`load::warm_up`]), the highest arrival rate the saga
-//!    sustains for a window without a growing backlog (open loop), with CPU
-//!    per order; 3. placed → terminal latency at half that rate;
+//!    sustains without a growing backlog (open loop), with CPU per order;
+//! 3. placed → terminal latency at half that rate, from each intended send;
 //! 4. the drain rate of a burst at three times that rate;
 //! 5. `POST /orders` alone, closed loop;
 //! 6. with `--instances N` ([`scale`]), each consumer service runs as N
