@@ -21,11 +21,23 @@ use crate::{Error, Result};
 /// messages in one partition, hence in order.
 pub const PARTITIONS: i32 = 3;
 
+/// How long librdkafka waits for the answer to a request before it drops
+/// the connection and sends the request again (`socket.timeout.ms`; a
+/// fetch waits this beyond `fetch.wait.max.ms`). librdkafka's default, 60 s,
+/// equals the saga's deadlines (60 s): a request left unanswered by a
+/// broker that was SIGKILLed and restarted holds its partitions that long,
+/// and the deadline reconciler acts first. The 100/s chaos run on CI
+/// (commit 299f6f4) stalled ~50 s after its broker restart, ending near that
+/// timeout, and failed on orders the reconciler had touched. A join is not
+/// bound by it (librdkafka gives a JoinGroup `max.poll.interval.ms` + 3 s).
+pub const SOCKET_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Base client config for `brokers` (a comma-separated `host:port` list).
 pub fn client_config(brokers: &str) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", brokers)
         .set("socket.keepalive.enable", "true")
+        .set("socket.timeout.ms", SOCKET_TIMEOUT.as_millis().to_string())
         .set("reconnect.backoff.max.ms", "1000")
         .set("log_level", "4");
     c
