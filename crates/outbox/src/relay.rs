@@ -29,7 +29,8 @@ use futures::future::{BoxFuture, FutureExt};
 use futures::stream::{FuturesUnordered, StreamExt};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::FutureProducer;
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::pool::PoolConnection;
+use sqlx::{PgConnection, PgPool, Postgres};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
@@ -191,13 +192,83 @@ pub struct Relay<P> {
     in_flight: usize,
     poll_interval: Duration,
     linger: Duration,
+    /// Connections between two uses (see [`Spare`]).
+    spare: Spare,
 }
 
-/// A claimed batch: `tx` holds its rows locked until it is settled.
+/// The relay's connections between two uses, kept out of the pool.
+///
+/// sqlx tests every connection it takes back into the pool with a round
+/// trip (a `Sync` and its reply, in a task it spawns) — not a statement,
+/// so `pg_stat_statements` never shows it. A relay uses a connection for
+/// each claim, each batch's bookkeeping and each idle probe, hundreds of
+/// times a second: kept here, a connection goes back to work without that
+/// round trip. Only a connection whose last use succeeded (committed,
+/// rolled back, or outside any transaction) is kept; any other is dropped
+/// into the pool's own handling. One that died while kept fails its next
+/// statement, which the relay retries like any failed claim.
+struct Spare {
+    pool: PgPool,
+    kept: std::sync::Mutex<Vec<PoolConnection<Postgres>>>,
+    /// At most this many are kept; more go back to the pool.
+    keep: usize,
+}
+
+impl Spare {
+    /// A kept connection, or one from the pool.
+    async fn take(&self) -> sqlx::Result<PoolConnection<Postgres>> {
+        let kept = self.kept.lock().expect("spare connections").pop();
+        match kept {
+            Some(conn) => Ok(conn),
+            None => self.pool.acquire().await,
+        }
+    }
+
+    /// Keeps `conn`, whose last use succeeded and left no transaction open
+    /// — unless every connection of the pool is out and none idle: then a
+    /// task sharing the pool may be waiting for one, and `conn` goes back.
+    fn keep(&self, conn: PoolConnection<Postgres>) {
+        let full = self.pool.size() >= self.pool.options().get_max_connections() && self.pool.num_idle() == 0;
+        let mut kept = self.kept.lock().expect("spare connections");
+        if kept.len() < self.keep && !full {
+            kept.push(conn);
+        }
+    }
+
+    /// Gives every kept connection back to the pool. The relay does so
+    /// whenever it returns from [`Relay::run`] or [`Relay::run_once`]: a
+    /// connection kept past that would hold up `PgPool::close` for as long
+    /// as the relay lives.
+    fn release(&self) {
+        let kept = std::mem::take(&mut *self.kept.lock().expect("spare connections"));
+        drop(kept);
+    }
+}
+
+/// A claimed batch: its connection's open transaction holds the rows
+/// locked until the batch is settled. Dropped unsettled (a failed
+/// statement, a crash unwinding, a cancelled future), the connection is
+/// closed rather than pooled, and the server rolls the transaction back.
 struct Claim {
-    tx: Transaction<'static, Postgres>,
+    conn: Option<PoolConnection<Postgres>>,
     batch: uuid::Uuid,
     pending: Vec<PendingRow>,
+}
+
+impl Claim {
+    fn conn(&mut self) -> &mut PgConnection {
+        self.conn.as_mut().expect("an unsettled claim has its connection")
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            // Closing the socket ends the transaction; no pooled user ever
+            // gets a connection with a claim's locks still open.
+            drop(conn.detach());
+        }
+    }
 }
 
 /// What finished in the relay's pipeline.
@@ -231,9 +302,15 @@ impl<P: Publisher> Relay<P> {
     /// until it is settled, and a claim briefly needs a second one (the batch
     /// bookkeeping beside it); [`Relay::run`] keeps up to `in_flight` batches
     /// and one more connection for the idle probe: size the pool for
-    /// `in_flight + 2`.
+    /// `in_flight + 2`. Between uses the relay keeps up to two of them out
+    /// of the pool ([`Spare`]): the next claim's and the bookkeeping's.
     pub fn new(pool: PgPool, publisher: P, source: impl Into<String>) -> Self {
         Self {
+            spare: Spare {
+                pool: pool.clone(),
+                kept: std::sync::Mutex::new(Vec::new()),
+                keep: 2,
+            },
             pool,
             publisher,
             source: source.into(),
@@ -274,10 +351,13 @@ impl<P: Publisher> Relay<P> {
 
     /// Claims, publishes and marks one batch.
     pub async fn run_once(&self) -> Result<Round> {
-        match self.claim().await? {
-            Some(claim) => self.deliver(claim).await,
-            None => Ok(Round::default()),
-        }
+        let round = match self.claim().await {
+            Ok(Some(claim)) => self.deliver(claim).await,
+            Ok(None) => Ok(Round::default()),
+            Err(e) => Err(e),
+        };
+        self.spare.release();
+        round
     }
 
     /// Claims the next batch, or `None` when no row is claimable. The rows
@@ -291,8 +371,13 @@ impl<P: Publisher> Relay<P> {
     /// so a claim cost grew with the rows published — 90 ms a claim at
     /// 338 orders/s, measured with `pg_stat_statements`.
     async fn claim(&self) -> Result<Option<Claim>> {
-        let mut tx = self.pool.begin().await?;
-        let pending: Vec<PendingRow> = sqlx::query_as(
+        let mut claim = Claim {
+            conn: Some(self.spare.take().await?),
+            batch: uuid::Uuid::new_v4(),
+            pending: Vec::new(),
+        };
+        sqlx::query("BEGIN").execute(claim.conn()).await?;
+        claim.pending = sqlx::query_as(
             "SELECT o.id, o.topic, o.message_key AS key, o.envelope::text AS body,
                     o.event_id::text AS event_id, o.event_type, o.traceparent
              FROM outbox o
@@ -306,26 +391,29 @@ impl<P: Publisher> Relay<P> {
              FOR UPDATE SKIP LOCKED",
         )
         .bind(self.batch)
-        .fetch_all(&mut *tx)
+        .fetch_all(claim.conn())
         .await?;
-        if pending.is_empty() {
+        if claim.pending.is_empty() {
+            sqlx::query("ROLLBACK").execute(claim.conn()).await?;
+            self.spare.keep(claim.conn.take().expect("the claim's connection"));
             return Ok(None);
         }
         // Note the batch before asking the broker, outside the claim
         // transaction, so a crash between publish and mark leaves a trace.
-        let batch = uuid::Uuid::new_v4();
-        let ids: Vec<i64> = pending.iter().map(|r| r.id).collect();
+        let ids: Vec<i64> = claim.pending.iter().map(|r| r.id).collect();
         // Bookkeeping for a metric only: skip the WAL flush wait (a database
         // crash could at worst lose a count), keeping it off the latency path.
+        let mut conn = self.spare.take().await?;
         sqlx::query(
             "WITH fast AS (SELECT set_config('synchronous_commit', 'off', true))
              INSERT INTO outbox_inflight (batch, ids) SELECT $1, $2 FROM fast",
         )
-        .bind(batch)
+        .bind(claim.batch)
         .bind(&ids)
-        .execute(&self.pool)
+        .execute(&mut *conn)
         .await?;
-        Ok(Some(Claim { tx, batch, pending }))
+        self.spare.keep(conn);
+        Ok(Some(claim))
     }
 
     /// Publishes a claimed batch and settles it.
@@ -345,8 +433,8 @@ impl<P: Publisher> Relay<P> {
 
     /// Marks what the broker acknowledged, notes what it refused, and
     /// commits, releasing the batch's locks.
-    async fn settle(&self, claim: Claim, results: Vec<Result<(), PublishError>>) -> Result<Round> {
-        let Claim { mut tx, batch, pending } = claim;
+    async fn settle(&self, mut claim: Claim, results: Vec<Result<(), PublishError>>) -> Result<Round> {
+        let (batch, pending) = (claim.batch, std::mem::take(&mut claim.pending));
         let mut round = Round {
             claimed: pending.len(),
             ..Round::default()
@@ -359,20 +447,21 @@ impl<P: Publisher> Relay<P> {
                 Err(e) => parked.push((row.id, e.message)),
             }
         }
-        sqlx::query("UPDATE outbox SET published_at = clock_timestamp(), attempts = attempts + 1 WHERE id = ANY($1)")
-            .bind(&published)
-            .execute(&mut *tx)
-            .await?;
-        // The batch is done; batches of crashed relays that published some of
-        // these rows before are done too, and their overlap was republished.
+        // One statement marks what the broker took and ends the batch's
+        // bookkeeping: the batch is done, and so are batches of crashed
+        // relays that published some of these rows before — their overlap
+        // was republished, and is counted.
         let republished: i64 = sqlx::query_scalar(
-            "WITH gone AS (
+            "WITH marked AS (
+                 UPDATE outbox SET published_at = clock_timestamp(), attempts = attempts + 1
+                 WHERE id = ANY($2::int8[])),
+             gone AS (
                  DELETE FROM outbox_inflight WHERE batch = $1 OR ids && $2::int8[] RETURNING batch, ids)
              SELECT count(*) FROM gone, unnest(gone.ids) AS id WHERE gone.batch <> $1 AND id = ANY($2::int8[])",
         )
         .bind(batch)
         .bind(&published)
-        .fetch_one(&mut *tx)
+        .fetch_one(claim.conn())
         .await?;
         round.republished = republished as usize;
         for (id, error) in &parked {
@@ -401,10 +490,11 @@ impl<P: Publisher> Relay<P> {
             .bind(&ids)
             .bind(&errors)
             .bind(&park)
-            .execute(&mut *tx)
+            .execute(claim.conn())
             .await?;
         }
-        tx.commit().await?;
+        sqlx::query("COMMIT").execute(claim.conn()).await?;
+        self.spare.keep(claim.conn.take().expect("the claim's connection"));
         round.published = published.len();
         round.failed = failed.len();
         round.parked = parked.len();
@@ -444,6 +534,7 @@ impl<P: Publisher> Relay<P> {
         loop {
             let stopping = shutdown.is_cancelled();
             if stopping && steps.is_empty() {
+                self.spare.release();
                 return;
             }
             let paused = paused_until.is_some_and(|t| Instant::now() < t);
@@ -496,11 +587,20 @@ impl<P: Publisher> Relay<P> {
     async fn wait_for_rows(&self) {
         loop {
             tokio::time::sleep(self.poll_interval).await;
-            let pending: Result<bool, sqlx::Error> = sqlx::query_scalar(
-                "SELECT EXISTS (SELECT 1 FROM outbox WHERE published_at IS NULL AND parked_at IS NULL)",
-            )
-            .fetch_one(&self.pool)
-            .await;
+            let pending = match self.spare.take().await {
+                Ok(mut conn) => {
+                    let pending: Result<bool, sqlx::Error> = sqlx::query_scalar(
+                        "SELECT EXISTS (SELECT 1 FROM outbox WHERE published_at IS NULL AND parked_at IS NULL)",
+                    )
+                    .fetch_one(&mut *conn)
+                    .await;
+                    if pending.is_ok() {
+                        self.spare.keep(conn);
+                    }
+                    pending
+                }
+                Err(e) => Err(e),
+            };
             // A failed probe: let the claim find out (and back off).
             if pending.unwrap_or(true) {
                 return;
