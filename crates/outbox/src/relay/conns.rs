@@ -69,14 +69,33 @@ impl Spare {
 /// statement, a crash unwinding, a cancelled future), the connection is
 /// closed rather than pooled, and the server rolls the transaction back.
 pub(super) struct Claim {
-    pub(super) conn: Option<PoolConnection<Postgres>>,
+    conn: Option<PoolConnection<Postgres>>,
     pub(super) batch: uuid::Uuid,
     pub(super) pending: Vec<PendingRow>,
 }
 
 impl Claim {
+    /// Opens the claim's transaction on a spare connection.
+    pub(super) async fn begin(spare: &Spare) -> sqlx::Result<Self> {
+        let mut claim = Self {
+            conn: Some(spare.take().await?),
+            batch: uuid::Uuid::new_v4(),
+            pending: Vec::new(),
+        };
+        sqlx::query("BEGIN").execute(claim.conn()).await?;
+        Ok(claim)
+    }
+
     pub(super) fn conn(&mut self) -> &mut PgConnection {
         self.conn.as_mut().expect("an unsettled claim has its connection")
+    }
+
+    /// Ends the transaction (`COMMIT` or `ROLLBACK`) and keeps the
+    /// connection for the next use.
+    pub(super) async fn end(mut self, spare: &Spare, how: &'static str) -> sqlx::Result<()> {
+        sqlx::query(how).execute(self.conn()).await?;
+        spare.keep(self.conn.take().expect("the claim's connection"));
+        Ok(())
     }
 }
 
