@@ -122,25 +122,12 @@ pub async fn charge(State(state): State<AppState>, request: Idempotent) -> Resul
         &request,
         Box::new(move |conn, client, key| {
             Box::pin(async move {
-                let Some(card) = crate::vault::card(&mut *conn, &req.card_token).await? else {
+                let Some((id, status)) =
+                    insert_charge(conn, &req.card_token, req.order_id, req.amount_cents, &client, &key).await?
+                else {
                     return Err(GatewayError::Unprocessable("unknown card token".into()));
                 };
-                let declined = card.declines;
-                let status = if declined {
-                    EntryStatus::Declined
-                } else {
-                    EntryStatus::Captured
-                };
-                let id = insert(
-                    conn,
-                    EntryKind::Charge,
-                    req.order_id,
-                    req.amount_cents,
-                    status,
-                    &client,
-                    &key,
-                )
-                .await?;
+                let declined = status == EntryStatus::Declined;
                 let code = if declined {
                     StatusCode::PAYMENT_REQUIRED
                 } else {
@@ -392,6 +379,39 @@ async fn insert(
     .execute(conn)
     .await?;
     Ok(id)
+}
+
+/// Records a charge on the card behind `token` — declined when the issuer
+/// declines every charge on that card, captured otherwise — reading the
+/// card and writing the entry in one statement. `None` when the vault never
+/// issued `token` (nothing written).
+async fn insert_charge(
+    conn: &mut PgConnection,
+    token: &str,
+    order_id: Uuid,
+    amount_cents: i64,
+    client: &str,
+    key: &str,
+) -> Result<Option<(Uuid, EntryStatus)>, GatewayError> {
+    let id = Uuid::now_v7();
+    let status: Option<EntryStatus> = sqlx::query_scalar(
+        "INSERT INTO ledger (id, kind, order_id, amount_cents, status, client_id, idempotency_key)
+         SELECT $1, $2, $3, $4, CASE WHEN t.declines THEN $5 ELSE $6 END, $7, $8
+         FROM card_tokens t WHERE t.token = $9
+         RETURNING status",
+    )
+    .bind(id)
+    .bind(EntryKind::Charge)
+    .bind(order_id)
+    .bind(amount_cents)
+    .bind(EntryStatus::Declined)
+    .bind(EntryStatus::Captured)
+    .bind(client)
+    .bind(key)
+    .bind(token)
+    .fetch_optional(conn)
+    .await?;
+    Ok(status.map(|status| (id, status)))
 }
 
 /// A charge or refund, given the transaction, the client and the key.

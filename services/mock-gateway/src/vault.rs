@@ -15,13 +15,6 @@ use sqlx::PgPool;
 use crate::ledger::GatewayError;
 use crate::AppState;
 
-/// What a token stands for, as a charge needs it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Card {
-    /// The issuer declines every charge on it.
-    pub declines: bool,
-}
-
 pub use gateway_client::api::{CardToken, TokenRequest};
 
 fn fingerprint(vault_key: &[u8], card: &str) -> String {
@@ -69,15 +62,6 @@ pub async fn tokenise(pool: &PgPool, vault_key: &[u8], card: &str) -> Result<Car
         }
     };
     Ok(CardToken { token, last4 })
-}
-
-/// The card behind `token`, if the vault issued it.
-pub async fn card(conn: &mut sqlx::PgConnection, token: &str) -> Result<Option<Card>, GatewayError> {
-    let row: Option<(bool,)> = sqlx::query_as("SELECT declines FROM card_tokens WHERE token = $1")
-        .bind(token)
-        .fetch_optional(conn)
-        .await?;
-    Ok(row.map(|(declines,)| Card { declines }))
 }
 
 /// `POST /v1/tokens` — the card's token and last four digits (the same
