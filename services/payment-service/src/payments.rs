@@ -213,6 +213,11 @@ pub async fn handle_batch(deps: &Deps, batch: Vec<Traced<Envelope>>) -> Result<V
 /// its new key. Returns the indexes whose operation is PENDING at this
 /// command's attempt — the first command of each operation only (a repeat
 /// of it in the same batch settles nothing: step 3 finds it settled).
+///
+/// One statement for the batch ([`upsert_operations`]), split where a
+/// command names an operation already in it — one upsert cannot touch a
+/// row twice: the rest go in the next statement, in batch order, so each
+/// command sees its row as the commands before it left it.
 async fn open(
     deps: &Deps,
     batch: &[Traced<Envelope>],
@@ -222,46 +227,86 @@ async fn open(
     let mut tx = deps.pool.begin().await.map_err(HandleError::transient)?;
     let mut to_call = Vec::with_capacity(fresh.len());
     let mut opened = std::collections::HashSet::new();
-    for &i in fresh {
-        let (order_id, operation) = (batch[i].message.order_id, &operations[i]);
-        let kind = operation.kind();
-        // The SET expressions all read the row as it was, so `reopen` is one
-        // decision for every column.
-        let (status, attempt): (Status, i32) = sqlx::query_as(
-            "INSERT INTO payments (order_id, kind, idempotency_key, amount_cents, status, attempt, attempts)
-             VALUES ($1, $2, $3, $4, $5, $6, 1)
-             ON CONFLICT (order_id, kind) DO UPDATE
-             SET attempts = payments.attempts + 1, updated_at = now(),
-                 status = CASE WHEN payments.status = 'FAILED' AND payments.attempt < EXCLUDED.attempt
-                               THEN EXCLUDED.status ELSE payments.status END,
-                 attempt = CASE WHEN payments.status = 'FAILED' AND payments.attempt < EXCLUDED.attempt
-                                THEN EXCLUDED.attempt ELSE payments.attempt END,
-                 idempotency_key = CASE WHEN payments.status = 'FAILED' AND payments.attempt < EXCLUDED.attempt
-                                        THEN EXCLUDED.idempotency_key ELSE payments.idempotency_key END
-             RETURNING status, attempt",
-        )
-        .bind(order_id)
-        .bind(kind)
-        .bind(operation.key(order_id))
-        .bind(operation.amount_cents())
-        .bind(Status::Pending)
-        .bind(operation.attempt() as i32)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(HandleError::transient)?;
-        let first = opened.insert((order_id, kind, operation.attempt()));
-        if first && status == Status::Pending && attempt == operation.attempt() as i32 {
-            to_call.push(i);
-        } else {
-            // Settled by an earlier command for the same operation (a new
-            // event id for the same charge): its reply was sent then.
-            let _span = batch[i].span.enter();
-            tracing::info!(status = status.as_str(), "payment already settled; command is a no-op");
-            telemetry::metrics::incr("payment_repeat_commands_total", &[("kind", kind.as_str())]);
+    let mut rest = fresh;
+    while !rest.is_empty() {
+        let mut named = std::collections::HashSet::new();
+        let split = rest
+            .iter()
+            .position(|&i| !named.insert((batch[i].message.order_id, operations[i].kind())))
+            .unwrap_or(rest.len());
+        let (now, later) = rest.split_at(split);
+        rest = later;
+        let rows = upsert_operations(&mut tx, batch, operations, now)
+            .await
+            .map_err(HandleError::transient)?;
+        for (&i, (status, attempt)) in now.iter().zip(rows) {
+            let (order_id, operation) = (batch[i].message.order_id, &operations[i]);
+            let kind = operation.kind();
+            let first = opened.insert((order_id, kind, operation.attempt()));
+            if first && status == Status::Pending && attempt == operation.attempt() as i32 {
+                to_call.push(i);
+            } else {
+                // Settled by an earlier command for the same operation (a new
+                // event id for the same charge): its reply was sent then.
+                let _span = batch[i].span.enter();
+                tracing::info!(status = status.as_str(), "payment already settled; command is a no-op");
+                telemetry::metrics::incr("payment_repeat_commands_total", &[("kind", kind.as_str())]);
+            }
         }
     }
     tx.commit().await.map_err(HandleError::transient)?;
     Ok(to_call)
+}
+
+/// Inserts, or counts the attempt of, the operations of commands `at` —
+/// each naming a different operation — in one statement. Returns each
+/// one's status and attempt after it, in the order of `at`.
+async fn upsert_operations(
+    tx: &mut sqlx::PgConnection,
+    batch: &[Traced<Envelope>],
+    operations: &[Operation],
+    at: &[usize],
+) -> sqlx::Result<Vec<(Status, i32)>> {
+    let order_ids: Vec<Uuid> = at.iter().map(|&i| batch[i].message.order_id).collect();
+    let kinds: Vec<&str> = at.iter().map(|&i| operations[i].kind().as_str()).collect();
+    // The SET expressions all read the row as it was, so `reopen` is one
+    // decision for every column.
+    let rows: Vec<(Uuid, String, Status, i32)> = sqlx::query_as(
+        "INSERT INTO payments (order_id, kind, idempotency_key, amount_cents, status, attempt, attempts)
+         SELECT o, k, key, amount, $5, attempt, 1
+         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int8[], $6::int4[]) AS v(o, k, key, amount, attempt)
+         ON CONFLICT (order_id, kind) DO UPDATE
+         SET attempts = payments.attempts + 1, updated_at = now(),
+             status = CASE WHEN payments.status = 'FAILED' AND payments.attempt < EXCLUDED.attempt
+                           THEN EXCLUDED.status ELSE payments.status END,
+             attempt = CASE WHEN payments.status = 'FAILED' AND payments.attempt < EXCLUDED.attempt
+                            THEN EXCLUDED.attempt ELSE payments.attempt END,
+             idempotency_key = CASE WHEN payments.status = 'FAILED' AND payments.attempt < EXCLUDED.attempt
+                                    THEN EXCLUDED.idempotency_key ELSE payments.idempotency_key END
+         RETURNING order_id, kind, status, attempt",
+    )
+    .bind(&order_ids)
+    .bind(&kinds)
+    .bind(
+        at.iter()
+            .map(|&i| operations[i].key(batch[i].message.order_id))
+            .collect::<Vec<_>>(),
+    )
+    .bind(at.iter().map(|&i| operations[i].amount_cents()).collect::<Vec<_>>())
+    .bind(Status::Pending)
+    .bind(at.iter().map(|&i| operations[i].attempt() as i32).collect::<Vec<_>>())
+    .fetch_all(&mut *tx)
+    .await?;
+    Ok(order_ids
+        .iter()
+        .zip(&kinds)
+        .map(|(o, k)| {
+            rows.iter()
+                .find(|r| r.0 == *o && r.1 == *k)
+                .map(|r| (r.2, r.3))
+                .expect("an upsert returns every row it inserts or updates")
+        })
+        .collect())
 }
 
 /// Step 2: the gateway calls of `to_call`, concurrently across orders and

@@ -170,6 +170,15 @@ async fn a_batch_charges_each_order_once_with_its_repeats_and_redeliveries_insid
         assert_eq!(f.replies(*order).await, ["PaymentCaptured"], "one reply for {order}");
         assert_eq!(f.operation(*order, "charge").await.0, "CAPTURED");
     }
+    // The batch's commands are upserted a statement at a time, split where
+    // an operation repeats: the second order's three commands (its event,
+    // that event again, a new event) each counted an attempt, in order.
+    let attempts: i32 = sqlx::query_scalar("SELECT attempts FROM payments WHERE order_id = $1 AND kind = 'charge'")
+        .bind(orders[1])
+        .fetch_one(&f.deps.pool)
+        .await
+        .unwrap();
+    assert_eq!(attempts, 3, "each command for the operation counted once");
     let misses: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox_misses WHERE event_id = $1")
         .bind(again.event_id)
         .fetch_one(&f.deps.pool)
