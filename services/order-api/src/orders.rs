@@ -218,19 +218,42 @@ pub struct Transition {
 /// command its new state waits on, and restarts the state's deadline, in
 /// one statement. At most one transition per order.
 pub async fn set_statuses(conn: &mut PgConnection, moves: &[Transition]) -> sqlx::Result<()> {
-    if moves.is_empty() {
+    write_transitions(conn, moves, &[]).await
+}
+
+/// [`set_statuses`] and [`record_histories`] in one statement: a saga
+/// batch's moves and its history entries (applied and ignored ones), one
+/// round trip.
+pub async fn write_transitions(
+    conn: &mut PgConnection,
+    moves: &[Transition],
+    history: &[NewHistory],
+) -> sqlx::Result<()> {
+    if moves.is_empty() && history.is_empty() {
         return Ok(());
     }
     sqlx::query(
-        "UPDATE orders o SET status = v.status, cancel_reason = COALESCE(v.cancel_reason, o.cancel_reason),
-                             last_command_id = v.command, reconcile_attempts = 0, updated_at = now()
-         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::uuid[]) AS v(id, status, cancel_reason, command)
-         WHERE o.id = v.id",
+        "WITH moved AS (
+             UPDATE orders o SET status = v.status, cancel_reason = COALESCE(v.cancel_reason, o.cancel_reason),
+                                 last_command_id = v.command, reconcile_attempts = 0, updated_at = now()
+             FROM unnest($1::uuid[], $2::text[], $3::text[], $4::uuid[]) AS v(id, status, cancel_reason, command)
+             WHERE o.id = v.id)
+         INSERT INTO order_history (order_id, from_status, to_status, cause, event_id, applied)
+         SELECT o, f, t, c, e, a
+         FROM unnest($5::uuid[], $6::text[], $7::text[], $8::text[], $9::uuid[], $10::bool[])
+              WITH ORDINALITY AS r(o, f, t, c, e, a, n)
+         ORDER BY n",
     )
     .bind(moves.iter().map(|m| m.id).collect::<Vec<_>>())
     .bind(moves.iter().map(|m| m.status.as_str()).collect::<Vec<_>>())
     .bind(moves.iter().map(|m| m.cancel_reason).collect::<Vec<_>>())
     .bind(moves.iter().map(|m| m.command).collect::<Vec<_>>())
+    .bind(history.iter().map(|e| e.order_id).collect::<Vec<_>>())
+    .bind(history.iter().map(|e| e.from.map(Status::as_str)).collect::<Vec<_>>())
+    .bind(history.iter().map(|e| e.to.as_str()).collect::<Vec<_>>())
+    .bind(history.iter().map(|e| e.cause.as_str()).collect::<Vec<_>>())
+    .bind(history.iter().map(|e| e.event_id).collect::<Vec<_>>())
+    .bind(history.iter().map(|e| e.applied).collect::<Vec<_>>())
     .execute(conn)
     .await?;
     Ok(())
@@ -299,25 +322,7 @@ pub async fn record_history(
 
 /// Appends history entries in one statement, in the order given.
 pub async fn record_histories(conn: &mut PgConnection, entries: &[NewHistory]) -> sqlx::Result<()> {
-    if entries.is_empty() {
-        return Ok(());
-    }
-    sqlx::query(
-        "INSERT INTO order_history (order_id, from_status, to_status, cause, event_id, applied)
-         SELECT o, f, t, c, e, a
-         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::uuid[], $6::bool[])
-              WITH ORDINALITY AS r(o, f, t, c, e, a, n)
-         ORDER BY n",
-    )
-    .bind(entries.iter().map(|e| e.order_id).collect::<Vec<_>>())
-    .bind(entries.iter().map(|e| e.from.map(Status::as_str)).collect::<Vec<_>>())
-    .bind(entries.iter().map(|e| e.to.as_str()).collect::<Vec<_>>())
-    .bind(entries.iter().map(|e| e.cause.as_str()).collect::<Vec<_>>())
-    .bind(entries.iter().map(|e| e.event_id).collect::<Vec<_>>())
-    .bind(entries.iter().map(|e| e.applied).collect::<Vec<_>>())
-    .execute(conn)
-    .await?;
-    Ok(())
+    write_transitions(conn, &[], entries).await
 }
 
 /// The order's history, oldest first.

@@ -41,7 +41,7 @@ pub async fn handle(pool: &PgPool, envelope: Envelope) -> Result<Handled, Handle
 /// fixed handful of statements: one multi-row inbox insert, the batch's
 /// orders locked and read in one, then each new reply decided in order
 /// against its order in memory (`Plan::step`) and the result written in
-/// one statement per table (`Plan::write`). All commit together or none
+/// two statements (`Plan::write`). All commit together or none
 /// does (the consumer then retries, or handles the envelopes one by one to
 /// isolate one that can never apply).
 pub async fn handle_batch(pool: &PgPool, batch: Vec<Traced<Envelope>>) -> Result<Vec<Handled>, HandleError> {
@@ -210,12 +210,11 @@ impl Plan {
         true
     }
 
-    /// Writes what the steps noted: the commands' outbox rows, the orders'
-    /// new states, the history entries, each in one statement.
+    /// Writes what the steps noted: the commands' outbox rows in one
+    /// statement, the orders' new states with the history entries in one.
     async fn write(self, conn: &mut sqlx::PgConnection) -> Result<(), Error> {
         saga_kit::emit::emit_all(conn, &self.commands).await?;
-        orders::set_statuses(conn, &self.moves).await?;
-        orders::record_histories(conn, &self.history).await?;
+        orders::write_transitions(conn, &self.moves, &self.history).await?;
         orders::mark_reconciled(conn, &self.reconciled).await?;
         for (event_id, order_id) in self.misses {
             inbox::note_miss(conn, ORDER_SAGA.name, event_id, order_id, "saga state machine").await?;
