@@ -127,8 +127,7 @@ pub async fn charge(State(state): State<AppState>, request: Idempotent) -> Resul
                 else {
                     return Err(GatewayError::Unprocessable("unknown card token".into()));
                 };
-                let declined = status == EntryStatus::Declined;
-                let code = if declined {
+                let code = if status == EntryStatus::Declined {
                     StatusCode::PAYMENT_REQUIRED
                 } else {
                     StatusCode::CREATED
