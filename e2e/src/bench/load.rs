@@ -189,6 +189,60 @@ pub async fn latencies(orders_db: &str, sent: &Sent) -> anyhow::Result<(Vec<f64>
     Ok((out, last))
 }
 
+/// Where an order's placed → terminal time went, in three stages cut at
+/// its history entries (each stamped with its transaction's start):
+/// intended send → placed (the driver and `POST /orders`), placed → stock
+/// reserved (relay, inventory, relay, saga), reserved → terminal (relay,
+/// payment and the gateway, relay, saga). Terminal orders that were
+/// reserved only; each stage's p50 and p99, ms.
+#[derive(Debug, Clone, Serialize)]
+pub struct Stage {
+    /// The stage, as "from → to".
+    pub name: &'static str,
+    /// Median, ms.
+    pub p50_ms: f64,
+    /// 99th percentile, ms.
+    pub p99_ms: f64,
+}
+
+/// The [`Stage`]s of the orders of `sent` that ended.
+pub async fn stages(orders_db: &str, sent: &Sent) -> anyhow::Result<Vec<Stage>> {
+    type At = chrono::DateTime<chrono::Utc>;
+    let mut db = PgConnection::connect(orders_db).await?;
+    let ids: Vec<Uuid> = sent.intended.keys().copied().collect();
+    let rows: Vec<(Uuid, At, At, At)> = sqlx::query_as(
+        "SELECT o.id, p.at, r.at, o.updated_at
+         FROM orders o
+         JOIN order_history p ON p.order_id = o.id AND p.cause = 'OrderPlaced'
+         JOIN order_history r ON r.order_id = o.id AND r.applied AND r.to_status = 'AWAITING_PAYMENT'
+         WHERE o.id = ANY($1) AND o.status IN ('CONFIRMED', 'CANCELLED')",
+    )
+    .bind(&ids)
+    .fetch_all(&mut db)
+    .await?;
+    let ms = |from: SystemTime, to: SystemTime| to.duration_since(from).map_or(0.0, |d| d.as_secs_f64() * 1000.0);
+    let mut columns: [Vec<f64>; 3] = Default::default();
+    for (id, placed, reserved, terminal) in rows {
+        let (placed, reserved, terminal) = (placed.into(), reserved.into(), terminal.into());
+        columns[0].push(ms(sent.intended[&id], placed));
+        columns[1].push(ms(placed, reserved));
+        columns[2].push(ms(reserved, terminal));
+    }
+    let names = ["send → placed", "placed → reserved", "reserved → terminal"];
+    Ok(names
+        .into_iter()
+        .zip(columns)
+        .map(|(name, mut column)| {
+            column.sort_by(f64::total_cmp);
+            Stage {
+                name,
+                p50_ms: super::pct(&column, 0.50),
+                p99_ms: super::pct(&column, 0.99),
+            }
+        })
+        .collect())
+}
+
 /// The HTTP API alone: `clients` closed-loop clients posting orders with
 /// fresh keys for `duration`.
 #[derive(Debug, Clone, Serialize)]

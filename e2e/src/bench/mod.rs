@@ -162,6 +162,8 @@ pub struct Latency {
     pub p50_ms: f64,
     /// 99th percentile, ms.
     pub p99_ms: f64,
+    /// The same orders' time, stage by stage.
+    pub stages: Vec<load::Stage>,
 }
 
 /// A burst and its drain.
@@ -370,6 +372,7 @@ async fn latency(client: &Client, orders_db: &str, rate: f64, window: Duration) 
         orders: lat.len(),
         p50_ms: pct(&lat, 0.50),
         p99_ms: pct(&lat, 0.99),
+        stages: load::stages(orders_db, &sent).await?,
     })
 }
 
@@ -502,6 +505,13 @@ pub fn markdown(f: &Figures) -> String {
             "| placed → terminal at {:.0}/s: p50 / p99 ms | {:.0} / {:.0} | | |",
             l.rate, l.p50_ms, l.p99_ms
         );
+        for stage in &l.stages {
+            let _ = writeln!(
+                s,
+                "| … {}: p50 / p99 ms | {:.0} / {:.0} | | |",
+                stage.name, stage.p50_ms, stage.p99_ms
+            );
+        }
     }
     if let Some(b) = &f.burst {
         let _ = writeln!(
