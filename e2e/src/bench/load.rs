@@ -189,6 +189,36 @@ pub async fn latencies(orders_db: &str, sent: &Sent) -> anyhow::Result<(Vec<f64>
     Ok((out, last))
 }
 
+/// Latency at a fixed rate.
+#[derive(Debug, Clone, Serialize)]
+pub struct Latency {
+    /// Arrival rate.
+    pub rate: f64,
+    /// Orders measured.
+    pub orders: usize,
+    /// Placed → terminal, from the intended send time: median, ms.
+    pub p50_ms: f64,
+    /// 99th percentile, ms.
+    pub p99_ms: f64,
+    /// The same orders' time, stage by stage.
+    pub stages: Vec<Stage>,
+}
+
+/// Placed → terminal latency of orders sent at `rate` for `window`, and its stages.
+pub async fn latency(client: &Client, orders_db: &str, rate: f64, window: Duration) -> anyhow::Result<Latency> {
+    eprintln!("bench: latency at {rate:.0} orders/s for {window:?}");
+    let sent = open_loop(client, orders_db, rate, window).await?;
+    wait_drained(orders_db, Duration::from_secs(120)).await?;
+    let (lat, _) = latencies(orders_db, &sent).await?;
+    Ok(Latency {
+        rate,
+        orders: lat.len(),
+        p50_ms: super::pct(&lat, 0.50),
+        p99_ms: super::pct(&lat, 0.99),
+        stages: stages(orders_db, &sent).await?,
+    })
+}
+
 /// Where an order's placed → terminal time went, in three stages cut at
 /// its history entries (each stamped with its transaction's start):
 /// intended send → placed (the driver and `POST /orders`), placed → stock

@@ -18,6 +18,8 @@ pub mod pg_settings;
 pub mod scale;
 pub mod trace_cost;
 
+pub use load::{Latency, Stage};
+
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant, SystemTime};
@@ -149,21 +151,6 @@ impl PgCounters {
             commits: (after.commits - self.commits) as f64 / n,
         }
     }
-}
-
-/// Latency at a fixed rate.
-#[derive(Debug, Clone, Serialize)]
-pub struct Latency {
-    /// Arrival rate.
-    pub rate: f64,
-    /// Orders measured.
-    pub orders: usize,
-    /// Placed → terminal, from the intended send time: median, ms.
-    pub p50_ms: f64,
-    /// 99th percentile, ms.
-    pub p99_ms: f64,
-    /// The same orders' time, stage by stage.
-    pub stages: Vec<load::Stage>,
 }
 
 /// A burst and its drain.
@@ -362,20 +349,6 @@ async fn search(stack: &Stack, client: &Client, cfg: &BenchConfig) -> anyhow::Re
     Ok((trials, best))
 }
 
-async fn latency(client: &Client, orders_db: &str, rate: f64, window: Duration) -> anyhow::Result<Latency> {
-    eprintln!("bench: latency at {rate:.0} orders/s for {window:?}");
-    let sent = load::open_loop(client, orders_db, rate, window).await?;
-    load::wait_drained(orders_db, Duration::from_secs(120)).await?;
-    let (lat, _) = load::latencies(orders_db, &sent).await?;
-    Ok(Latency {
-        rate,
-        orders: lat.len(),
-        p50_ms: pct(&lat, 0.50),
-        p99_ms: pct(&lat, 0.99),
-        stages: load::stages(orders_db, &sent).await?,
-    })
-}
-
 async fn burst(client: &Client, orders_db: &str, rate: f64, window: Duration) -> anyhow::Result<Burst> {
     eprintln!("bench: burst at {rate:.0} orders/s for {window:?}");
     let start = SystemTime::now();
@@ -421,7 +394,7 @@ async fn measure(stack: &mut Stack, cfg: &BenchConfig) -> anyhow::Result<Figures
     let (trials, sustained) = search(stack, &client, cfg).await?;
     let (latency, burst) = if sustained > 0.0 && !cfg.quick {
         (
-            Some(latency(&client, &orders_db, sustained / 2.0, cfg.latency_window).await?),
+            Some(load::latency(&client, &orders_db, sustained / 2.0, cfg.latency_window).await?),
             Some(burst(&client, &orders_db, sustained * 3.0, cfg.burst).await?),
         )
     } else {
