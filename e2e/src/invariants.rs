@@ -38,6 +38,9 @@ pub struct Expected {
     /// may be finished by the reconciler. Empty for a run whose faults
     /// cannot lose a message.
     pub rescue_expected: BTreeSet<Uuid>,
+    /// Every client request carried a number of its own in its amount (a
+    /// nonce): then two orders with one amount are two orders for one request.
+    pub amount_is_nonce: bool,
 }
 
 /// The audit of one run.
@@ -78,6 +81,16 @@ pub struct Audit {
     /// miss, a reconciler's history row, a second capture, a stuck order's
     /// creation), by invariant name: where a picture marks it.
     pub first_seen: BTreeMap<String, chrono::DateTime<chrono::Utc>>,
+    /// Client requests (told apart by the nonce in their amount) that made
+    /// more than one order.
+    pub requests_with_two_orders: usize,
+    /// Replies that reached the saga's state machine more than once, read
+    /// from `order_history` (per order, a reply's event type at most once).
+    pub replies_applied_twice: usize,
+    /// Gateway idempotency keys with more than one ledger entry.
+    pub ledger_keys_repeated: usize,
+    /// Reservations whose status does not match their order's final state.
+    pub reservations_mismatched: usize,
     /// Every broken invariant, in words.
     pub violations: Vec<String>,
 }
@@ -100,10 +113,9 @@ pub async fn audit(stack: &Stack, expected: &Expected) -> anyhow::Result<Audit> 
     let mut gateway_db = connect(&stack.db_url("gateway")).await?;
     let mut inventory_db = connect(&stack.db_url("inventory")).await?;
 
-    let orders: Vec<(Uuid, String, i64, String, i32)> =
-        sqlx::query_as("SELECT id, status, amount_cents, sku, quantity FROM orders")
-            .fetch_all(&mut orders_db)
-            .await?;
+    let orders: Vec<OrderRow> = sqlx::query_as("SELECT id, status, amount_cents, sku, quantity FROM orders")
+        .fetch_all(&mut orders_db)
+        .await?;
     let known: BTreeSet<Uuid> = orders.iter().map(|o| o.0).collect();
     for (_, status, ..) in &orders {
         *a.orders_by_status.entry(status.clone()).or_default() += 1;
@@ -202,7 +214,8 @@ pub async fn audit(stack: &Stack, expected: &Expected) -> anyhow::Result<Audit> 
         ));
     }
     order_per_key(&mut orders_db, expected, &known, &mut a).await?;
-    check_rescued(&mut orders_db, expected, &mut a).await?;
+    let mut payments_db = connect(&stack.db_url("payments")).await?;
+    check_rescued(&mut orders_db, &mut payments_db, expected, &mut a).await?;
     let most = expected.acknowledged.len() + expected.indeterminate;
     if orders.len() < expected.acknowledged.len() || orders.len() > most {
         a.violations.push(format!(
@@ -212,6 +225,14 @@ pub async fn audit(stack: &Stack, expected: &Expected) -> anyhow::Result<Audit> 
             expected.indeterminate
         ));
     }
+
+    ground_truth(
+        &mut a,
+        expected,
+        &orders,
+        [&mut orders_db, &mut gateway_db, &mut inventory_db],
+    )
+    .await?;
 
     // Each saga step applied once: a repeated event stops at the inbox, so
     // no business key ever has to catch one.
@@ -284,6 +305,100 @@ pub async fn audit(stack: &Stack, expected: &Expected) -> anyhow::Result<Audit> 
     Ok(a)
 }
 
+/// An order row: id, status, amount, sku, quantity.
+type OrderRow = (Uuid, String, i64, String, i32);
+
+/// The checks read from domain rows alone, whatever the services count
+/// about themselves: one order per client request, each reply applied once
+/// by the state machine, one ledger entry per gateway key, and each
+/// reservation in the state its order's outcome needs.
+async fn ground_truth(
+    a: &mut Audit,
+    expected: &Expected,
+    orders: &[OrderRow],
+    [orders_db, gateway_db, inventory_db]: [&mut PgConnection; 3],
+) -> anyhow::Result<()> {
+    if expected.amount_is_nonce {
+        let mut per_amount: BTreeMap<i64, usize> = BTreeMap::new();
+        for (_, _, amount, ..) in orders {
+            *per_amount.entry(*amount).or_default() += 1;
+        }
+        a.requests_with_two_orders = per_amount.values().filter(|n| **n > 1).count();
+        if a.requests_with_two_orders > 0 {
+            a.violations.push(format!(
+                "{ORDER_PER_KEY}: {} client requests made more than one order (each request's amount is its own)",
+                a.requests_with_two_orders
+            ));
+        }
+    }
+    // A reply reaches the state machine once: its history row (applied or
+    // ignored) is written in the transaction of its inbox row. Two rows of
+    // one reply type for one order are a repeat some inbox let through.
+    let (repeats, first): (i64, Option<chrono::DateTime<chrono::Utc>>) = sqlx::query_as(
+        "SELECT count(*)::int8, min(second_at) FROM (
+             SELECT order_id, cause, (array_agg(at ORDER BY id))[2] AS second_at FROM order_history
+             WHERE cause IN ('StockReserved', 'StockRejected', 'StockReleased', 'PaymentCaptured',
+                             'PaymentDeclined', 'PaymentRefunded', 'RefundFailed')
+             GROUP BY order_id, cause HAVING count(*) > 1) r",
+    )
+    .fetch_one(&mut *orders_db)
+    .await?;
+    a.replies_applied_twice = repeats as usize;
+    if repeats > 0 {
+        seen(a, STEP_ONCE, first);
+        a.violations.push(format!(
+            "{STEP_ONCE}: {repeats} replies reached the saga's state machine twice (order_history)"
+        ));
+    }
+    let repeated: i64 = sqlx::query_scalar(
+        "SELECT count(*)::int8 FROM (SELECT 1 FROM ledger GROUP BY idempotency_key HAVING count(*) > 1) k",
+    )
+    .fetch_one(&mut *gateway_db)
+    .await?;
+    a.ledger_keys_repeated = repeated as usize;
+    if repeated > 0 {
+        a.violations.push(format!(
+            "{CHARGED_ONCE}: {repeated} gateway keys with more than one ledger entry"
+        ));
+    }
+    // Stock, order by order: a CONFIRMED order holds its reservation, a
+    // CANCELLED one holds none.
+    let reservations: BTreeMap<Uuid, (String, i32, String)> =
+        sqlx::query_as::<_, (Uuid, String, i32, String)>("SELECT order_id, sku, quantity, status FROM reservations")
+            .fetch_all(&mut *inventory_db)
+            .await?
+            .into_iter()
+            .map(|(id, sku, qty, status)| (id, (sku, qty, status)))
+            .collect();
+    let mut mismatched = Vec::new();
+    for (id, status, _, sku, qty) in orders {
+        let held = reservations.get(id);
+        let right = match (status.as_str(), held) {
+            ("CONFIRMED", Some((s, q, r))) => s == sku && q == qty && r == "RESERVED",
+            ("CONFIRMED", None) => false,
+            ("CANCELLED", Some((_, _, r))) => r != "RESERVED",
+            ("CANCELLED", None) => true,
+            _ => true, // not terminal: reported as stuck
+        };
+        if !right {
+            mismatched.push(format!("order {id} {status}, reservation {held:?}"));
+        }
+    }
+    let unknown = reservations
+        .keys()
+        .filter(|id| !orders.iter().any(|o| o.0 == **id))
+        .count();
+    a.reservations_mismatched = mismatched.len() + unknown;
+    if a.reservations_mismatched > 0 {
+        a.violations.push(format!(
+            "{STOCK_CONSERVED}: {} reservations do not match their order's outcome, {unknown} of unknown orders (first: {})",
+            mismatched.len(),
+            mismatched.first().map_or("-", String::as_str)
+        ));
+    }
+    Ok(())
+}
+
 /// Keeps the earliest evidence of `invariant` breaking.
 fn seen(a: &mut Audit, invariant: &str, at: Option<chrono::DateTime<chrono::Utc>>) {
     if let Some(at) = at {
@@ -335,13 +450,39 @@ pub async fn rescued(db: &mut PgConnection) -> anyhow::Result<Rescued> {
 /// it was handled, recorded without its effect) or stuck. The reconciler
 /// hides that from the order's status, so the audit counts it and accepts
 /// exactly the orders the run lost on purpose.
-async fn check_rescued(db: &mut PgConnection, expected: &Expected, a: &mut Audit) -> anyhow::Result<()> {
+async fn check_rescued(
+    db: &mut PgConnection,
+    payments_db: &mut PgConnection,
+    expected: &Expected,
+    a: &mut Audit,
+) -> anyhow::Result<()> {
     let Rescued {
         per_cause,
         evidence,
-        first,
+        mut first,
     } = rescued(db).await?;
     (a.rescued, a.rescue_evidence) = (per_cause, evidence);
+    // payment-service's own reconciler settles an operation left PENDING
+    // past its deadline from the gateway's record: a command or a result
+    // that did not arrive in time, as much a rescue as order-api's.
+    let settled: Vec<(Uuid, String, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
+        "SELECT order_id, kind, reconciled_at FROM payments WHERE reconciled_at IS NOT NULL ORDER BY reconciled_at",
+    )
+    .fetch_all(payments_db)
+    .await?;
+    for (order, kind, at) in settled {
+        a.rescued
+            .entry("payment-service reconciled".into())
+            .or_default()
+            .insert(order);
+        first = Some(first.map_or(at, |f| f.min(at)));
+        if a.rescue_evidence.len() < 20 {
+            a.rescue_evidence.push(format!(
+                "{} order {order}: {kind} settled by payment-service's reconciler",
+                at.format("%H:%M:%S%.3f")
+            ));
+        }
+    }
     let touched: BTreeSet<Uuid> = a.rescued.values().flatten().copied().collect();
     let unexpected: Vec<&Uuid> = touched.difference(&expected.rescue_expected).collect();
     if !unexpected.is_empty() {

@@ -51,7 +51,7 @@ enum Cmd {
         #[arg(long, default_value_t = 8)]
         clients: usize,
         /// Orders started per second.
-        #[arg(long, default_value_t = 10.0)]
+        #[arg(long, default_value_t = 6.0)]
         rate: f64,
         /// Pause between faults, in milliseconds.
         #[arg(long, default_value_t = 800)]
@@ -68,6 +68,15 @@ enum Cmd {
         /// only if the run fails on the invariant that layer protects.
         #[arg(long, value_enum)]
         layer_off: Option<e2e::chaos::LayerOff>,
+        /// The catch matrix instead: the ordinary run and every switch under
+        /// `--seeds` seeds (SEED, SEED+1, …), one after another; succeeds
+        /// only if every switch is caught and every ordinary run passes.
+        /// Cells go to target/chaos/matrix/ (matrix.md, matrix.json).
+        #[arg(long, conflicts_with_all = ["negative_control", "layer_off"])]
+        matrix: bool,
+        /// Seeds of the matrix.
+        #[arg(long, default_value_t = 5, requires = "matrix")]
+        seeds: u64,
     },
     /// The saga's throughput and latency on one fresh stack (release build),
     /// beside the broker's and the database's ceilings. A few minutes;
@@ -194,6 +203,49 @@ fn build_services() -> anyhow::Result<()> {
     }
     let status = cmd.status().context("running cargo build")?;
     anyhow::ensure!(status.success(), "building the services failed");
+    Ok(())
+}
+
+/// `cargo xtask chaos --matrix`: every cell in turn, the table as it grows.
+async fn chaos_matrix(mut cfg: e2e::chaos::ChaosConfig, first: u64, n: u64) -> anyhow::Result<()> {
+    use e2e::chaos::matrix;
+    let dir = workspace_root().join("target").join("chaos").join("matrix");
+    std::fs::create_dir_all(&dir)?;
+    cfg.report_dir = Some(dir.clone());
+    let seeds: Vec<u64> = (first..first + n).collect();
+    let mut done = Vec::new();
+    let cells = unless_interrupted(async {
+        Ok(matrix::run(&cfg, &seeds, |cell| {
+            done.push(cell.clone());
+            println!(
+                "matrix: seed {} {}: {}",
+                cell.seed,
+                cell.layer_off.map_or("ordinary", e2e::chaos::LayerOff::name),
+                if cell.ok { "ok" } else { "NOT OK" }
+            );
+            let _ = std::fs::write(dir.join("matrix.md"), matrix::markdown(&done));
+            let _ = std::fs::write(
+                dir.join("matrix.json"),
+                serde_json::to_vec_pretty(&done).unwrap_or_default(),
+            );
+        })
+        .await)
+    })
+    .await?;
+    println!("{}", matrix::markdown(&cells));
+    println!("cells: {}/matrix.md and matrix.json", dir.display());
+    let bad: Vec<String> = cells
+        .iter()
+        .filter(|c| !c.ok)
+        .map(|c| {
+            format!(
+                "seed {} {}",
+                c.seed,
+                c.layer_off.map_or("ordinary", e2e::chaos::LayerOff::name)
+            )
+        })
+        .collect();
+    anyhow::ensure!(bad.is_empty(), "cells not as they must be: {bad:?}");
     Ok(())
 }
 
@@ -380,6 +432,8 @@ async fn main() -> anyhow::Result<()> {
             negative_control,
             layer_off,
             brokers,
+            matrix,
+            seeds,
         } => {
             let mut cfg = e2e::chaos::ChaosConfig::ci(seed);
             cfg.brokers = brokers;
@@ -390,6 +444,9 @@ async fn main() -> anyhow::Result<()> {
             cfg.quiesce_timeout = std::time::Duration::from_secs(300);
             cfg.negative_control = negative_control;
             cfg.layer_off = layer_off;
+            if matrix {
+                return chaos_matrix(cfg, seed, seeds).await;
+            }
             let dir = workspace_root().join("target").join("chaos").join(format!(
                 "seed-{seed}{}{}",
                 if negative_control { "-negative" } else { "" },

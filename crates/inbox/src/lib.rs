@@ -60,26 +60,56 @@ pub async fn record(conn: &mut PgConnection, consumer: &str, event_id: Uuid) -> 
     Ok(Recorded::Duplicate)
 }
 
-/// Records a batch of event ids for `consumer` in the caller's transaction
-/// with one multi-row insert; returns, for each id in order, whether it is
-/// new. An id that appears twice in the batch is new the first time only.
-/// Duplicates are counted as in [`record`].
-pub async fn record_batch(conn: &mut PgConnection, consumer: &str, event_ids: &[Uuid]) -> sqlx::Result<Vec<Recorded>> {
-    if disabled() {
-        return Ok(vec![Recorded::New; event_ids.len()]);
+/// One delivery of an event: its id, and where in the log this copy was
+/// read, if it came from one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivery {
+    /// The event's id (the same for every copy of the event).
+    pub event_id: Uuid,
+    /// Partition and offset of this copy (`None`: handed over by hand).
+    pub source: Option<(i32, i64)>,
+}
+
+impl From<Uuid> for Delivery {
+    fn from(event_id: Uuid) -> Self {
+        Self { event_id, source: None }
     }
+}
+
+/// Records a batch of deliveries for `consumer` in the caller's transaction
+/// with one multi-row insert; returns, for each in order, whether its event
+/// is new. An id that appears twice in the batch is new the first time
+/// only. Duplicates are counted as in [`record`]. A new event's row keeps
+/// the source of the copy being applied.
+pub async fn record_batch(
+    conn: &mut PgConnection,
+    consumer: &str,
+    deliveries: &[Delivery],
+) -> sqlx::Result<Vec<Recorded>> {
+    if disabled() {
+        return Ok(vec![Recorded::New; deliveries.len()]);
+    }
+    let ids: Vec<Uuid> = deliveries.iter().map(|d| d.event_id).collect();
+    let partitions: Vec<Option<i32>> = deliveries.iter().map(|d| d.source.map(|s| s.0)).collect();
+    let offsets: Vec<Option<i64>> = deliveries.iter().map(|d| d.source.map(|s| s.1)).collect();
+    // WITH ORDINALITY keeps the batch's order, so of two copies in one
+    // batch the first is the one recorded.
     let mut new: std::collections::HashSet<Uuid> = sqlx::query_scalar(
-        "INSERT INTO inbox (consumer, event_id) SELECT $1, id FROM unnest($2::uuid[]) AS t(id)
+        "INSERT INTO inbox (consumer, event_id, source_partition, source_offset)
+         SELECT $1, id, p, o FROM unnest($2::uuid[], $3::int4[], $4::int8[]) WITH ORDINALITY AS t(id, p, o, n)
+         ORDER BY n
          ON CONFLICT (consumer, event_id) DO NOTHING RETURNING event_id",
     )
     .bind(consumer)
-    .bind(event_ids)
+    .bind(&ids)
+    .bind(&partitions)
+    .bind(&offsets)
     .fetch_all(&mut *conn)
     .await?
     .into_iter()
     .collect();
-    let mut recorded = Vec::with_capacity(event_ids.len());
-    for id in event_ids {
+    let mut recorded = Vec::with_capacity(ids.len());
+    for id in &ids {
         if new.remove(id) {
             recorded.push(Recorded::New);
         } else {

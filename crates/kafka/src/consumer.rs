@@ -45,7 +45,9 @@ use crate::{KafkaArgs, Result};
 
 /// Crash point (failpoints builds): abort after the handler's transaction
 /// committed, before the offset is stored — the redelivery that follows
-/// must be absorbed by the inbox.
+/// must be absorbed by the inbox. Reached only by a batch that applied at
+/// least one event: after a batch of duplicates there is nothing a
+/// redelivery could repeat.
 pub const CRASH_BEFORE_OFFSET_COMMIT: &str = "consumer::before_offset_commit";
 
 /// Crash point (failpoints builds): the process dies while handling a
@@ -54,10 +56,6 @@ pub const CRASH_BEFORE_OFFSET_COMMIT: &str = "consumer::before_offset_commit";
 /// sets, so an offset stored *before* handling (ack first) would have been
 /// committed by then and the message lost; stored after, it comes back.
 pub const CRASH_WHILE_HANDLING: &str = "consumer::while_handling";
-
-/// Crash point (failpoints builds), reached only with `UNSAFE_OFFSET_BEFORE_HANDLING`:
-/// the batch's offsets are committed, its handler has not run — the batch is lost.
-pub const CRASH_AFTER_ACK_BEFORE_HANDLING: &str = "consumer::after_ack_before_handling";
 
 /// Failpoint (failpoints builds): the consume loop fails as if its broker
 /// session broke for good — the supervisor must turn the service not-ready
@@ -157,7 +155,7 @@ where
         ..settings
     };
     run_batches(settings, shutdown, move |mut batch: Vec<Traced<T>>| {
-        let Traced { message, span } = batch.pop().expect("a lane hands over at least one message");
+        let Traced { message, span, .. } = batch.pop().expect("a lane hands over at least one message");
         // Called inside the span, so spans the handler opens are its children.
         let one = span.in_scope(|| handler(message)).instrument(span);
         async move { one.await.map(|handled| vec![handled]) }
@@ -345,6 +343,19 @@ pub struct Traced<T> {
     /// run the message's work in it (`.instrument(span)`), so the trace
     /// continues from the relay's publish span.
     pub span: tracing::Span,
+    /// Where in the log this copy was read (`None` for a message handed
+    /// over by hand: a test, a replay). An inbox that records it says which
+    /// copy of an event was the one applied.
+    pub position: Option<Position>,
+}
+
+/// A message's place in its topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    /// Partition.
+    pub partition: i32,
+    /// Offset within the partition.
+    pub offset: i64,
 }
 
 fn consume_span(consumer: &str, msg: &OwnedMessage) -> tracing::Span {
@@ -434,19 +445,18 @@ where
             }
             if self.ack_first {
                 self.acknowledge_first(&batch);
-                fail::fail_point!(CRASH_AFTER_ACK_BEFORE_HANDLING, |_| telemetry::crash_point(
-                    CRASH_AFTER_ACK_BEFORE_HANDLING
-                ));
                 self.handle(&batch).await;
                 continue;
             }
             // Shutdown mid-batch: leave its offsets for redelivery.
-            if !self.handle(&batch).await {
+            let Some(applied) = self.handle(&batch).await else {
                 return;
+            };
+            if applied > 0 {
+                fail::fail_point!(CRASH_BEFORE_OFFSET_COMMIT, |_| telemetry::crash_point(
+                    CRASH_BEFORE_OFFSET_COMMIT
+                ));
             }
-            fail::fail_point!(CRASH_BEFORE_OFFSET_COMMIT, |_| telemetry::crash_point(
-                CRASH_BEFORE_OFFSET_COMMIT
-            ));
             let last = batch.last().expect("a batch has a message");
             // Committed later, in the background. Not fatal when it fails (a
             // revoked partition): the message is redelivered and absorbed.
@@ -472,9 +482,9 @@ where
         }
     }
 
-    /// Handles `batch` (decoding, the handler, dead letters); false when
-    /// shutdown interrupted it.
-    async fn handle(&self, batch: &[OwnedMessage]) -> bool {
+    /// Handles `batch` (decoding, the handler, dead letters): how many of
+    /// its events were applied, or `None` when shutdown interrupted it.
+    async fn handle(&self, batch: &[OwnedMessage]) -> Option<usize> {
         let name = &*self.name;
         telemetry::metrics::incr_by(
             "consumer_messages_received_total",
@@ -490,18 +500,22 @@ where
                     decoded.push(Traced {
                         span: consume_span(name, msg),
                         message,
+                        position: Some(Position {
+                            partition: msg.partition(),
+                            offset: msg.offset(),
+                        }),
                     });
                     sources.push(msg);
                 }
                 Err(e) => {
                     if !crate::dlq::dead_letter(&self.dlq, msg, name, &format!("decode: {e}"), &self.shutdown).await {
-                        return false;
+                        return None;
                     }
                 }
             }
         }
         if decoded.is_empty() {
-            return true;
+            return Some(0);
         }
         fail::fail_point!(CRASH_WHILE_HANDLING, |_| {
             std::thread::sleep(Duration::from_secs(3));
@@ -509,34 +523,36 @@ where
         });
         let single = decoded.len() == 1;
         match handle_with_retry(name, &*self.handler, decoded.clone(), &self.shutdown).await {
-            Ok(Some(outcomes)) => {
-                self.count(&sources, &outcomes);
-                return true;
-            }
-            Ok(None) => return false,
+            Ok(Some(outcomes)) => return Some(self.count(&sources, &outcomes)),
+            Ok(None) => return None,
             Err(e) if single => {
-                return crate::dlq::dead_letter(&self.dlq, sources[0], name, &e.to_string(), &self.shutdown).await
+                return crate::dlq::dead_letter(&self.dlq, sources[0], name, &e.to_string(), &self.shutdown)
+                    .await
+                    .then_some(0)
             }
             Err(e) => {
                 tracing::warn!(consumer = name, error = %e, size = decoded.len(), "batch refused; handling its messages one by one");
             }
         }
+        let mut applied = 0;
         for (message, msg) in decoded.into_iter().zip(sources) {
             match handle_with_retry(name, &*self.handler, vec![message], &self.shutdown).await {
-                Ok(Some(outcomes)) => self.count(&[msg], &outcomes),
-                Ok(None) => return false,
+                Ok(Some(outcomes)) => applied += self.count(&[msg], &outcomes),
+                Ok(None) => return None,
                 Err(e) => {
                     if !crate::dlq::dead_letter(&self.dlq, msg, name, &e.to_string(), &self.shutdown).await {
-                        return false;
+                        return None;
                     }
                 }
             }
         }
-        true
+        Some(applied)
     }
 
-    fn count(&self, sources: &[&OwnedMessage], outcomes: &[Handled]) {
+    /// Counts the outcomes in the metrics; returns how many were applied.
+    fn count(&self, sources: &[&OwnedMessage], outcomes: &[Handled]) -> usize {
         let name = &*self.name;
+        let mut applied = 0;
         debug_assert_eq!(
             sources.len(),
             outcomes.len(),
@@ -545,6 +561,7 @@ where
         for (msg, outcome) in sources.iter().zip(outcomes) {
             match outcome {
                 Handled::Applied => {
+                    applied += 1;
                     telemetry::metrics::incr("consumer_events_applied_total", &[("consumer", name)]);
                 }
                 Handled::Duplicate => {
@@ -558,6 +575,7 @@ where
                 }
             }
         }
+        applied
     }
 }
 

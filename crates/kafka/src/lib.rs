@@ -25,7 +25,7 @@ pub use client::{
     producer_with_timeout, publish, topic_config, TopicSettings,
 };
 pub use config::KafkaArgs;
-pub use read::{group_lag, read_topic, read_topic_at_most};
+pub use read::{group_lag, read_topic, read_topic_at_most, read_whole_topic};
 
 /// Number of partitions of every topic created here.
 pub use client::PARTITIONS;
@@ -40,6 +40,14 @@ pub enum Error {
     /// could not be read or aligned.
     #[error("topic: {0}")]
     Topic(String),
+    /// A read that had to reach the end of a topic stopped short of it.
+    #[error("partial read of {topic}: partitions {partitions:?} not read to their end")]
+    PartialRead {
+        /// The topic.
+        topic: String,
+        /// The partitions left short.
+        partitions: Vec<i32>,
+    },
 }
 
 /// Result type of this crate.

@@ -34,6 +34,35 @@ pub fn read_topic_at_most(
     idle: Duration,
     max: usize,
 ) -> Result<(Vec<OwnedMessage>, BaseConsumer)> {
+    read(brokers, topic, group, start, idle, max).map(|(out, consumer, _)| (out, consumer))
+}
+
+/// Reads the whole of `topic` as [`read_topic`] does from the beginning, and
+/// fails with [`crate::Error::PartialRead`] unless every partition was read
+/// to the high watermark it had when reading began: an audit that counts
+/// copies must never count from part of the log.
+pub fn read_whole_topic(brokers: &str, topic: &str, group: &str, idle: Duration) -> Result<Vec<OwnedMessage>> {
+    let (out, _, remaining) = read(brokers, topic, group, Offset::Beginning, idle, usize::MAX)?;
+    if remaining.is_empty() {
+        Ok(out)
+    } else {
+        Err(crate::Error::PartialRead {
+            topic: topic.to_owned(),
+            partitions: remaining.into_keys().collect(),
+        })
+    }
+}
+
+/// The reader behind both: the messages, the consumer, and the partitions
+/// (with their last offset) not read to their end.
+fn read(
+    brokers: &str,
+    topic: &str,
+    group: &str,
+    start: Offset,
+    idle: Duration,
+    max: usize,
+) -> Result<(Vec<OwnedMessage>, BaseConsumer, BTreeMap<i32, i64>)> {
     let consumer: BaseConsumer = client_config(brokers)
         .set("group.id", group)
         .set("enable.auto.commit", "false")
@@ -84,7 +113,7 @@ pub fn read_topic_at_most(
             last = Instant::now();
         }
     }
-    Ok((out, consumer))
+    Ok((out, consumer, remaining))
 }
 
 /// How far consumer group `group` is behind on `topic`: the sum over its

@@ -14,11 +14,20 @@ use tracing::Instrument as _;
 
 use service_kit::Supervisor;
 
-/// Crash point (failpoints builds), reached only with the negative
-/// control's switch `UNSAFE_INBOX_SEPARATE_TX` and by a batch with an event
-/// new to the inbox: the batch's inbox rows are committed, its effects are not — the redelivery is absorbed as a
-/// duplicate and the effect never happens.
-pub const CRASH_AFTER_INBOX_BEFORE_EFFECT: &str = "inbox::after_record_before_effect";
+/// Crash point (failpoints builds): abort with the batch's transaction
+/// open — its inbox rows and its effects written, not committed. Reached
+/// only by a batch with an event new to the inbox (one of redelivered copies
+/// only has nothing to lose). Correct code loses nothing here: the
+/// transaction dies with the process and the batch is redelivered. Code
+/// that made "processed" durable before the effect, or acknowledged the
+/// batch before handling it, loses the batch's effects here — which is why
+/// every chaos run arms this point in every consumer.
+pub const CRASH_IN_TRANSACTION: &str = "consumer::in_transaction";
+
+/// Aborts the process at [`CRASH_IN_TRANSACTION`] when armed.
+fn crash_point_in_transaction() {
+    fail::fail_point!(CRASH_IN_TRANSACTION, |_| telemetry::crash_point(CRASH_IN_TRANSACTION));
+}
 
 /// One step of [`apply_batch`]'s transaction (boxed: a closure's future
 /// that borrows the connection must be `Send` for every borrow).
@@ -56,6 +65,9 @@ pub async fn apply_batch<C: Sync + ?Sized, E: std::fmt::Display>(
             .map_err(HandleError::transient)?;
         handled.push(Handled::Applied);
     }
+    if handled.contains(&Handled::Applied) {
+        crash_point_in_transaction();
+    }
     tx.commit().await.map_err(HandleError::transient)?;
     Ok(handled)
 }
@@ -78,6 +90,7 @@ pub async fn apply_fresh<C: Sync + ?Sized, E: std::fmt::Display>(
         .collect();
     if !fresh.is_empty() {
         apply(&mut tx, &fresh, ctx).await.map_err(HandleError::transient)?;
+        crash_point_in_transaction();
     }
     tx.commit().await.map_err(HandleError::transient)?;
     Ok(recorded
@@ -97,22 +110,20 @@ async fn begin_batch<'p>(
     consumer: &str,
     batch: &[Traced<Envelope>],
 ) -> Result<(sqlx::Transaction<'p, sqlx::Postgres>, Vec<inbox::Recorded>), HandleError> {
-    let ids: Vec<_> = batch.iter().map(|t| t.message.event_id).collect();
+    let deliveries: Vec<inbox::Delivery> = batch
+        .iter()
+        .map(|t| inbox::Delivery {
+            event_id: t.message.event_id,
+            source: t.position.map(|p| (p.partition, p.offset)),
+        })
+        .collect();
     let mut tx = pool.begin().await.map_err(HandleError::transient)?;
-    let recorded = inbox::record_batch(&mut tx, consumer, &ids)
+    let recorded = inbox::record_batch(&mut tx, consumer, &deliveries)
         .await
         .map_err(HandleError::transient)?;
     if switches::on(switches::Switch::InboxSeparateTx) {
         // The negative control: "processed" is durable before the effect is.
         tx.commit().await.map_err(HandleError::transient)?;
-        // The crash lands on a batch with an event new to the inbox: one of
-        // only redelivered copies (a rebalance's, a republish's) has no
-        // effect to lose, and a run crashed there showed nothing.
-        if recorded.contains(&inbox::Recorded::New) {
-            fail::fail_point!(CRASH_AFTER_INBOX_BEFORE_EFFECT, |_| telemetry::crash_point(
-                CRASH_AFTER_INBOX_BEFORE_EFFECT
-            ));
-        }
         tx = pool.begin().await.map_err(HandleError::transient)?;
     }
     Ok((tx, recorded))
@@ -129,6 +140,7 @@ where
     let one = Traced {
         message: envelope,
         span: tracing::Span::current(),
+        position: None,
     };
     let mut handled = handle_batch(vec![one]).await?;
     Ok(handled.pop().expect("one outcome per envelope"))

@@ -31,6 +31,10 @@ pub struct ClientStats {
     pub in_flight_409: usize,
     /// Cancels requested and acknowledged.
     pub cancels: usize,
+    /// The orders whose cancel was acknowledged (they must end CANCELLED).
+    pub cancelled: Vec<Uuid>,
+    /// The orders whose cancel was sent and never answered (either outcome).
+    pub cancel_unanswered: Vec<Uuid>,
     /// Deliberate re-sends of an acknowledged request.
     pub resends: usize,
     /// 201 answers whose body is not an order (each is also a violation).
@@ -219,6 +223,7 @@ pub(super) async fn cancel_when_confirmed(client: &Client, id: Uuid, stats: &Mut
             Ok(r) if r.status == 202 || r.status == 200 => {
                 let mut s = stats.lock().expect("stats");
                 s.cancels += 1;
+                s.cancelled.push(id);
                 s.retries += attempts - 1;
                 if attempts > 1 && r.replayed {
                     s.replays += 1;
@@ -230,5 +235,8 @@ pub(super) async fn cancel_when_confirmed(client: &Client, id: Uuid, stats: &Mut
             _ => {}
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    if attempts > 0 {
+        stats.lock().expect("stats").cancel_unanswered.push(id);
     }
 }

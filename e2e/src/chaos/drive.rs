@@ -13,19 +13,20 @@ use sqlx::Connection;
 use super::clients::{Acked, ClientStats, Clients};
 use super::faults::{self, Fault, Schedule};
 use super::plan::{self, Kind};
+use super::provenance;
 use super::report::{self, Report, Sample};
 use super::ChaosConfig;
 use crate::driver::Client;
 use crate::invariants::{audit, Expected};
 use crate::stack::{Service, Stack};
 
-/// Stock per SKU at the start: plenty of WIDGET and GADGET, 5 RARE (so the
-/// out-of-stock orders, 4 RARE each, mostly fail).
+/// Stock per SKU at the start: plenty of WIDGET and GADGET, 3 RARE (so
+/// every out-of-stock order, 4 RARE each, is refused: its outcome is known).
 fn initial_stock(orders: usize) -> [(&'static str, i32); 3] {
     [
         ("WIDGET", (orders * 3) as i32),
         ("GADGET", (orders * 3) as i32),
-        ("RARE", 5),
+        ("RARE", 3),
     ]
 }
 
@@ -48,7 +49,7 @@ pub(super) async fn drive(stack: &mut Stack, cfg: &ChaosConfig) -> anyhow::Resul
     let load_ms = started.elapsed().as_millis() as u64;
 
     let calm = Instant::now();
-    let drained = calm_down(stack, &client, cfg.quiesce_timeout).await;
+    let drained = calm_down(stack, &client, cfg).await;
     let quiesce_ms = calm.elapsed().as_millis() as u64;
     let samples = sampler.stop().await?;
 
@@ -57,6 +58,7 @@ pub(super) async fn drive(stack: &mut Stack, cfg: &ChaosConfig) -> anyhow::Resul
         acknowledged: acked.iter().map(|(k, (id, _))| (k.clone(), *id)).collect(),
         indeterminate: stats.indeterminate,
         rescue_expected: Default::default(),
+        amount_is_nonce: true,
     };
     let run = Run {
         schedule,
@@ -68,12 +70,26 @@ pub(super) async fn drive(stack: &mut Stack, cfg: &ChaosConfig) -> anyhow::Resul
         load_ms,
         quiesce_ms,
     };
-    verdict(stack, cfg, &expected, run).await
+    let mut report = verdict(stack, cfg, &expected, run).await?;
+    // The second look: with every service stopped nothing can move, so
+    // what the audit saw must still be there.
+    stack.interrupt_services().await;
+    let after = audit(stack, &expected).await?;
+    if after.violations != report.audit.violations
+        || after.orders_by_status != report.audit.orders_by_status
+        || (after.captures, after.refunds) != (report.audit.captures, report.audit.refunds)
+    {
+        report.problems.push(format!(
+            "the audit after the services stopped differs from the one before: {:?} / {} captures, {} refunds; violations {:?}",
+            after.orders_by_status, after.captures, after.refunds, after.violations
+        ));
+    }
+    Ok(report)
 }
 
 /// Stops the faults, starts whatever is down without crash points, and
-/// waits for the system to drain.
-async fn calm_down(stack: &mut Stack, client: &Client, timeout: Duration) -> anyhow::Result<()> {
+/// waits for the system to drain and then to stay quiet.
+async fn calm_down(stack: &mut Stack, client: &Client, cfg: &ChaosConfig) -> anyhow::Result<()> {
     faults::end_windows(stack, client).await;
     for s in Service::ALL {
         stack.disarm(s);
@@ -81,7 +97,80 @@ async fn calm_down(stack: &mut Stack, client: &Client, timeout: Duration) -> any
             stack.start_service(s).await?;
         }
     }
-    wait_drained(stack, timeout).await
+    let end = Instant::now() + cfg.quiesce_timeout;
+    wait_drained(stack, cfg.quiesce_timeout).await?;
+    wait_quiet(stack, cfg.quiet_window(), end).await
+}
+
+/// What the system has done so far, as counters that only move when it
+/// does something: the ledger, every outbox, the order history, the open
+/// payments, every group's lag.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Snapshot {
+    ledger_rows: i64,
+    outbox: Vec<(i64, i64)>,
+    history_rows: i64,
+    payments_pending: i64,
+    lag: Vec<i64>,
+}
+
+async fn snapshot(stack: &Stack) -> anyhow::Result<Snapshot> {
+    let scalar = |db: &'static str, sql: &'static str| {
+        let url = stack.db_url(db);
+        async move {
+            let mut c = sqlx::PgConnection::connect(&url).await?;
+            anyhow::Ok(sqlx::query_scalar::<_, i64>(sql).fetch_one(&mut c).await?)
+        }
+    };
+    let mut outbox = Vec::new();
+    for db in ["orders", "inventory", "payments"] {
+        let mut c = sqlx::PgConnection::connect(&stack.db_url(db)).await?;
+        outbox.push(
+            sqlx::query_as::<_, (i64, i64)>(
+                "SELECT COALESCE(max(id), 0), count(*) FILTER (WHERE published_at IS NOT NULL) FROM outbox",
+            )
+            .fetch_one(&mut c)
+            .await?,
+        );
+    }
+    let brokers = stack.brokers();
+    let lag = tokio::task::spawn_blocking(move || {
+        contract::topics::consumers::ALL
+            .iter()
+            .map(|c| kafka::group_lag(&brokers, c.name, c.topic, Duration::from_secs(5)).unwrap_or(-1))
+            .collect()
+    })
+    .await?;
+    Ok(Snapshot {
+        ledger_rows: scalar("gateway", "SELECT count(*) FROM ledger").await?,
+        outbox,
+        history_rows: scalar("orders", "SELECT COALESCE(max(id), 0) FROM order_history").await?,
+        payments_pending: scalar("payments", "SELECT count(*) FROM payments WHERE status = 'PENDING'").await?,
+        lag,
+    })
+}
+
+/// Waits until [`snapshot`]s stay identical for `window` — longer than the
+/// longest deadline, so a reconciler that would still act has acted — or
+/// fails at `end`.
+async fn wait_quiet(stack: &Stack, window: Duration, end: Instant) -> anyhow::Result<()> {
+    let mut last = snapshot(stack).await.ok();
+    let mut since = Instant::now();
+    loop {
+        if last.is_some() && since.elapsed() >= window {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < end,
+            "the system did not stay unchanged for {window:?} (last: {last:?})"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = snapshot(stack).await.ok();
+        if now.is_none() || now != last {
+            since = Instant::now();
+        }
+        last = now;
+    }
 }
 
 /// A per-second sample of progress, taken in the background.
@@ -134,6 +223,47 @@ struct Run {
     quiesce_ms: u64,
 }
 
+/// Events applied from a later copy than the first are rescues: counted
+/// per cause, and a loss in a run that loses nothing on purpose.
+fn rescued_by_late_copies(audit: &mut crate::invariants::Audit, late: &[provenance::LateCopy]) {
+    if late.is_empty() {
+        return;
+    }
+    for l in late {
+        let cause = if l.injected {
+            "applied from an injected copy (the first copy lost)"
+        } else {
+            "applied from a copy published again (the first copy lost)"
+        };
+        audit.rescued.entry(cause.into()).or_default().insert(l.order_id);
+        if audit.rescue_evidence.len() < 20 {
+            audit.rescue_evidence.push(format!(
+                "order {}: {} applied event {} from offset {}, its first copy at {}{}",
+                l.order_id,
+                l.consumer,
+                l.event_id,
+                l.applied,
+                l.first,
+                if l.injected { " (the copy was injected)" } else { "" }
+            ));
+        }
+    }
+    let injected = late.iter().filter(|l| l.injected).count();
+    let first = late.iter().map(|l| l.at).min().expect("not empty");
+    let seen = audit
+        .first_seen
+        .entry(crate::invariants::NOTHING_LOST.to_owned())
+        .or_insert(first);
+    *seen = (*seen).min(first);
+    audit.violations.push(format!(
+        "{}: {} events were applied from a later copy than the first their consumer was delivered \
+         ({injected} from an injected copy, {} from one published again): the first copy's effect was lost",
+        crate::invariants::NOTHING_LOST,
+        late.len(),
+        late.len() - injected
+    ));
+}
+
 /// Audits the drained system and decides whether the run counts and passed.
 async fn verdict(stack: &Stack, cfg: &ChaosConfig, expected: &Expected, run: Run) -> anyhow::Result<Report> {
     let Schedule {
@@ -143,8 +273,8 @@ async fn verdict(stack: &Stack, cfg: &ChaosConfig, expected: &Expected, run: Run
         placing_ms,
     } = run.schedule;
     let (acked, stats) = (run.acked, run.stats);
-    let audit = audit(stack, expected).await?;
-    let mut problems = audit.violations.clone();
+    let mut audit = audit(stack, expected).await?;
+    let mut problems = Vec::new();
     // Reading the whole log back can time out on a slow broker; try again
     // before giving up, and then say so rather than lose the report.
     let mut counted = Err(anyhow::anyhow!("not tried"));
@@ -154,10 +284,16 @@ async fn verdict(stack: &Stack, cfg: &ChaosConfig, expected: &Expected, run: Run
             break;
         }
     }
-    if let Err(e) = counted {
-        problems.push(format!("could not read the topics back to count duplicates: {e}"));
+    match counted {
+        Ok(log) => match provenance::late_copies(stack, &log).await {
+            Ok(late) => rescued_by_late_copies(&mut audit, &late),
+            Err(e) => problems.push(format!("could not tell which copies the inboxes applied: {e}")),
+        },
+        Err(e) => problems.push(format!("could not read the topics back to count duplicates: {e}")),
     }
+    problems.splice(0..0, audit.violations.iter().cloned());
     let outcomes = report::outcomes(stack, &acked).await?;
+    problems.extend(report::wrong_outcomes(stack, &acked, &stats).await?);
 
     let mut kills: BTreeMap<String, u32> = stack.kills.iter().map(|(s, n)| (s.name().to_owned(), *n)).collect();
     for (point, n) in &crash_points {
@@ -179,6 +315,17 @@ async fn verdict(stack: &Stack, cfg: &ChaosConfig, expected: &Expected, run: Run
             faults_fired.len(),
             Fault::FIRST_ROUND.len()
         ));
+    }
+    // Every consumer crashed with fresh work in its open transaction at
+    // least once: the window where an inbox committed apart, or an offset
+    // stored first, loses the effect.
+    for s in [Service::Inventory, Service::Payment, Service::OrderApi] {
+        let key = format!("{}: {}", s.name(), saga_kit::consumer::CRASH_IN_TRANSACTION);
+        if !crash_points.contains_key(&key) {
+            problems.push(format!(
+                "{key} never fired: that consumer never crashed inside its transaction"
+            ));
+        }
     }
     if duplicates.delivered() == 0 {
         problems.push("no duplicates were delivered: the run proves nothing".into());

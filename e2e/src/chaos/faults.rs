@@ -25,9 +25,10 @@ pub enum Fault {
     OrderApiAfterCommit,
     /// 2. Abort the relay after the broker ack, before marking published.
     RelayAfterPublish,
-    /// 3. Abort a consumer after its DB commit, before its offset commit.
+    /// 3. Abort every consumer (order saga, inventory, payment) after its
+    ///    DB commit of a batch that applied something, before its offset commit.
     ConsumerBeforeOffsetCommit,
-    /// 4. Abort payment-service after the gateway charged, before recording.
+    /// 4. Abort payment-service after a gateway call that happened, before recording it.
     PaymentAfterCharge,
     /// 5. SIGKILL + restart of a random service.
     RandomKill,
@@ -51,6 +52,11 @@ pub enum Fault {
     ///     revocations are reported beside it), then leave (SIGTERM), handing
     ///     the partitions back.
     Rebalance,
+    /// 14. Abort order-api inside the order's transaction, before it commits.
+    OrderApiBeforeCommit,
+    /// 15. Abort every consumer with its batch's transaction open: the inbox
+    ///     rows and the effects written, not committed (a batch with fresh work).
+    ConsumerInTransaction,
 }
 
 impl Fault {
@@ -61,12 +67,14 @@ impl Fault {
     /// Apache Kafka (late in the round, the clients had finished before the
     /// group gave them anything). Faults that fire without traffic (a
     /// rebalance is judged on the assignment, kills on the exit) go last.
-    pub const FIRST_ROUND: [Fault; 13] = [
+    pub const FIRST_ROUND: [Fault; 15] = [
+        Fault::ConsumerInTransaction,
         Fault::OrderApiAfterCommit,
         Fault::PaymentAfterCharge,
         Fault::TwoConsumerInstances,
         Fault::GatewayTimeoutAfterCommit,
         Fault::RelayAfterPublish,
+        Fault::OrderApiBeforeCommit,
         Fault::Gateway5xxAndLatency,
         Fault::ConsumerBeforeOffsetCommit,
         Fault::NetworkFault,
@@ -308,15 +316,7 @@ pub(super) async fn run_schedule(
         }
         let fault = round.remove(0);
         let at_ms = started.elapsed().as_millis() as u64;
-        let (detail, fired, window) = inject(
-            stack,
-            client,
-            rng,
-            (fault, cfg.layer_off),
-            &mut crash_points,
-            &mut duplicates,
-        )
-        .await?;
+        let (detail, fired, window) = inject(stack, client, rng, fault, &mut crash_points, &mut duplicates).await?;
         if let Some(window) = window {
             open = Some((timeline.len(), window));
         }
@@ -356,12 +356,12 @@ async fn inject(
     stack: &mut Stack,
     client: &Client,
     rng: &mut StdRng,
-    (fault, layer_off): (Fault, Option<super::LayerOff>),
+    fault: Fault,
     crash_points: &mut BTreeMap<String, u32>,
     duplicates: &mut Duplicates,
 ) -> anyhow::Result<(String, bool, Option<Window>)> {
-    if let Some((service, point)) = crash_point_of(fault, layer_off, rng) {
-        let (detail, fired) = crash_point(stack, service, point, crash_points).await?;
+    if let Some(targets) = crash_points_of(fault) {
+        let (detail, fired) = crash_at(stack, &targets, crash_points).await?;
         return Ok((detail, fired, None));
     }
     let gateway = stack.url(Service::Gateway);
@@ -375,9 +375,11 @@ async fn inject(
     };
     Ok(match fault {
         Fault::OrderApiAfterCommit
+        | Fault::OrderApiBeforeCommit
         | Fault::RelayAfterPublish
         | Fault::PaymentAfterCharge
-        | Fault::ConsumerBeforeOffsetCommit => unreachable!("crash points are handled above"),
+        | Fault::ConsumerBeforeOffsetCommit
+        | Fault::ConsumerInTransaction => unreachable!("crash points are handled above"),
         Fault::RandomKill => {
             let s = *[
                 Service::OrderApi,
@@ -486,10 +488,10 @@ async fn inject(
             )
         }
         Fault::DuplicateInjection => {
-            // A layer that loses messages: no copy of an unhandled message, which
-            // would redeliver what the layer lost (a rescue no real system gets).
-            let race = !layer_off.is_some_and(super::LayerOff::loses_messages);
-            let (n, racing) = super::inject::duplicates(stack, rng, duplicates, race).await?;
+            // Copies race the originals of orders in flight, in every run: a
+            // copy that completes what a layer lost is counted as a rescue by
+            // the audit (the inbox row names the copy it applied), not hidden.
+            let (n, racing) = super::inject::duplicates(stack, rng, duplicates).await?;
             (
                 format!("{n} messages re-produced with their event ids ({racing} of orders still in flight)"),
                 n > 0,
@@ -499,70 +501,99 @@ async fn inject(
     })
 }
 
-/// The process and crash point of a crash-point fault (`None` for the
-/// other kinds). The consumer's crash point hits a random consumer — or,
-/// with a layer off that opens a window of its own, that window.
-fn crash_point_of(
-    fault: Fault,
-    layer_off: Option<super::LayerOff>,
-    rng: &mut StdRng,
-) -> Option<(Service, &'static str)> {
+/// The processes and crash points a crash-point fault arms (`None` for
+/// the other kinds). A consumer window is armed in every consumer at once:
+/// each of them crashes in that window in every round, whichever layer a
+/// run has switched off — one schedule for the ordinary run and for every
+/// negative control.
+fn crash_points_of(fault: Fault) -> Option<Vec<(Service, &'static str)>> {
+    const CONSUMERS: [Service; 3] = [Service::Inventory, Service::Payment, Service::OrderApi];
     Some(match fault {
-        Fault::OrderApiAfterCommit => (
+        Fault::OrderApiAfterCommit => vec![(
             Service::OrderApi,
             order_api::http::orders::CRASH_AFTER_COMMIT_BEFORE_RESPONSE,
-        ),
-        Fault::RelayAfterPublish => (Service::Relay, outbox::relay::CRASH_AFTER_PUBLISH_BEFORE_MARK),
-        Fault::PaymentAfterCharge => (
+        )],
+        Fault::OrderApiBeforeCommit => vec![(Service::OrderApi, order_api::http::orders::CRASH_BEFORE_COMMIT)],
+        Fault::RelayAfterPublish => vec![(Service::Relay, outbox::relay::CRASH_AFTER_PUBLISH_BEFORE_MARK)],
+        Fault::PaymentAfterCharge => vec![(
             Service::Payment,
             payment_service::payments::CRASH_AFTER_GATEWAY_BEFORE_RECORD,
-        ),
-        Fault::ConsumerBeforeOffsetCommit => {
-            let consumers = [Service::Inventory, Service::Payment, Service::OrderApi];
-            let usual = *consumers.choose(rng).expect("non-empty");
-            match layer_off.and_then(super::LayerOff::crash_point) {
-                Some(window) => window,
-                None => (usual, kafka::consumer::CRASH_BEFORE_OFFSET_COMMIT),
-            }
-        }
+        )],
+        Fault::ConsumerBeforeOffsetCommit => CONSUMERS
+            .iter()
+            .map(|s| (*s, kafka::consumer::CRASH_BEFORE_OFFSET_COMMIT))
+            .collect(),
+        Fault::ConsumerInTransaction => CONSUMERS
+            .iter()
+            .map(|s| (*s, saga_kit::consumer::CRASH_IN_TRANSACTION))
+            .collect(),
         _ => return None,
     })
 }
 
-/// Restarts `s` armed with a crash point that aborts the process the next
-/// time it is reached, waits for the abort, and restarts it unarmed.
-async fn crash_point(
+/// Restarts each of `targets`' services armed with its crash point, which
+/// aborts the process the next time it is reached; restarts each unarmed as
+/// soon as it aborted (the others' fresh work may depend on it), or after
+/// 20 s without reaching its point. Fired when at least one aborted there;
+/// the detail says which.
+async fn crash_at(
     stack: &mut Stack,
-    s: Service,
-    point: &str,
+    targets: &[(Service, &str)],
     crash_points: &mut BTreeMap<String, u32>,
 ) -> anyhow::Result<(String, bool)> {
-    let reported_before = stack.crash_point_reports(s, point);
-    stack.arm(s, point);
-    stack.restart_unready(s).await?;
-    let exited = stack.wait_exit(s, Duration::from_secs(20)).await.is_ok();
-    stack.disarm(s);
-    // Fired only on the process's own word, and only if it died by the abort
-    // that follows (SIGABRT), not by any other exit.
-    let aborted = {
-        use std::os::unix::process::ExitStatusExt as _;
-        stack.last_exit(s).and_then(|e| e.signal()) == Some(6)
-    };
-    let fired = exited && aborted && stack.crash_point_reports(s, point) > reported_before;
-    if fired {
-        *crash_points.entry(format!("{}: {point}", s.name())).or_default() += 1;
+    let mut before = Vec::with_capacity(targets.len());
+    for &(s, point) in targets {
+        before.push(stack.crash_point_reports(s, point));
+        stack.arm(s, point);
+        stack.restart_unready(s).await?;
     }
-    if exited {
-        stack.start_service(s).await?;
-    } else {
-        stack.restart(s).await?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut outcome: Vec<Option<bool>> = vec![None; targets.len()];
+    while outcome.iter().any(Option::is_none) {
+        let late = Instant::now() >= deadline;
+        for (k, &(s, point)) in targets.iter().enumerate() {
+            if outcome[k].is_some() {
+                continue;
+            }
+            let exited = !stack.is_running(s);
+            if !exited && !late {
+                continue;
+            }
+            stack.disarm(s);
+            // Fired only on the process's own word, and only if it died by
+            // the abort that follows (SIGABRT), not by any other exit.
+            let aborted = {
+                use std::os::unix::process::ExitStatusExt as _;
+                exited && stack.last_exit(s).and_then(|e| e.signal()) == Some(6)
+            };
+            let fired = aborted && stack.crash_point_reports(s, point) > before[k];
+            if fired {
+                *crash_points.entry(format!("{}: {point}", s.name())).or_default() += 1;
+            }
+            if exited {
+                stack.start_service(s).await?;
+            } else {
+                stack.restart(s).await?;
+            }
+            outcome[k] = Some(fired);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    Ok((
-        format!(
-            "{} at {point}{}",
-            s.name(),
-            if fired { "" } else { " (no traffic reached it)" }
-        ),
-        fired,
-    ))
+    let words: Vec<String> = targets
+        .iter()
+        .zip(&outcome)
+        .map(|((s, _), fired)| {
+            format!(
+                "{}{}",
+                s.name(),
+                if *fired == Some(true) {
+                    ""
+                } else {
+                    " (no fresh work reached it)"
+                }
+            )
+        })
+        .collect();
+    let any = outcome.iter().any(|f| *f == Some(true));
+    Ok((format!("{} at {}", words.join(", "), targets[0].1), any))
 }

@@ -15,15 +15,14 @@ use crate::stack::Stack;
 
 /// Re-produces, with their event ids, up to 25 recent messages per topic —
 /// those of orders still in flight first (their effects may still be
-/// pending, so a duplicate races the original), then recent others.
-/// With `race` false, only messages of finished orders (their effects
-/// applied: a copy can only be a duplicate). Returns (injected, of which
-/// for in-flight orders).
+/// pending, so a duplicate races the original), then recent others. Each
+/// copy carries the header [`INJECTED`], so the audit can tell, reading the
+/// log back, which copy an inbox applied. Returns (injected, of which for
+/// in-flight orders).
 pub(super) async fn duplicates(
     stack: &Stack,
     rng: &mut StdRng,
     duplicates: &mut Duplicates,
-    race: bool,
 ) -> anyhow::Result<(usize, usize)> {
     let brokers = stack.brokers();
     let producer = kafka::producer(&brokers)?;
@@ -72,7 +71,7 @@ pub(super) async fn duplicates(
             .collect();
         let (live, done): (Vec<&Envelope>, Vec<&Envelope>) =
             envelopes.iter().partition(|e| in_flight.contains(&e.order_id));
-        let racing_copies = if race { 25.min(live.len()) } else { 0 };
+        let racing_copies = 25.min(live.len());
         let mut picks: Vec<&Envelope> = live.choose_multiple(rng, racing_copies).copied().collect();
         let live_picked = picks.len();
         picks.extend(done.choose_multiple(rng, 25 - live_picked.min(25)).copied());
@@ -86,14 +85,22 @@ pub(super) async fn duplicates(
     Ok((total, racing))
 }
 
+/// The header that marks a copy the injector produced (the services ignore
+/// it; the audit reads it from the log).
+pub const INJECTED: &str = "chaos-injected";
+
 /// Puts `envelope` on `topic` as the relay publishes an outbox row: keyed by
-/// its order id, identity and trace context as headers.
+/// its order id, identity and trace context as headers — and marked [`INJECTED`].
 async fn publish(producer: &FutureProducer, topic: &str, envelope: &Envelope) -> kafka::Result<()> {
     let headers = kafka::headers(
         &envelope.event_id.to_string(),
         &envelope.event_type,
         envelope.traceparent.as_deref(),
-    );
+    )
+    .insert(rdkafka::message::Header {
+        key: INJECTED,
+        value: Some("1"),
+    });
     kafka::publish(
         producer,
         topic,

@@ -27,10 +27,12 @@ pub enum LayerOff {
     /// Layer 3: payment-service's inbox.
     PaymentInbox,
     /// Layer 3 done wrong: inventory commits its inbox rows in their own
-    /// transaction, before the effect (crash point between them).
+    /// transaction, before the effect (the suite's in-transaction crash
+    /// then loses the effect).
     InboxSeparateTx,
     /// At-least-once done wrong: inventory's consumer commits each batch's
-    /// offsets before handling it (crash point between them).
+    /// offsets before handling it (the suite's in-transaction crash then
+    /// loses the batch).
     OffsetBeforeHandling,
     /// Layer 4: the gateway ignores `Idempotency-Key` (a retried charge charges again).
     GatewayKey,
@@ -74,34 +76,11 @@ impl LayerOff {
         }
     }
 
-    /// The crash point the suite's consumer-crash fault arms in this run
-    /// instead of `consumer::before_offset_commit`: the window the switch
-    /// opens (`None`: the usual one).
-    pub fn crash_point(self) -> Option<(Service, &'static str)> {
-        match self {
-            LayerOff::InboxSeparateTx => {
-                Some((Service::Inventory, saga_kit::consumer::CRASH_AFTER_INBOX_BEFORE_EFFECT))
-            }
-            LayerOff::OffsetBeforeHandling => {
-                Some((Service::Inventory, kafka::consumer::CRASH_AFTER_ACK_BEFORE_HANDLING))
-            }
-            _ => None,
-        }
-    }
-
-    /// Whether the switch loses messages (rather than repeating effects):
-    /// then the suite injects no copy of a message not yet handled, which
-    /// would put back what the layer lost.
-    pub fn loses_messages(self) -> bool {
-        matches!(self, LayerOff::InboxSeparateTx | LayerOff::OffsetBeforeHandling)
-    }
-
     /// The consumer whose repeated effect shows an inbox layer missing, and
     /// the business keys that catch the repeat there (`inbox_misses.caught_by`).
     fn repeated_effect(self) -> Option<(&'static str, &'static [&'static str])> {
-        use contract::topics::consumers::{INVENTORY, ORDER_SAGA, PAYMENT};
+        use contract::topics::consumers::{INVENTORY, PAYMENT};
         match self {
-            LayerOff::OrderSagaInbox => Some((ORDER_SAGA.name, &["saga state machine"])),
             LayerOff::InventoryInbox => Some((
                 INVENTORY.name,
                 &["reservation per order", "release once per reservation"],
@@ -117,17 +96,17 @@ impl LayerOff {
         let (invariant, effect, why) = match self {
             LayerOff::HttpKey => (
                 ORDER_PER_KEY,
-                "a key whose stored response names another order, or an order no key created",
+                "a second order for one client request (the nonce each request carries in its amount)",
                 "a client's retry with its key creates a second order",
             ),
             LayerOff::EventIdAtPublish => (
                 STEP_ONCE,
-                "a step applied again by some consumer (inbox_misses)",
+                "a reply applied twice by the saga (order_history), or a step some consumer's business key caught (inbox_misses)",
                 "rows republished after a relay crash carry new ids: inboxes apply them, business keys catch them",
             ),
             LayerOff::OrderSagaInbox => (
                 STEP_ONCE,
-                "a saga transition replayed: a reply reached the state machine again",
+                "a saga transition replayed: a reply reached the state machine again (order_history)",
                 "redelivered and injected replies reach the saga; only its state machine stops them",
             ),
             LayerOff::InventoryInbox => (
@@ -143,14 +122,16 @@ impl LayerOff {
             LayerOff::InboxSeparateTx => (
                 NOTHING_STUCK,
                 "an order whose reservation never happened: stuck, or moved only by the reconciler",
-                "a crash after the inbox commit and before the effect leaves the event recorded as processed: \
-                 its redelivery (and every re-send) is absorbed and the effect is never applied",
+                "a crash with the effect's transaction open, after the inbox rows committed on their own, leaves \
+                 the event recorded as processed: its redelivery (and every re-send) is absorbed and the effect \
+                 is never applied",
             ),
             LayerOff::OffsetBeforeHandling => (
                 NOTHING_LOST,
-                "an order finished only by the reconciler's re-send (its history), or stuck",
-                "a crash after the offset commit and before the handler loses the batch: the broker never \
-                 redelivers it, and only the deadline's re-send (or nothing) moves the order",
+                "an order finished only by a later copy of its lost message (a re-send, a republish, an \
+                 injected copy: the inbox names the copy applied), or stuck",
+                "a crash with the handler's transaction open, after the offset was committed, loses the batch: \
+                 the broker never redelivers it, and only a later copy (or nothing) moves the order",
             ),
             LayerOff::GatewayKey => (
                 CHARGED_ONCE,
@@ -166,7 +147,6 @@ impl LayerOff {
     /// count of duplicates an inbox absorbed (a switched-off inbox counts
     /// none, so a counter would "catch" it with no effect repeated).
     pub fn caught_in(self, audit: &Audit) -> bool {
-        let names = |invariant: &str| audit.violations.iter().any(|v| v.starts_with(invariant));
         if let Some((consumer, effects)) = self.repeated_effect() {
             return audit
                 .inbox_misses
@@ -174,15 +154,17 @@ impl LayerOff {
                 .is_some_and(|by| effects.iter().any(|e| by.get(*e).is_some_and(|n| *n > 0)));
         }
         match self {
-            LayerOff::HttpKey => names(ORDER_PER_KEY),
-            LayerOff::EventIdAtPublish => audit.inbox_misses.values().flat_map(|by| by.values()).any(|n| *n > 0),
+            LayerOff::HttpKey => audit.requests_with_two_orders > 0,
+            LayerOff::EventIdAtPublish => {
+                audit.replies_applied_twice > 0
+                    || audit.inbox_misses.values().flat_map(|by| by.values()).any(|n| *n > 0)
+            }
+            LayerOff::OrderSagaInbox => audit.replies_applied_twice > 0,
             LayerOff::InboxSeparateTx | LayerOff::OffsetBeforeHandling => {
                 !audit.stuck.is_empty() || !audit.rescued.is_empty() || !audit.lost.is_empty()
             }
-            LayerOff::GatewayKey => !audit.double_charged.is_empty(),
-            LayerOff::OrderSagaInbox | LayerOff::InventoryInbox | LayerOff::PaymentInbox => {
-                unreachable!("handled above")
-            }
+            LayerOff::GatewayKey => !audit.double_charged.is_empty() || audit.ledger_keys_repeated > 0,
+            LayerOff::InventoryInbox | LayerOff::PaymentInbox => unreachable!("handled above"),
         }
     }
 

@@ -13,8 +13,10 @@ mod drive;
 pub mod faults;
 mod inject;
 pub mod layers;
+pub mod matrix;
 mod picture;
 mod plan;
+mod provenance;
 pub mod report;
 
 use std::path::PathBuf;
@@ -56,16 +58,23 @@ pub struct ChaosConfig {
     /// node while the other two keep accepting `acks=all` writes; 1 is a
     /// single broker, whose restart stops every producer until it is back.
     pub brokers: u32,
+    /// The saga's deadlines (order-api's every open state, payment-service's
+    /// PENDING operations): past it, a reconciler acts — a rescue the audit
+    /// counts. The drain waits for the system to stay unchanged for longer
+    /// ([`ChaosConfig::quiet_window`]).
+    pub deadline: Duration,
 }
 
 impl ChaosConfig {
-    /// The CI-sized run: 300 orders, every fault kind, a few minutes.
+    /// The CI-sized run: 300 orders at 6/s (traffic through the whole first
+    /// round of faults: a crash point fires only on fresh work), every fault
+    /// kind, a few minutes.
     pub fn ci(seed: u64) -> Self {
         Self {
             seed,
             orders: 300,
             clients: 8,
-            rate_per_sec: 10.0,
+            rate_per_sec: 6.0,
             fault_interval: Duration::from_millis(800),
             quiesce_timeout: Duration::from_secs(180),
             negative_control: false,
@@ -73,7 +82,14 @@ impl ChaosConfig {
             progress: true,
             report_dir: None,
             brokers: 3,
+            deadline: Duration::from_secs(30),
         }
+    }
+
+    /// How long the system must stay unchanged before the audit: the
+    /// deadline, plus a reconciler's scan interval (5 s) and a margin.
+    pub fn quiet_window(&self) -> Duration {
+        self.deadline + Duration::from_secs(10)
     }
 }
 
@@ -89,6 +105,17 @@ pub async fn run(cfg: &ChaosConfig) -> anyhow::Result<Report> {
     opts.brokers = cfg.brokers;
     opts.extra_env
         .push((Service::Payment, "GATEWAY_TIMEOUT_MS".into(), "1000".into()));
+    let deadline = cfg.deadline.as_secs().to_string();
+    for var in [
+        "SAGA_DEADLINE_PENDING_SECS",
+        "SAGA_DEADLINE_AWAITING_PAYMENT_SECS",
+        "SAGA_DEADLINE_REFUNDING_SECS",
+        "SAGA_DEADLINE_CANCELLING_SECS",
+    ] {
+        opts.extra_env.push((Service::OrderApi, var.into(), deadline.clone()));
+    }
+    opts.extra_env
+        .push((Service::Payment, "PAYMENT_PENDING_DEADLINE_SECS".into(), deadline));
     if cfg.negative_control {
         opts.extra_env
             .push((Service::Payment, "PAYMENT_UNSAFE_DISABLE_DEDUP".into(), "true".into()));

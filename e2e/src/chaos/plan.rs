@@ -33,11 +33,15 @@ pub(super) struct Planned {
     pub cancel: bool,
 }
 
-/// `n` orders, drawn from `rng`: 80 % payable, 10 % declined, 10 % out of stock.
+/// `n` orders, drawn from `rng`: 80 % payable, 10 % declined, 10 % out of
+/// stock. Each request's amount is its own — its number in the plan times
+/// 100 plus a random 0–99 cents — a nonce the audit reads back from the
+/// orders: two orders with one amount are two orders for one client request.
 pub(super) fn plan(rng: &mut StdRng, n: usize) -> Vec<Planned> {
     (0..n)
         .map(|i| {
             let roll: f64 = rng.gen();
+            let nonce = (i as i64 + 1) * 100 + rng.gen_range(0..100);
             let (kind, request) = if roll < 0.8 {
                 let sku = if rng.gen_bool(0.5) { "WIDGET" } else { "GADGET" };
                 (
@@ -45,7 +49,7 @@ pub(super) fn plan(rng: &mut StdRng, n: usize) -> Vec<Planned> {
                     OrderRequest {
                         sku: sku.into(),
                         quantity: rng.gen_range(1..=3),
-                        amount_cents: rng.gen_range(100..50_000),
+                        amount_cents: nonce,
                         card: GOOD_CARD.into(),
                     },
                 )
@@ -55,7 +59,7 @@ pub(super) fn plan(rng: &mut StdRng, n: usize) -> Vec<Planned> {
                     OrderRequest {
                         sku: "WIDGET".into(),
                         quantity: 1,
-                        amount_cents: 999,
+                        amount_cents: nonce,
                         card: DECLINED_CARD.into(),
                     },
                 )
@@ -65,7 +69,7 @@ pub(super) fn plan(rng: &mut StdRng, n: usize) -> Vec<Planned> {
                     OrderRequest {
                         sku: "RARE".into(),
                         quantity: 4,
-                        amount_cents: 4_444,
+                        amount_cents: nonce,
                         card: GOOD_CARD.into(),
                     },
                 )

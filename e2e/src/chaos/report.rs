@@ -13,6 +13,7 @@ use uuid::Uuid;
 use super::clients::ClientStats;
 use super::faults::FaultEvent;
 use super::plan::Kind;
+use super::provenance::Log;
 use crate::invariants::Audit;
 use crate::stack::Stack;
 
@@ -139,25 +140,23 @@ impl Report {
     }
 }
 
-/// Counts the duplicate copies in the broker's log (per topic) and the
-/// redeliveries each consumer's inbox absorbed (its durable count).
-pub(super) async fn count_duplicates(stack: &Stack, d: &mut Duplicates) -> anyhow::Result<()> {
+/// Reads every topic back whole (a partial read is an error), counts the
+/// duplicate copies in the broker's log (per topic) and the redeliveries
+/// each consumer's inbox absorbed (its durable count); returns the log.
+pub(super) async fn count_duplicates(stack: &Stack, d: &mut Duplicates) -> anyhow::Result<Log> {
     let brokers = stack.brokers();
+    let mut log = Log::default();
     for topic in contract::topics::ALL {
         let (b, t) = (brokers.clone(), topic.to_owned());
         let group = format!("chaos-audit-{}", Uuid::new_v4());
-        let (messages, _) = tokio::task::spawn_blocking(move || {
-            kafka::read_topic(&b, &t, &group, rdkafka::Offset::Beginning, Duration::from_secs(2))
-        })
-        .await??;
-        let mut seen: BTreeMap<Uuid, usize> = BTreeMap::new();
-        for m in &messages {
-            use rdkafka::Message as _;
-            if let Ok(env) = contract::Envelope::from_bytes(m.payload().unwrap_or_default()) {
-                *seen.entry(env.event_id).or_default() += 1;
-            }
-        }
-        d.in_log.insert(topic.to_owned(), seen.values().map(|n| n - 1).sum());
+        let messages =
+            tokio::task::spawn_blocking(move || kafka::read_whole_topic(&b, &t, &group, Duration::from_secs(5)))
+                .await??;
+        log.add(topic, &messages);
+    }
+    d.in_log = log.duplicates_per_topic();
+    for topic in contract::topics::ALL {
+        d.in_log.entry(topic.to_owned()).or_default();
     }
     for (db, consumer) in [
         ("orders", consumers::ORDER_SAGA.name),
@@ -170,7 +169,7 @@ pub(super) async fn count_duplicates(stack: &Stack, d: &mut Duplicates) -> anyho
             .await?;
         d.absorbed.insert(consumer.to_owned(), n);
     }
-    Ok(())
+    Ok(log)
 }
 
 /// Acknowledged orders per intended kind and final status.
@@ -189,6 +188,70 @@ pub(super) async fn outcomes(
         *out.entry(format!("{kind:?}")).or_default().entry(s).or_default() += 1;
     }
     Ok(out)
+}
+
+/// Each acknowledged order against what its kind must become, read from
+/// the orders and the ledger: payable → CONFIRMED (CANCELLED only after a
+/// cancel the client sent), declined → CANCELLED and never captured, out of
+/// stock → CANCELLED and never charged at all.
+pub(super) async fn wrong_outcomes(
+    stack: &Stack,
+    acked: &BTreeMap<String, (Uuid, Kind)>,
+    stats: &ClientStats,
+) -> anyhow::Result<Vec<String>> {
+    let mut c = sqlx::PgConnection::connect(&stack.db_url("orders")).await?;
+    let status: BTreeMap<Uuid, String> = sqlx::query_as::<_, (Uuid, String)>("SELECT id, status FROM orders")
+        .fetch_all(&mut c)
+        .await?
+        .into_iter()
+        .collect();
+    let mut g = sqlx::PgConnection::connect(&stack.db_url("gateway")).await?;
+    let ledger: Vec<(Uuid, String, String)> = sqlx::query_as("SELECT order_id, kind, status FROM ledger")
+        .fetch_all(&mut g)
+        .await?;
+    let captured = |id: &Uuid| {
+        ledger
+            .iter()
+            .any(|(o, k, s)| o == id && k == "charge" && s == "captured")
+    };
+    let charged = |id: &Uuid| ledger.iter().any(|(o, ..)| o == id);
+    let mut wrong: BTreeMap<String, Vec<Uuid>> = BTreeMap::new();
+    for (id, kind) in acked.values() {
+        let s = status.get(id).map_or("MISSING", String::as_str);
+        let why = match kind {
+            Kind::Payable if s == "CONFIRMED" => None,
+            Kind::Payable if s == "CANCELLED" && stats.cancelled.contains(id) => None,
+            Kind::Payable if s == "CANCELLED" && stats.cancel_unanswered.contains(id) => None,
+            Kind::Payable => Some("payable, not CONFIRMED and no cancel sent"),
+            Kind::Declined if s != "CANCELLED" => Some("declined, not CANCELLED"),
+            Kind::Declined if captured(id) => Some("declined, yet captured"),
+            Kind::OutOfStock if s != "CANCELLED" => Some("out of stock, not CANCELLED"),
+            Kind::OutOfStock if charged(id) => Some("out of stock, yet charged"),
+            _ => None,
+        };
+        if let Some(why) = why {
+            wrong.entry(why.to_owned()).or_default().push(*id);
+        }
+    }
+    for id in &stats.cancelled {
+        if status.get(id).map(String::as_str) != Some("CANCELLED") {
+            wrong
+                .entry("cancel acknowledged, not CANCELLED".into())
+                .or_default()
+                .push(*id);
+        }
+    }
+    Ok(wrong
+        .into_iter()
+        .map(|(why, ids)| {
+            format!(
+                "{}: {} orders {why} (first: {})",
+                crate::invariants::NOTHING_LOST,
+                ids.len(),
+                ids[0]
+            )
+        })
+        .collect())
 }
 
 /// The human report.

@@ -2,10 +2,21 @@
 
 use e2e::chaos::{self, ChaosConfig};
 
+/// This test run's seed: `CHAOS_SEED` (a replay) or one that changes from
+/// run to run, shared by the ordinary run and every negative control.
+pub fn seed() -> u64 {
+    static SEED: std::sync::LazyLock<u64> = std::sync::LazyLock::new(chaos::matrix::seed_from_env_or_clock);
+    *SEED
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_run_finds_no_double_charge_and_loses_nothing() {
     let _slot = crate::exclusive().await;
-    let cfg = ChaosConfig::ci(20261130);
+    let cfg = ChaosConfig::ci(seed());
+    println!(
+        "chaos: seed {} — replay with `cargo xtask chaos --seed {}` (or CHAOS_SEED={} for this test)",
+        cfg.seed, cfg.seed, cfg.seed
+    );
     let report = chaos::run(&cfg).await.expect("chaos run completes");
     println!("{}", chaos::markdown(&report));
     assert!(report.passed(), "{:?}", report.problems);
@@ -42,8 +53,7 @@ async fn chaos_run_finds_no_double_charge_and_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn negative_control_without_dedup_finds_double_charges() {
     let _slot = crate::exclusive().await;
-    let mut cfg = ChaosConfig::ci(20261130);
-    cfg.orders = 150;
+    let mut cfg = ChaosConfig::ci(seed());
     cfg.negative_control = true;
     let report = chaos::run(&cfg).await.expect("chaos run completes");
     println!("{}", chaos::markdown(&report));

@@ -53,15 +53,33 @@ async fn a_batch_records_each_id_once_and_reports_the_rest_as_duplicates() {
     let mut conn = pool.acquire().await.unwrap();
     let (seen, a, b) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
     assert_eq!(inbox::record(&mut conn, "c", seen).await.unwrap(), Recorded::New);
-    let recorded = inbox::record_batch(&mut conn, "c", &[a, seen, b, a]).await.unwrap();
+    let at = |event_id, offset| inbox::Delivery {
+        event_id,
+        source: Some((2, offset)),
+    };
+    let recorded = inbox::record_batch(&mut conn, "c", &[at(a, 5), at(seen, 6), at(b, 7), at(a, 9)])
+        .await
+        .unwrap();
     assert_eq!(
         recorded,
         vec![Recorded::New, Recorded::Duplicate, Recorded::New, Recorded::Duplicate],
         "new, seen before, new, repeated inside the batch"
     );
     // Another consumer deduplicates on its own.
-    let other = inbox::record_batch(&mut conn, "d", &[seen]).await.unwrap();
+    let other = inbox::record_batch(&mut conn, "d", &[seen.into()]).await.unwrap();
     assert_eq!(other, vec![Recorded::New]);
+    // The row keeps the copy that was applied: the first of the two of `a`
+    // (offset 5, not 9); the one recorded by hand has no source.
+    let sources: Vec<(uuid::Uuid, Option<i32>, Option<i64>)> = sqlx::query_as(
+        "SELECT event_id, source_partition, source_offset FROM inbox WHERE consumer = 'c' ORDER BY source_offset NULLS FIRST",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    assert_eq!(
+        sources,
+        vec![(seen, None, None), (a, Some(2), Some(5)), (b, Some(2), Some(7))]
+    );
     let counted: i64 =
         sqlx::query_scalar("SELECT sum(redeliveries)::int8 FROM inbox_redeliveries WHERE consumer = 'c'")
             .fetch_one(&mut *conn)

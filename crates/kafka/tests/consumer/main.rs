@@ -337,7 +337,7 @@ async fn apply_batch(pool: &PgPool, consumer: &str, batch: Vec<Envelope>) -> Res
         return Err(HandleError::Permanent(format!("cannot apply {}", poison.event_id)));
     }
     let mut tx = pool.begin().await.map_err(HandleError::transient)?;
-    let ids: Vec<Uuid> = batch.iter().map(|e| e.event_id).collect();
+    let ids: Vec<inbox::Delivery> = batch.iter().map(|e| e.event_id.into()).collect();
     let recorded = inbox::record_batch(&mut tx, consumer, &ids)
         .await
         .map_err(HandleError::transient)?;

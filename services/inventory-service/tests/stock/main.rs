@@ -230,6 +230,7 @@ fn traced(envelopes: Vec<Envelope>) -> Vec<kafka::consumer::Traced<Envelope>> {
         .map(|message| kafka::consumer::Traced {
             message,
             span: tracing::Span::none(),
+            position: None,
         })
         .collect()
 }

@@ -76,6 +76,7 @@ async fn apply_replies(
         let Traced {
             message: envelope,
             span,
+            ..
         } = &batch[i];
         let Some(order) = locked.get_mut(&envelope.order_id) else {
             // Not retriable: an order id we never created. The inbox row commits so

@@ -127,6 +127,7 @@ fn traced(envelope: &Envelope) -> kafka::consumer::Traced<Envelope> {
     kafka::consumer::Traced {
         message: envelope.clone(),
         span: tracing::Span::none(),
+        position: None,
     }
 }
 
