@@ -70,12 +70,12 @@ pub(super) async fn drive(stack: &mut Stack, cfg: &ChaosConfig) -> anyhow::Resul
         load_ms,
         quiesce_ms,
     };
-    let mut report = verdict(stack, cfg, &expected, run).await?;
+    let (mut report, first_look) = verdict(stack, cfg, &expected, run).await?;
     // The second look: with every service stopped nothing can move, so
     // what the audit saw must still be there.
     stack.interrupt_services().await;
     let after = audit(stack, &expected).await?;
-    if after.violations != report.audit.violations
+    if after.violations != first_look
         || after.orders_by_status != report.audit.orders_by_status
         || (after.captures, after.refunds) != (report.audit.captures, report.audit.refunds)
     {
@@ -265,7 +265,14 @@ fn rescued_by_late_copies(audit: &mut crate::invariants::Audit, late: &[provenan
 }
 
 /// Audits the drained system and decides whether the run counts and passed.
-async fn verdict(stack: &Stack, cfg: &ChaosConfig, expected: &Expected, run: Run) -> anyhow::Result<Report> {
+/// Also returns the database audit's own violations (before the log's
+/// verdict on late copies is added), for the second look to compare.
+async fn verdict(
+    stack: &Stack,
+    cfg: &ChaosConfig,
+    expected: &Expected,
+    run: Run,
+) -> anyhow::Result<(Report, Vec<String>)> {
     let Schedule {
         timeline,
         crash_points,
@@ -274,6 +281,7 @@ async fn verdict(stack: &Stack, cfg: &ChaosConfig, expected: &Expected, run: Run
     } = run.schedule;
     let (acked, stats) = (run.acked, run.stats);
     let mut audit = audit(stack, expected).await?;
+    let first_look = audit.violations.clone();
     let mut problems = Vec::new();
     // Reading the whole log back can time out on a slow broker; try again
     // before giving up, and then say so rather than lose the report.
@@ -350,30 +358,33 @@ async fn verdict(stack: &Stack, cfg: &ChaosConfig, expected: &Expected, run: Run
     }
     let placed_per_sec = stats.acknowledged as f64 * 1000.0 / placing_ms.max(1) as f64;
     let offered_per_sec = cfg.orders as f64 * 1000.0 / stats.last_first_send_ms.max(1) as f64;
-    Ok(Report {
-        seed: cfg.seed,
-        orders: cfg.orders,
-        negative_control: cfg.negative_control,
-        layer_off: cfg.layer_off,
-        outcomes,
-        clients: stats,
-        kills,
-        crash_points,
-        faults_fired,
-        timeline,
-        samples: run.samples,
-        started_at: run.started_at,
-        duplicates,
-        quiesce_ms: run.quiesce_ms,
-        load_ms: run.load_ms,
-        rate_per_sec: cfg.rate_per_sec,
-        clients_n: cfg.clients,
-        fault_interval_ms: cfg.fault_interval.as_millis() as u64,
-        placed_per_sec,
-        offered_per_sec,
-        audit,
-        problems,
-    })
+    Ok((
+        Report {
+            seed: cfg.seed,
+            orders: cfg.orders,
+            negative_control: cfg.negative_control,
+            layer_off: cfg.layer_off,
+            outcomes,
+            clients: stats,
+            kills,
+            crash_points,
+            faults_fired,
+            timeline,
+            samples: run.samples,
+            started_at: run.started_at,
+            duplicates,
+            quiesce_ms: run.quiesce_ms,
+            load_ms: run.load_ms,
+            rate_per_sec: cfg.rate_per_sec,
+            clients_n: cfg.clients,
+            fault_interval_ms: cfg.fault_interval.as_millis() as u64,
+            placed_per_sec,
+            offered_per_sec,
+            audit,
+            problems,
+        },
+        first_look,
+    ))
 }
 
 async fn non_terminal(orders_url: &str) -> anyhow::Result<i64> {

@@ -594,6 +594,6 @@ async fn crash_at(
             )
         })
         .collect();
-    let any = outcome.iter().any(|f| *f == Some(true));
+    let any = outcome.contains(&Some(true));
     Ok((format!("{} at {}", words.join(", "), targets[0].1), any))
 }
