@@ -3,6 +3,7 @@
 mod documents;
 mod lint;
 mod scenario;
+mod testrun;
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -288,7 +289,7 @@ fn run_scenario(n: u8) -> anyhow::Result<i32> {
     // A filter that matches no test (renamed, removed) makes cargo exit 0:
     // counted below, it is a failure, not a pass.
     cmd.args(["--", test.name, "--nocapture"]);
-    let run = run_counted(cmd).context("running cargo test")?;
+    let run = testrun::run_counted(cmd).context("running cargo test")?;
     if run.exit_code() != 0 {
         println!("\nScenario {n} FAILED: see the test output above");
         Ok(run.exit_code())
@@ -327,73 +328,6 @@ async fn dlq(action: &DlqAction, brokers: &str) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// Runs `cargo test --workspace`, echoing its output, and ends with one
-/// line totalling every test binary's result.
-fn run_tests(args: &[String]) -> anyhow::Result<i32> {
-    let mut cmd = cargo();
-    cmd.args([
-        "test",
-        "--workspace",
-        "--no-fail-fast",
-        "--features",
-        FAILPOINT_FEATURES,
-    ])
-    .args(args);
-    let run = run_counted(cmd)?;
-    println!("all tests: {} passed, {} failed", run.passed, run.failed);
-    Ok(run.exit_code())
-}
-
-/// What a `cargo test` run reported.
-struct TestRun {
-    status: std::process::ExitStatus,
-    passed: u64,
-    failed: u64,
-}
-
-impl TestRun {
-    /// 0 when the run succeeded and no test failed.
-    fn exit_code(&self) -> i32 {
-        if self.status.success() && self.failed == 0 {
-            0
-        } else {
-            self.status.code().unwrap_or(1).max(1)
-        }
-    }
-}
-
-/// Runs `cmd` (a `cargo test`), echoing its output, and totals the
-/// `test result:` lines of every test binary.
-fn run_counted(mut cmd: Command) -> anyhow::Result<TestRun> {
-    use std::io::{BufRead, BufReader};
-    let mut child = cmd.stdout(std::process::Stdio::piped()).spawn()?;
-    let (mut passed, mut failed) = (0u64, 0u64);
-    for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
-        let line = line?;
-        println!("{line}");
-        if let Some(rest) = line.strip_prefix("test result: ") {
-            passed += result_count(rest, " passed");
-            failed += result_count(rest, " failed");
-        }
-    }
-    let status = child.wait()?;
-    Ok(TestRun { status, passed, failed })
-}
-
-/// The number before `word` in a `test result:` line's rest
-/// ("ok. 3 passed; 0 failed; …").
-fn result_count(rest: &str, word: &str) -> u64 {
-    rest.split(';')
-        .find_map(|part| {
-            part.trim()
-                .trim_start_matches("ok. ")
-                .trim_start_matches("FAILED. ")
-                .strip_suffix(word)
-        })
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or(0)
 }
 
 #[tokio::main]
@@ -481,7 +415,10 @@ async fn main() -> anyhow::Result<()> {
             if let Err(e) = &lint {
                 println!("{e:#}");
             }
-            let code = run_tests(&args)?;
+            let code = testrun::run_tests(cargo(), &args)?;
+            if lint.is_err() {
+                println!("lint: FAILED (its problems are printed before the tests)");
+            }
             std::process::exit(if lint.is_err() { code.max(1) } else { code })
         }
         Cmd::Scenario { n: None } => {
@@ -623,23 +560,5 @@ async fn main() -> anyhow::Result<()> {
             println!("demo passed");
             Ok(())
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::result_count;
-
-    #[test]
-    fn a_result_line_is_counted_and_a_run_of_no_test_is_zero() {
-        let ok = "ok. 3 passed; 0 failed; 1 ignored; 0 measured; 36 filtered out; finished in 87.66s";
-        assert_eq!((result_count(ok, " passed"), result_count(ok, " failed")), (3, 0));
-        let failed = "FAILED. 1 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out";
-        assert_eq!(
-            (result_count(failed, " passed"), result_count(failed, " failed")),
-            (1, 2)
-        );
-        let none = "ok. 0 passed; 0 failed; 0 ignored; 0 measured; 39 filtered out; finished in 0.00s";
-        assert_eq!(result_count(none, " passed"), 0);
     }
 }

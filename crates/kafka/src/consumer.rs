@@ -34,7 +34,7 @@ use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Headers, OwnedMessage};
 use rdkafka::producer::FutureProducer;
-use rdkafka::{Message as _, Offset};
+use rdkafka::Message as _;
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -201,7 +201,7 @@ where
     let mut lanes: HashMap<(String, i32), mpsc::Sender<OwnedMessage>> = HashMap::new();
     let mut fatal = None;
     let mut running = JoinSet::new();
-    tokio::spawn(observe_lag(
+    tokio::spawn(crate::lag::observe_lag(
         consumer.clone(),
         Arc::from(name),
         settings.topics.clone(),
@@ -279,56 +279,6 @@ where
     }
     tracing::info!(consumer = name, "consumer stopped");
     Ok(())
-}
-
-/// At start and every 5 s until shutdown: `consumer_lag` per partition (high
-/// watermark minus the committed offset) and `dead_letter_depth` of each
-/// consumed topic's dead-letter topic (librdkafka's blocking calls, on the blocking pool).
-async fn observe_lag(consumer: Arc<GroupConsumer>, name: Arc<str>, topics: Vec<String>, shutdown: CancellationToken) {
-    loop {
-        // First at start: the gauges (and their alerts) exist from the first second.
-        let (c, n, t) = (consumer.clone(), name.clone(), topics.clone());
-        let _ = tokio::task::spawn_blocking(move || lag_once(&c, &n, &t)).await;
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(Duration::from_secs(5)) => {}
-        }
-    }
-}
-
-fn lag_once(consumer: &GroupConsumer, name: &str, topics: &[String]) {
-    let timeout = Duration::from_secs(2);
-    if let Ok(committed) = consumer.committed(timeout) {
-        for p in committed.elements() {
-            let Ok((low, high)) = consumer.fetch_watermarks(p.topic(), p.partition(), timeout) else {
-                continue;
-            };
-            let done = match p.offset() {
-                Offset::Offset(o) => o,
-                _ => low,
-            };
-            let partition = p.partition().to_string();
-            telemetry::metrics::set(
-                "consumer_lag",
-                &[("consumer", name), ("topic", p.topic()), ("partition", &partition)],
-                (high - done).max(0) as f64,
-            );
-        }
-    }
-    for topic in topics {
-        let dlq = crate::dead_letter_topic(topic);
-        let Ok(metadata) = consumer.fetch_metadata(Some(&dlq), timeout) else {
-            continue;
-        };
-        let depth: i64 = metadata
-            .topics()
-            .iter()
-            .flat_map(|t| t.partitions())
-            .filter_map(|p| consumer.fetch_watermarks(&dlq, p.id(), timeout).ok())
-            .map(|(low, high)| high - low)
-            .sum();
-        telemetry::metrics::set("dead_letter_depth", &[("topic", &dlq)], depth as f64);
-    }
 }
 
 /// Messages queued per partition lane before the dispatcher waits.

@@ -7,7 +7,8 @@
 //! - [`consumer`]: the consume loop — decode, hand to an inbox-backed
 //!   handler, store the offset only after the handler's transaction,
 //!   dead-letter what can never succeed;
-//! - [`group`]: consumer-group membership, the rebalance callbacks;
+//! - [`group`]: consumer-group membership, the rebalance callbacks (and the
+//!   consumer's lag and dead-letter gauges, `lag`);
 //! - [`dlq`]: dead-letter a message, list and replay dead letters;
 //! - [`read`]: read a topic back to its end (audits, tools, tests).
 //!
@@ -18,6 +19,7 @@ pub mod config;
 pub mod consumer;
 pub mod dlq;
 pub mod group;
+mod lag;
 pub mod read;
 
 pub use client::{

@@ -1,0 +1,93 @@
+//! `cargo test` run with its output echoed and its `test result:` lines
+//! totalled (the test command, a scenario's test).
+
+use std::process::Command;
+
+/// Runs `cargo test --workspace`, echoing its output, and ends with one
+/// line totalling every test binary's result.
+pub fn run_tests(mut cmd: Command, args: &[String]) -> anyhow::Result<i32> {
+    cmd.args([
+        "test",
+        "--workspace",
+        "--no-fail-fast",
+        "--features",
+        crate::FAILPOINT_FEATURES,
+    ])
+    .args(args);
+    let run = run_counted(cmd)?;
+    println!("all tests: {} passed, {} failed", run.passed, run.failed);
+    if run.failed == 0 && !run.status.success() {
+        // A binary that died (a signal, an abort) or did not build prints no
+        // `test result:` line: cargo's own error above names it.
+        println!("cargo test itself failed ({}): see its error above", run.status);
+    }
+    Ok(run.exit_code())
+}
+
+/// What a `cargo test` run reported.
+pub struct TestRun {
+    status: std::process::ExitStatus,
+    pub passed: u64,
+    pub failed: u64,
+}
+
+impl TestRun {
+    /// 0 when the run succeeded and no test failed.
+    pub fn exit_code(&self) -> i32 {
+        if self.status.success() && self.failed == 0 {
+            0
+        } else {
+            self.status.code().unwrap_or(1).max(1)
+        }
+    }
+}
+
+/// Runs `cmd` (a `cargo test`), echoing its output, and totals the
+/// `test result:` lines of every test binary.
+pub fn run_counted(mut cmd: Command) -> anyhow::Result<TestRun> {
+    use std::io::{BufRead, BufReader};
+    let mut child = cmd.stdout(std::process::Stdio::piped()).spawn()?;
+    let (mut passed, mut failed) = (0u64, 0u64);
+    for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
+        let line = line?;
+        println!("{line}");
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            passed += result_count(rest, " passed");
+            failed += result_count(rest, " failed");
+        }
+    }
+    let status = child.wait()?;
+    Ok(TestRun { status, passed, failed })
+}
+
+/// The number before `word` in a `test result:` line's rest
+/// ("ok. 3 passed; 0 failed; …").
+fn result_count(rest: &str, word: &str) -> u64 {
+    rest.split(';')
+        .find_map(|part| {
+            part.trim()
+                .trim_start_matches("ok. ")
+                .trim_start_matches("FAILED. ")
+                .strip_suffix(word)
+        })
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::result_count;
+
+    #[test]
+    fn a_result_line_is_counted_and_a_run_of_no_test_is_zero() {
+        let ok = "ok. 3 passed; 0 failed; 1 ignored; 0 measured; 36 filtered out; finished in 87.66s";
+        assert_eq!((result_count(ok, " passed"), result_count(ok, " failed")), (3, 0));
+        let failed = "FAILED. 1 passed; 2 failed; 0 ignored; 0 measured; 0 filtered out";
+        assert_eq!(
+            (result_count(failed, " passed"), result_count(failed, " failed")),
+            (1, 2)
+        );
+        let none = "ok. 0 passed; 0 failed; 0 ignored; 0 measured; 39 filtered out; finished in 0.00s";
+        assert_eq!(result_count(none, " passed"), 0);
+    }
+}
