@@ -120,25 +120,6 @@ pub async fn record_batch(
     Ok(recorded)
 }
 
-/// Begins the transaction of an effect: records `event_id` for `consumer`
-/// and returns the open transaction for the effect when the event is new.
-/// On a duplicate it commits the redelivery count and returns `None`: skip
-/// the effect.
-pub async fn begin(
-    pool: &sqlx::PgPool,
-    consumer: &str,
-    event_id: Uuid,
-) -> sqlx::Result<Option<sqlx::Transaction<'static, sqlx::Postgres>>> {
-    let mut tx = pool.begin().await?;
-    match record(&mut tx, consumer, event_id).await? {
-        Recorded::New => Ok(Some(tx)),
-        Recorded::Duplicate => {
-            tx.commit().await?;
-            Ok(None)
-        }
-    }
-}
-
 /// Counts one absorbed redelivery of `event_id` to `consumer`.
 pub async fn note_redelivery(conn: &mut PgConnection, consumer: &str, event_id: Uuid) -> sqlx::Result<()> {
     sqlx::query(
@@ -242,5 +223,17 @@ impl RetentionArgs {
     /// The retention window.
     pub fn window(&self) -> Duration {
         Duration::from_secs(self.secs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_window_is_the_retention_in_seconds() {
+        let args = super::RetentionArgs {
+            secs: 7 * 86_400,
+            margin_secs: 86_400,
+        };
+        assert_eq!(args.window(), std::time::Duration::from_secs(604_800));
     }
 }

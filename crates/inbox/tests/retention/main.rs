@@ -89,3 +89,32 @@ async fn a_batch_records_each_id_once_and_reports_the_rest_as_duplicates() {
     drop(conn);
     pool.close().await;
 }
+
+#[tokio::test]
+async fn seen_names_the_processed_ids_and_a_miss_is_recorded_with_its_business_key() {
+    let (_db, pool) = testkit::TempDb::with_pool("eo_inbox", 2, vec![inbox::migrator()])
+        .await
+        .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let (done, other, fresh) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+    inbox::record(&mut conn, "c", done).await.unwrap();
+    inbox::record(&mut conn, "d", other).await.unwrap();
+    let seen = inbox::seen(&mut conn, "c", &[done, other, fresh]).await.unwrap();
+    assert_eq!(seen, [done].into(), "only c's own, processed ids");
+
+    let order = Uuid::new_v4();
+    inbox::note_miss(&mut conn, "c", fresh, order, "reservation per order")
+        .await
+        .unwrap();
+    let misses: Vec<(String, Uuid, Uuid, String)> =
+        sqlx::query_as("SELECT consumer, event_id, order_id, caught_by FROM inbox_misses")
+            .fetch_all(&mut *conn)
+            .await
+            .unwrap();
+    assert_eq!(
+        misses,
+        [("c".to_owned(), fresh, order, "reservation per order".to_owned())]
+    );
+    drop(conn);
+    pool.close().await;
+}

@@ -1,0 +1,36 @@
+//! The negative control's inbox (`UNSAFE_NO_INBOX`, test builds only):
+//! every delivery is new and nothing is recorded — what the chaos suite's
+//! inventory-inbox, payment-inbox and order-saga-inbox runs switch on. Its
+//! own binary: a switch is set once per process.
+
+use inbox::Recorded;
+use uuid::Uuid;
+
+#[tokio::test]
+async fn switched_off_the_inbox_reports_every_delivery_as_new_and_records_nothing() {
+    let switches = switches::Switches {
+        no_inbox: true,
+        ..Default::default()
+    };
+    switches.install("inbox-test", &[switches::Switch::NoInbox]).unwrap();
+    let (_db, pool) = testkit::TempDb::with_pool("eo_inbox_off", 2, vec![inbox::migrator()])
+        .await
+        .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let id = Uuid::new_v4();
+    for _ in 0..2 {
+        assert_eq!(inbox::record(&mut conn, "c", id).await.unwrap(), Recorded::New);
+    }
+    let batch = inbox::record_batch(&mut conn, "c", &[id.into(), id.into()])
+        .await
+        .unwrap();
+    assert_eq!(batch, [Recorded::New, Recorded::New]);
+    assert!(inbox::seen(&mut conn, "c", &[id]).await.unwrap().is_empty());
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0);
+    drop(conn);
+    pool.close().await;
+}

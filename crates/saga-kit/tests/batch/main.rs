@@ -1,0 +1,300 @@
+//! The batch-inbox loop and the emit glue against a real PostgreSQL: the
+//! inbox rows and the effect commit together or not at all, duplicates
+//! (seen before or repeated inside the batch) are skipped, and an emitted
+//! message is an outbox row in the caller's transaction.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use contract::{Envelope, Message};
+use kafka::consumer::{HandleError, Handled, Position, Traced};
+use saga_kit::consumer::{apply_batch, apply_fresh, handle_one};
+use sqlx::{PgConnection, PgPool};
+use testkit::TempDb;
+use uuid::Uuid;
+
+mod consumer;
+
+const EFFECTS: &str = "CREATE TABLE effects (event_id uuid NOT NULL, position integer NOT NULL, \
+                       at bigserial PRIMARY KEY);
+                       CREATE TABLE prepared (at bigserial PRIMARY KEY)";
+
+async fn world() -> (TempDb, PgPool) {
+    TempDb::with_tables("eo_sagakit", vec![outbox::migrator(), inbox::migrator()], EFFECTS)
+        .await
+        .unwrap()
+}
+
+fn reserve(order_id: Uuid) -> Envelope {
+    let message = Message::ReserveStock {
+        sku: "SKU-1".into(),
+        quantity: 1,
+    };
+    Envelope::new(order_id, &message, None)
+}
+
+/// `envelope` as the consume loop hands it over, read at `offset` of partition 0.
+fn at(envelope: &Envelope, offset: i64) -> Traced<Envelope> {
+    Traced {
+        message: envelope.clone(),
+        span: tracing::Span::none(),
+        position: Some(Position { partition: 0, offset }),
+    }
+}
+
+async fn effect(conn: &mut PgConnection, envelope: &Envelope, index: usize) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO effects (event_id, position) VALUES ($1, $2)")
+        .bind(envelope.event_id)
+        .bind(index as i32)
+        .execute(conn)
+        .await
+        .map(drop)
+}
+
+async fn effects(pool: &PgPool) -> Vec<(Uuid, i32)> {
+    sqlx::query_as("SELECT event_id, position FROM effects ORDER BY at")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+async fn count(pool: &PgPool, table: &str) -> i64 {
+    sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// `apply_batch` with the test's effect; `fail_on` makes that envelope's effect fail.
+async fn batch(pool: &PgPool, items: &[Traced<Envelope>], fail_on: Option<Uuid>) -> Result<Vec<Handled>, HandleError> {
+    apply_batch(
+        pool,
+        "c",
+        items,
+        &fail_on,
+        |conn, _| {
+            Box::pin(async move {
+                sqlx::query("INSERT INTO prepared DEFAULT VALUES")
+                    .execute(conn)
+                    .await
+                    .map(drop)
+            })
+        },
+        |conn, envelope, fail_on, index| {
+            Box::pin(async move {
+                if *fail_on == Some(envelope.event_id) {
+                    return Err(sqlx::Error::Protocol("the effect failed".into()));
+                }
+                effect(conn, envelope, index).await
+            })
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_batch_applies_each_new_event_once_in_order_and_skips_the_rest() {
+    let (_db, pool) = world().await;
+    let order = Uuid::new_v4();
+    let (a, b, c) = (reserve(order), reserve(order), reserve(order));
+    let handled = batch(&pool, &[at(&a, 1), at(&b, 2), at(&a, 3)], None).await.unwrap();
+    assert_eq!(handled, [Handled::Applied, Handled::Applied, Handled::Duplicate]);
+    assert_eq!(effects(&pool).await, [(a.event_id, 0), (b.event_id, 1)]);
+    assert_eq!(count(&pool, "prepared").await, 1, "prepare runs once per batch");
+    // The next batch: b again (a redelivery), then c.
+    let handled = batch(&pool, &[at(&b, 2), at(&c, 4)], None).await.unwrap();
+    assert_eq!(handled, [Handled::Duplicate, Handled::Applied]);
+    assert_eq!(
+        effects(&pool).await,
+        [(a.event_id, 0), (b.event_id, 1), (c.event_id, 1)]
+    );
+    // The inbox names the copy applied: a's first (offset 1, not 3).
+    let a_source: (Option<i32>, Option<i64>) =
+        sqlx::query_as("SELECT source_partition, source_offset FROM inbox WHERE event_id = $1")
+            .bind(a.event_id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(a_source, (Some(0), Some(1)));
+    pool.close().await;
+}
+
+#[tokio::test]
+async fn a_failed_effect_rolls_back_the_batchs_inbox_rows_and_its_effects() {
+    let (_db, pool) = world().await;
+    let order = Uuid::new_v4();
+    let (a, b) = (reserve(order), reserve(order));
+    let items = [at(&a, 1), at(&b, 2)];
+    let e = batch(&pool, &items, Some(b.event_id)).await.unwrap_err();
+    assert!(matches!(e, HandleError::Transient(_)), "{e:?}");
+    assert_eq!(count(&pool, "inbox").await, 0, "no event recorded as processed");
+    assert_eq!(count(&pool, "effects").await, 0, "a's effect went with the transaction");
+    assert_eq!(count(&pool, "prepared").await, 0);
+    // The redelivery applies both.
+    let handled = batch(&pool, &items, None).await.unwrap();
+    assert_eq!(handled, [Handled::Applied, Handled::Applied]);
+    assert_eq!(count(&pool, "inbox").await, 2);
+    pool.close().await;
+}
+
+/// `apply_fresh` with an effect per fresh index; counts its calls.
+async fn fresh(pool: &PgPool, items: &[Traced<Envelope>], calls: &AtomicUsize) -> Result<Vec<Handled>, HandleError> {
+    apply_fresh(pool, "c", items, items, |conn, fresh, items| {
+        calls.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move {
+            for &i in fresh {
+                effect(&mut *conn, &items[i].message, i).await?;
+            }
+            Ok::<_, sqlx::Error>(())
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn apply_fresh_gets_only_the_new_indices_and_is_not_called_without_any() {
+    let (_db, pool) = world().await;
+    let calls = AtomicUsize::new(0);
+    let order = Uuid::new_v4();
+    let (a, b) = (reserve(order), reserve(order));
+    let handled = fresh(&pool, &[at(&a, 1), at(&a, 2), at(&b, 3)], &calls).await.unwrap();
+    assert_eq!(handled, [Handled::Applied, Handled::Duplicate, Handled::Applied]);
+    assert_eq!(effects(&pool).await, [(a.event_id, 0), (b.event_id, 2)]);
+    let handled = fresh(&pool, &[at(&b, 3), at(&a, 1)], &calls).await.unwrap();
+    assert_eq!(handled, [Handled::Duplicate, Handled::Duplicate]);
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "a batch of duplicates calls nobody");
+    // A failure rolls the inbox rows back with the effect.
+    let c = reserve(order);
+    let failed = apply_fresh(&pool, "c", &[at(&c, 4)], &(), |_, _, _| {
+        Box::pin(async { Err::<(), _>("the effect failed") })
+    })
+    .await;
+    assert!(failed.is_err());
+    let recorded: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox WHERE event_id = $1")
+        .bind(c.event_id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(recorded, 0);
+    pool.close().await;
+}
+
+#[tokio::test]
+async fn handle_one_is_a_batch_of_one() {
+    let (_db, pool) = world().await;
+    let a = reserve(Uuid::new_v4());
+    let one = |env: Envelope| {
+        let pool = pool.clone();
+        handle_one(env, move |items| async move { batch(&pool, &items, None).await })
+    };
+    assert_eq!(one(a.clone()).await.unwrap(), Handled::Applied);
+    assert_eq!(one(a.clone()).await.unwrap(), Handled::Duplicate);
+    let source: (Option<i32>, Option<i64>) =
+        sqlx::query_as("SELECT source_partition, source_offset FROM inbox WHERE event_id = $1")
+            .bind(a.event_id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(source, (None, None), "no position: not read from the log");
+    pool.close().await;
+}
+
+/// One outbox row as the relay will read it.
+#[derive(Debug, sqlx::FromRow)]
+struct Row {
+    event_id: Uuid,
+    topic: String,
+    message_key: String,
+    event_type: String,
+    envelope: serde_json::Value,
+}
+
+async fn outbox_rows(pool: &PgPool) -> Vec<Row> {
+    sqlx::query_as("SELECT event_id, topic, message_key, event_type, envelope FROM outbox ORDER BY id")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn emitting_enqueues_the_envelope_on_its_topic_keyed_by_order_in_the_callers_transaction() {
+    let (_db, pool) = world().await;
+    let order = Uuid::new_v4();
+    let cause = reserve(order);
+    let mut tx = pool.begin().await.unwrap();
+    let sent = saga_kit::emit::emit(&mut tx, order, &Message::StockReserved, Some(&cause))
+        .await
+        .unwrap();
+    let minted = Uuid::now_v7();
+    let as_minted = saga_kit::emit::emit_as(&mut tx, order, &Message::ReleaseStock, None, minted)
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert!(outbox_rows(&pool).await.is_empty(), "rolled back with the caller");
+
+    let mut tx = pool.begin().await.unwrap();
+    let sent_again = saga_kit::emit::emit(&mut tx, order, &Message::StockReserved, Some(&cause))
+        .await
+        .unwrap();
+    saga_kit::emit::emit_as(&mut tx, order, &Message::ReleaseStock, None, minted)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_ne!(sent.event_id, sent_again.event_id, "a new id per emit");
+    assert_eq!(as_minted.event_id, minted);
+    assert_eq!(sent_again.causation_id, Some(cause.event_id));
+    assert_eq!(sent_again.correlation_id, cause.correlation_id);
+    let rows = outbox_rows(&pool).await;
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0].event_id, sent_again.event_id);
+    assert_eq!(rows[0].topic, contract::topics::ORDER_EVENTS);
+    assert_eq!(rows[0].message_key, order.to_string());
+    assert_eq!(rows[0].event_type, sent_again.event_type);
+    assert_eq!(rows[0].envelope, serde_json::to_value(&sent_again).unwrap());
+    assert_eq!(
+        (rows[1].event_id, rows[1].topic.as_str()),
+        (minted, contract::topics::INVENTORY_COMMANDS)
+    );
+
+    // A re-send under the first id makes that row pending again, no second row.
+    sqlx::query("UPDATE outbox SET published_at = now()")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let again = saga_kit::emit::emit_again(&mut conn, order, &Message::ReleaseStock, minted)
+        .await
+        .unwrap();
+    assert_eq!(again.event_id, minted);
+    let pending: Vec<Uuid> = sqlx::query_scalar("SELECT event_id FROM outbox WHERE published_at IS NULL")
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!(pending, [minted]);
+
+    // A batch's replies: one statement, in the order given.
+    let span = tracing::Span::none();
+    let replies: Vec<(Message, Envelope)> = [Message::StockReleased, Message::StockReserved]
+        .into_iter()
+        .map(|m| {
+            let envelope = saga_kit::emit::envelope(order, &m, Some(&cause), &span);
+            (m, envelope)
+        })
+        .collect();
+    assert_eq!(replies[0].1.causation_id, Some(cause.event_id));
+    saga_kit::emit::emit_all(&mut conn, &replies).await.unwrap();
+    let rows = outbox_rows(&pool).await;
+    let tail: Vec<Uuid> = rows[2..].iter().map(|r| r.event_id).collect();
+    assert_eq!(tail, [replies[0].1.event_id, replies[1].1.event_id]);
+    drop(conn);
+    pool.close().await;
+}
+
+#[tokio::test]
+async fn a_participant_database_is_created_with_the_outbox_and_the_inbox() {
+    let db = TempDb::new("eo_sagakit_connect");
+    let pool = saga_kit::participant::connect(db.url(), 2, vec![]).await.unwrap();
+    for table in ["outbox", "inbox", "inbox_redeliveries"] {
+        assert_eq!(count(&pool, table).await, 0, "{table} exists");
+    }
+    pool.close().await;
+}
