@@ -308,9 +308,36 @@ mod tests {
             (in_flight.status(), in_flight.retry_after()),
             (StatusCode::CONFLICT, Some(1))
         );
+        let reused = respond(Outcome::Mismatch).unwrap_err();
         assert_eq!(
-            respond(Outcome::Mismatch).unwrap_err().status(),
-            StatusCode::UNPROCESSABLE_ENTITY
+            (reused.status(), reused.retry_after()),
+            (StatusCode::UNPROCESSABLE_ENTITY, None)
         );
+    }
+
+    #[test]
+    fn each_refusal_has_its_own_problem_type_and_title() {
+        let all = [
+            Refused::BadRequest("no key".into()),
+            Refused::Unauthenticated,
+            Refused::InFlight,
+            Refused::KeyReused,
+        ];
+        let types: std::collections::BTreeSet<_> = all.iter().map(Refused::problem_type).collect();
+        let titles: std::collections::BTreeSet<_> = all.iter().map(Refused::title).collect();
+        assert_eq!((types.len(), titles.len()), (all.len(), all.len()));
+        assert!(types.iter().all(|t| t.starts_with("/problems/")), "{types:?}");
+        assert!(titles.iter().all(|t| !t.is_empty()));
+        assert_eq!(Refused::InFlight.problem_type(), "/problems/idempotency-key-in-flight");
+        assert_eq!(Refused::KeyReused.problem_type(), "/problems/idempotency-key-reused");
+    }
+
+    #[test]
+    fn the_key_lifetime_is_its_seconds() {
+        let args = KeyArgs {
+            ttl_secs: 86_400,
+            fingerprint_key: crate::Secret::new(&"k".repeat(32)).unwrap(),
+        };
+        assert_eq!(args.ttl(), Duration::from_secs(86_400));
     }
 }

@@ -51,6 +51,8 @@ mod tests {
     fn accepts_bare_and_quoted() {
         assert_eq!(parse("abc-1").unwrap().0, "abc-1");
         assert_eq!(parse("\"abc-1\"").unwrap().0, "abc-1");
+        let longest = "k".repeat(MAX_KEY_LEN);
+        assert_eq!(parse(&longest).unwrap().0, longest);
     }
 
     #[test]

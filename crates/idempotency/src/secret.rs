@@ -132,5 +132,42 @@ mod tests {
         assert!(constant_time_eq("abc", "abc"));
         assert!(!constant_time_eq("abc", "abd"));
         assert!(!constant_time_eq("abc", "abcd"));
+        // Digests whose byte differences XOR to zero ("k0" and "k8"): an
+        // accumulator that XORs instead of ORs would call them equal.
+        assert!(!constant_time_eq("k0", "k8"));
+    }
+
+    #[derive(Debug, clap::Parser)]
+    struct Cli {
+        /// With a variable.
+        #[arg(long = "with-env", env = "EO_TEST_SECRET")]
+        with_env: Option<Secret>,
+        /// Without one.
+        #[arg(long = "bare")]
+        bare: Option<Secret>,
+    }
+
+    #[test]
+    fn a_refused_secret_is_named_by_its_flag_and_variable_never_shown() {
+        use clap::Parser as _;
+        let long = "s".repeat(32);
+        let ok = Cli::try_parse_from(["t", "--bare", &long]).unwrap();
+        assert_eq!(ok.bare.unwrap().expose(), long);
+        let e = Cli::try_parse_from(["t", "--with-env", "tiny-secret"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--with-env (EO_TEST_SECRET)") && !e.contains("tiny-secret"),
+            "{e}"
+        );
+        let e = Cli::try_parse_from(["t", "--bare", "tiny-secret"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--bare (not shown)") && !e.contains("tiny-secret"), "{e}");
+        // clap clones the parser of an argument when it builds the command.
+        let parser = <Secret as clap::builder::ValueParserFactory>::value_parser();
+        let cmd = clap::Command::new("t");
+        let value = clap::builder::TypedValueParser::parse_ref(&parser.clone(), &cmd, None, "tiny".as_ref());
+        assert!(value.unwrap_err().to_string().contains("a secret (not shown)"));
     }
 }

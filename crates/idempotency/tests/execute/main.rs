@@ -127,3 +127,116 @@ async fn infrastructure_errors_store_nothing_and_final_errors_are_stored() {
     assert!(matches!(again, Outcome::Replayed(ref r) if r.status == 422));
     pool.close().await;
 }
+
+#[tokio::test]
+async fn a_key_completed_meanwhile_for_another_request_is_a_mismatch() {
+    let (pool, _db) = db().await;
+    let request = Keyed {
+        scope: "c",
+        key: "k",
+        fingerprint: "fp-mine",
+    };
+    let other = pool.clone();
+    let work: idempotency::Work<Failed> = Box::new(move |_| {
+        Box::pin(async move {
+            // The "first" request, with another body, commits the key meanwhile.
+            let mut c = other.acquire().await.unwrap();
+            let ttl = Duration::from_secs(60);
+            assert!(
+                idempotency::complete(&mut c, "c", "k", "fp-theirs", ttl, &response("first"))
+                    .await
+                    .unwrap()
+            );
+            Ok(response("second"))
+        })
+    });
+    let outcome = idempotency::execute(&pool, request, Duration::from_secs(60), work, |_| None)
+        .await
+        .unwrap();
+    assert_eq!(outcome, Outcome::Mismatch);
+    pool.close().await;
+}
+
+/// `begin` for key `k` of scope `c` in a transaction of its own, left open
+/// (its advisory lock held) and returned.
+async fn begun(pool: &PgPool, fingerprint: &str) -> (sqlx::Transaction<'static, sqlx::Postgres>, idempotency::Begin) {
+    let mut tx = pool.begin().await.unwrap();
+    let begin = idempotency::begin(&mut tx, "c", "k", fingerprint).await.unwrap();
+    (tx, begin)
+}
+
+#[tokio::test]
+async fn begin_takes_the_key_once_and_an_expired_key_is_new_again_only_for_the_lock_holder() {
+    use idempotency::Begin;
+    let (pool, _db) = db().await;
+    // The first takes the key; a second meanwhile is told it is in flight.
+    let (mut first, begin) = begun(&pool, "fp").await;
+    assert_eq!(begin, Begin::New);
+    let (_, second) = begun(&pool, "fp").await;
+    assert_eq!(second, Begin::InFlight);
+    // Completed, it is replayed (to a differing request: a mismatch).
+    let ttl = Duration::from_secs(60);
+    assert!(
+        idempotency::complete(&mut first, "c", "k", "fp", ttl, &response("first"))
+            .await
+            .unwrap()
+    );
+    first.commit().await.unwrap();
+    assert_eq!(begun(&pool, "fp").await.1, Begin::Replay(response("first")));
+    assert_eq!(begun(&pool, "fp-other").await.1, Begin::Mismatch);
+
+    // Expired: while another holds the lock it is in flight and stays stored…
+    sqlx::query("UPDATE idempotency_keys SET expires_at = now() - interval '1 second'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('c' || chr(31) || 'k', 7))")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let (_, meanwhile) = begun(&pool, "fp").await;
+    assert_eq!(meanwhile, Begin::InFlight);
+    holder.rollback().await.unwrap();
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_keys")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(stored, 1);
+    // …and with the lock free it is new, its old row deleted.
+    let (tx, again) = begun(&pool, "fp-other").await;
+    assert_eq!(again, Begin::New);
+    tx.commit().await.unwrap();
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_keys")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(stored, 0);
+    pool.close().await;
+}
+
+#[tokio::test]
+async fn the_reaper_deletes_expired_keys_only_a_batch_at_a_time() {
+    let (pool, _db) = db().await;
+    let mut conn = pool.acquire().await.unwrap();
+    for key in ["a", "b", "c", "live"] {
+        let ttl = Duration::from_secs(60);
+        idempotency::complete(&mut conn, "s", key, "fp", ttl, &response(key))
+            .await
+            .unwrap();
+    }
+    sqlx::query("UPDATE idempotency_keys SET expires_at = now() - interval '1 second' WHERE key <> 'live'")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    drop(conn);
+    assert_eq!(idempotency::reap(&pool, 2).await.unwrap(), 2);
+    assert_eq!(idempotency::reap(&pool, 2).await.unwrap(), 1);
+    assert_eq!(idempotency::reap(&pool, 2).await.unwrap(), 0);
+    let left: Vec<String> = sqlx::query_scalar("SELECT key FROM idempotency_keys")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, ["live"]);
+    pool.close().await;
+}
