@@ -87,6 +87,10 @@ pub struct Audit {
     /// Replies that reached the saga's state machine more than once, read
     /// from `order_history` (per order, a reply's event type at most once).
     pub replies_applied_twice: usize,
+    /// Events the broker's log shows answered twice: one event that caused
+    /// two distinct events of one type (filled in from the log after the
+    /// database audit, by the chaos suite).
+    pub events_answered_twice: usize,
     /// Gateway idempotency keys with more than one ledger entry.
     pub ledger_keys_repeated: usize,
     /// Reservations whose status does not match their order's final state.

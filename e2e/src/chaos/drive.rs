@@ -257,6 +257,31 @@ fn rescued_by_late_copies(audit: &mut crate::invariants::Audit, late: &[provenan
     ));
 }
 
+/// Events the log shows answered twice break "each step applied once".
+fn applied_twice_in_the_log(audit: &mut crate::invariants::Audit, twice: &[provenance::AnsweredTwice]) {
+    audit.events_answered_twice = twice.len();
+    let Some(first) = twice.first() else {
+        return;
+    };
+    if let Some(at) = twice.iter().filter_map(|t| t.at).min() {
+        let seen = audit
+            .first_seen
+            .entry(crate::invariants::STEP_ONCE.to_owned())
+            .or_insert(at);
+        *seen = (*seen).min(at);
+    }
+    audit.violations.push(format!(
+        "{}: {} events caused two or more distinct events of one type in the log (applied twice), \
+         e.g. event {} of order {} answered {} times with {}",
+        crate::invariants::STEP_ONCE,
+        twice.len(),
+        first.cause,
+        first.order_id,
+        first.answers,
+        first.event_type
+    ));
+}
+
 /// Audits the drained system and decides whether the run counts and passed.
 /// Also returns the database audit's own violations (before the log's
 /// verdict on late copies is added), for the second look to compare.
@@ -286,10 +311,13 @@ async fn verdict(
         }
     }
     match counted {
-        Ok(log) => match provenance::late_copies(stack, &log).await {
-            Ok(late) => rescued_by_late_copies(&mut audit, &late),
-            Err(e) => problems.push(format!("could not tell which copies the inboxes applied: {e}")),
-        },
+        Ok(log) => {
+            applied_twice_in_the_log(&mut audit, &log.answered_twice());
+            match provenance::late_copies(stack, &log).await {
+                Ok(late) => rescued_by_late_copies(&mut audit, &late),
+                Err(e) => problems.push(format!("could not tell which copies the inboxes applied: {e}")),
+            }
+        }
         Err(e) => problems.push(format!("could not read the topics back to count duplicates: {e}")),
     }
     problems.splice(0..0, audit.violations.iter().cloned());

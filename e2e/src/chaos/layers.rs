@@ -101,12 +101,14 @@ impl LayerOff {
             ),
             LayerOff::EventIdAtPublish => (
                 STEP_ONCE,
-                "a reply applied twice by the saga (order_history), or a step some consumer's business key caught (inbox_misses)",
+                "a reply applied twice by the saga (order_history), an event answered twice in the log, or a step \
+                 some consumer's business key caught (inbox_misses)",
                 "rows republished after a relay crash carry new ids: inboxes apply them, business keys catch them",
             ),
             LayerOff::OrderSagaInbox => (
                 STEP_ONCE,
-                "a saga transition replayed: a reply reached the state machine again (order_history)",
+                "a saga transition replayed: a reply reached the state machine again (order_history), or an event \
+                 answered twice in the log",
                 "redelivered and injected replies reach the saga; only its state machine stops them",
             ),
             LayerOff::InventoryInbox => (
@@ -157,9 +159,10 @@ impl LayerOff {
             LayerOff::HttpKey => audit.requests_with_two_orders > 0,
             LayerOff::EventIdAtPublish => {
                 audit.replies_applied_twice > 0
+                    || audit.events_answered_twice > 0
                     || audit.inbox_misses.values().flat_map(|by| by.values()).any(|n| *n > 0)
             }
-            LayerOff::OrderSagaInbox => audit.replies_applied_twice > 0,
+            LayerOff::OrderSagaInbox => audit.replies_applied_twice > 0 || audit.events_answered_twice > 0,
             LayerOff::InboxSeparateTx | LayerOff::OffsetBeforeHandling => {
                 !audit.stuck.is_empty() || !audit.rescued.is_empty() || !audit.lost.is_empty()
             }

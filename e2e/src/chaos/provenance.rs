@@ -31,10 +31,29 @@ pub(super) struct Copy {
     injected: bool,
 }
 
-/// Every copy of every event, per topic, as read back from the log.
+/// Every copy of every event, per topic, as read back from the log — and
+/// what each event caused: the distinct events of each type published with
+/// it as their cause, with the broker's time of each.
 #[derive(Debug, Default)]
 pub(super) struct Log {
     copies: BTreeMap<(String, Uuid), Vec<Copy>>,
+    caused: BTreeMap<(Uuid, String), BTreeMap<Uuid, (Uuid, Option<i64>)>>,
+}
+
+/// An event that caused two distinct events of one type: it was applied
+/// twice (each application published its own answer under a new id).
+#[derive(Debug, Clone)]
+pub(super) struct AnsweredTwice {
+    /// The event applied twice.
+    pub cause: Uuid,
+    /// Its order.
+    pub order_id: Uuid,
+    /// The type of the answers.
+    pub event_type: String,
+    /// How many distinct answers of that type.
+    pub answers: usize,
+    /// When the broker appended the second answer.
+    pub at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 impl Log {
@@ -45,6 +64,13 @@ impl Log {
                 continue;
             };
             let injected = m.headers().is_some_and(|h| h.iter().any(|h| h.key == INJECTED));
+            if let Some(cause) = env.causation_id {
+                self.caused
+                    .entry((cause, env.event_type.clone()))
+                    .or_default()
+                    .entry(env.event_id)
+                    .or_insert((env.order_id, m.timestamp().to_millis()));
+            }
             self.copies
                 .entry((topic.to_owned(), env.event_id))
                 .or_default()
@@ -55,6 +81,28 @@ impl Log {
                     injected,
                 });
         }
+    }
+
+    /// Every event the log shows applied twice: one event, copies or not,
+    /// must cause at most one event of each type (a deadline's re-send goes
+    /// out under the id it was first sent with, so it is not a second one).
+    /// Ground truth of "k copies, one effect" from the log alone.
+    pub fn answered_twice(&self) -> Vec<AnsweredTwice> {
+        self.caused
+            .iter()
+            .filter(|(_, answers)| answers.len() > 1)
+            .map(|((cause, event_type), answers)| {
+                let mut times: Vec<i64> = answers.values().filter_map(|(_, t)| *t).collect();
+                times.sort_unstable();
+                AnsweredTwice {
+                    cause: *cause,
+                    order_id: answers.values().next().map(|(o, _)| *o).unwrap_or_default(),
+                    event_type: event_type.clone(),
+                    answers: answers.len(),
+                    at: times.get(1).and_then(|ms| chrono::DateTime::from_timestamp_millis(*ms)),
+                }
+            })
+            .collect()
     }
 
     /// Copies beyond the first, per topic.
@@ -133,4 +181,43 @@ pub(super) async fn late_copies(stack: &Stack, log: &Log) -> anyhow::Result<Vec<
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use contract::{Envelope, Message};
+    use rdkafka::message::OwnedMessage;
+    use rdkafka::Timestamp;
+
+    use super::Log;
+
+    fn at(envelope: &Envelope, offset: i64) -> OwnedMessage {
+        let body = envelope.to_bytes();
+        let time = Timestamp::CreateTime(1_000 + offset);
+        OwnedMessage::new(Some(body), None, "order.events".into(), time, 0, offset, None)
+    }
+
+    #[test]
+    fn one_cause_answered_twice_under_new_ids_is_seen_and_a_resend_is_not() {
+        let order = uuid::Uuid::new_v4();
+        let command = Envelope::new(order, &Message::ReleaseStock, None);
+        let reply = Envelope::new(order, &Message::StockReleased, Some(&command));
+        let other_type = Envelope::new(order, &Message::StockReserved, Some(&command));
+        let mut log = Log::default();
+        // The reply, a copy of it (re-sent under its id), another type.
+        log.add("order.events", &[at(&reply, 1), at(&reply, 2), at(&other_type, 3)]);
+        assert!(log.answered_twice().is_empty());
+        // A second application publishes a second reply of the same type.
+        let again = Envelope::new(order, &Message::StockReleased, Some(&command));
+        log.add("order.events", &[at(&again, 4)]);
+        let twice = log.answered_twice();
+        assert_eq!(twice.len(), 1);
+        let t = &twice[0];
+        assert_eq!((t.cause, t.order_id, t.answers), (command.event_id, order, 2));
+        assert_eq!(
+            t.at.map(|at| at.timestamp_millis()),
+            Some(1_004),
+            "the second answer's time"
+        );
+    }
 }

@@ -373,8 +373,13 @@ pub fn markdown(r: &Report) -> String {
     let _ = writeln!(s, "duplicate deliveries absorbed by the inboxes (durable count; includes redeliveries after crashes and by second instances): {:?} — total {}\n", d.absorbed, d.total_absorbed());
     let _ = writeln!(
         s,
-        "duplicate effects: {} double charges in the gateway ledger; events that passed an inbox and reached an effect again (caught by a business key): {:?}\n",
+        "duplicate effects: {} double charges in the gateway ledger; {} gateway keys with two ledger entries; \
+         {} replies applied twice by the saga (order_history); {} events answered twice in the log (one cause, \
+         two events of a type); events that passed an inbox and reached an effect again (caught by a business key): {:?}\n",
         r.audit.double_charged.len(),
+        r.audit.ledger_keys_repeated,
+        r.audit.replies_applied_twice,
+        r.audit.events_answered_twice,
         r.audit.inbox_misses
     );
     let _ = writeln!(s, "## Rescued by the deadline reconciler\n");
