@@ -79,7 +79,7 @@ pub const ALL: [Scenario; 25] = [
         n: 6,
         title: "the effect and the inbox record must commit together",
         injected: "the ordinary chaos schedule with the inbox rows committed apart from, and before, their effects (UNSAFE_INBOX_SEPARATE_TX): its crash of every consumer with the effect's transaction open (consumer::in_transaction) lands between the two",
-        acts: "layer 3 — one transaction for inbox row, effect and reply (saga_kit::consumer::apply_batch); committed apart, the redelivery is absorbed with no effect behind it",
+        acts: "layer 3 — one transaction for inbox row, effect and reply (inbox::begin_batch, the effect, commit — in each handler); committed apart, the redelivery is absorbed with no effect behind it",
         checked: "the run fails as it must: the crashed batch's orders never get their reservation (stuck, or moved only by the deadline reconciler, which the audit counts); with one transaction the same suite passes",
         test: t(
             "e2e",

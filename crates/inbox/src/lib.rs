@@ -1,6 +1,20 @@
 //! The inbox: layer 3 of docs/design.md.
 //!
-//! A consumer calls [`record`] inside the transaction that applies its effect.
+//! A consumer opens the transaction of its effect with the inbox, applies
+//! the effect in it, and commits once:
+//!
+//! ```no_run
+//! # async fn handle(pool: &sqlx::PgPool, batch: &[inbox::Delivery]) -> sqlx::Result<()> {
+//! let (mut tx, fresh) = inbox::begin_batch(pool, "inventory-service", batch).await?;
+//! for i in fresh.indices() {
+//!     // the effect of batch[i], written with `&mut *tx`
+//! #   let _ = (i, &mut *tx);
+//! }
+//! tx.commit().await?; // the inbox rows and the effects, or neither
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! The insert either creates the `(consumer, event_id)` row — the event is new,
 //! apply the effect and commit both — or hits the primary key and reports a
 //! duplicate, and the effect is skipped. Because the decision is made by the
@@ -9,7 +23,8 @@
 //! transaction and then conflicts (or succeeds if the first rolled back).
 //!
 //! The consumer name is part of the key, so several consumers of one event
-//! each deduplicate on their own (scenario 5).
+//! each deduplicate on their own (scenario 5). [`record`] and
+//! [`record_batch`] do the same in a transaction the caller opened.
 
 use std::time::Duration;
 
@@ -118,6 +133,50 @@ pub async fn record_batch(
         }
     }
     Ok(recorded)
+}
+
+/// Which deliveries of a batch are new to the consumer: apply their
+/// effects in the transaction [`begin_batch`] returned; skip the rest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fresh(Vec<Recorded>);
+
+impl Fresh {
+    /// The indices of the new deliveries, in batch order.
+    pub fn indices(&self) -> Vec<usize> {
+        (0..self.0.len()).filter(|&i| self.0[i] == Recorded::New).collect()
+    }
+
+    /// Whether no delivery is new (the batch is all duplicates).
+    pub fn is_empty(&self) -> bool {
+        !self.0.contains(&Recorded::New)
+    }
+
+    /// For each delivery in order, whether it was new.
+    pub fn recorded(&self) -> &[Recorded] {
+        &self.0
+    }
+}
+
+/// Opens the transaction of a batch's effects and records its deliveries
+/// for `consumer` in it ([`record_batch`]): the caller applies the effects
+/// of [`Fresh::indices`] in the returned transaction and commits — the
+/// inbox rows and the effects together, or neither.
+///
+/// NEGATIVE CONTROL ONLY ([`switches::Switch::InboxSeparateTx`], test
+/// builds): the inbox rows commit on their own first, and a new transaction
+/// is returned for the effects.
+pub async fn begin_batch(
+    pool: &sqlx::PgPool,
+    consumer: &str,
+    deliveries: &[Delivery],
+) -> sqlx::Result<(sqlx::Transaction<'static, sqlx::Postgres>, Fresh)> {
+    let mut tx = pool.begin().await?;
+    let recorded = record_batch(&mut tx, consumer, deliveries).await?;
+    if switches::on(switches::Switch::InboxSeparateTx) {
+        tx.commit().await?;
+        tx = pool.begin().await?;
+    }
+    Ok((tx, Fresh(recorded)))
 }
 
 /// Counts one absorbed redelivery of `event_id` to `consumer`.

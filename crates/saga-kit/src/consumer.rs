@@ -1,6 +1,7 @@
 //! A service's saga consumer as supervised tasks: the consume loop on its
 //! topic and the retention of its inbox, which live and die together — and
-//! [`apply_batch`], the inbox loop every batching consumer runs.
+//! [`begin`] / [`commit`], the transaction every batching consumer's
+//! handler opens with its inbox rows and closes with its effects.
 
 use std::future::Future;
 use std::time::Duration;
@@ -9,8 +10,7 @@ use contract::topics::consumers::Consumer;
 use contract::Envelope;
 use kafka::consumer::{ConsumerSettings, HandleError, Handled, Traced};
 use kafka::KafkaArgs;
-use sqlx::{PgConnection, PgPool};
-use tracing::Instrument as _;
+use sqlx::{PgPool, Postgres, Transaction};
 
 use service_kit::Supervisor;
 
@@ -29,87 +29,21 @@ fn crash_point_in_transaction() {
     fail::fail_point!(CRASH_IN_TRANSACTION, |_| telemetry::crash_point(CRASH_IN_TRANSACTION));
 }
 
-/// One step of [`apply_batch`]'s transaction (boxed: a closure's future
-/// that borrows the connection must be `Send` for every borrow).
-pub type Step<'c, E> = std::pin::Pin<Box<dyn Future<Output = Result<(), E>> + Send + 'c>>;
-
-/// The inbox loop of a batching consumer, in one transaction: one
-/// multi-row inbox insert for the batch ([`inbox::record_batch`]), then
-/// `prepare(conn, ctx)` (e.g. row locks in a fixed order), then
-/// `effect(conn, envelope, ctx, index)` for each envelope new to
-/// `consumer`'s inbox, in order,
-/// inside that envelope's consumer span; duplicates are skipped. All commit
-/// together or none does — the seeds' rule: the inbox row and the effect
-/// in one transaction. Returns one outcome per envelope.
-/// `ctx` is what the steps read besides the envelope (e.g. the decoded
-/// messages, by index).
-pub async fn apply_batch<C: Sync + ?Sized, E: std::fmt::Display>(
+/// Begins a batch's transaction with its inbox rows
+/// ([`inbox::begin_batch`], each envelope's source in the log recorded):
+/// apply the effects of [`inbox::Fresh::indices`] in the transaction, then
+/// [`commit`]. A handler reads, in one function:
+///
+/// ```ignore
+/// let (mut tx, fresh) = saga_kit::consumer::begin(pool, INVENTORY.name, &batch).await?;
+/// apply(&mut tx, &batch, &fresh.indices()).await.map_err(HandleError::transient)?;
+/// saga_kit::consumer::commit(tx, &fresh).await
+/// ```
+pub async fn begin(
     pool: &PgPool,
     consumer: &str,
     batch: &[Traced<Envelope>],
-    ctx: &C,
-    prepare: impl for<'c> FnOnce(&'c mut PgConnection, &'c C) -> Step<'c, E>,
-    mut effect: impl for<'c> FnMut(&'c mut PgConnection, &'c Envelope, &'c C, usize) -> Step<'c, E>,
-) -> Result<Vec<Handled>, HandleError> {
-    let (mut tx, recorded) = begin_batch(pool, consumer, batch).await?;
-    prepare(&mut tx, ctx).await.map_err(HandleError::transient)?;
-    let mut handled = Vec::with_capacity(batch.len());
-    for (i, (item, recorded)) in batch.iter().zip(recorded).enumerate() {
-        if recorded == inbox::Recorded::Duplicate {
-            handled.push(Handled::Duplicate);
-            continue;
-        }
-        effect(&mut tx, &item.message, ctx, i)
-            .instrument(item.span.clone())
-            .await
-            .map_err(HandleError::transient)?;
-        handled.push(Handled::Applied);
-    }
-    if handled.contains(&Handled::Applied) {
-        crash_point_in_transaction();
-    }
-    tx.commit().await.map_err(HandleError::transient)?;
-    Ok(handled)
-}
-
-/// [`apply_batch`] for a handler that applies the batch as a set: after the
-/// inbox insert, `apply(conn, fresh, ctx)` gets the indices (in order) of
-/// the envelopes new to `consumer`'s inbox — and is not called when there
-/// are none — in the same transaction. Its writes can then be a few
-/// multi-row statements instead of a few per envelope.
-pub async fn apply_fresh<C: Sync + ?Sized, E: std::fmt::Display>(
-    pool: &PgPool,
-    consumer: &str,
-    batch: &[Traced<Envelope>],
-    ctx: &C,
-    apply: impl for<'c> FnOnce(&'c mut PgConnection, &'c [usize], &'c C) -> Step<'c, E>,
-) -> Result<Vec<Handled>, HandleError> {
-    let (mut tx, recorded) = begin_batch(pool, consumer, batch).await?;
-    let fresh: Vec<usize> = (0..recorded.len())
-        .filter(|&i| recorded[i] == inbox::Recorded::New)
-        .collect();
-    if !fresh.is_empty() {
-        apply(&mut tx, &fresh, ctx).await.map_err(HandleError::transient)?;
-        crash_point_in_transaction();
-    }
-    tx.commit().await.map_err(HandleError::transient)?;
-    Ok(recorded
-        .into_iter()
-        .map(|r| match r {
-            inbox::Recorded::New => Handled::Applied,
-            inbox::Recorded::Duplicate => Handled::Duplicate,
-        })
-        .collect())
-}
-
-/// Opens a batch's transaction and records its envelopes in `consumer`'s
-/// inbox, one multi-row insert; under the negative control's switch the
-/// inbox rows commit on their own first.
-async fn begin_batch<'p>(
-    pool: &'p PgPool,
-    consumer: &str,
-    batch: &[Traced<Envelope>],
-) -> Result<(sqlx::Transaction<'p, sqlx::Postgres>, Vec<inbox::Recorded>), HandleError> {
+) -> Result<(Transaction<'static, Postgres>, inbox::Fresh), HandleError> {
     let deliveries: Vec<inbox::Delivery> = batch
         .iter()
         .map(|t| inbox::Delivery {
@@ -117,16 +51,28 @@ async fn begin_batch<'p>(
             source: t.position.map(|p| (p.partition, p.offset)),
         })
         .collect();
-    let mut tx = pool.begin().await.map_err(HandleError::transient)?;
-    let recorded = inbox::record_batch(&mut tx, consumer, &deliveries)
+    inbox::begin_batch(pool, consumer, &deliveries)
         .await
-        .map_err(HandleError::transient)?;
-    if switches::on(switches::Switch::InboxSeparateTx) {
-        // The negative control: "processed" is durable before the effect is.
-        tx.commit().await.map_err(HandleError::transient)?;
-        tx = pool.begin().await.map_err(HandleError::transient)?;
+        .map_err(HandleError::transient)
+}
+
+/// Commits a batch's transaction — its inbox rows and effects together —
+/// and returns one outcome per envelope: applied if it was fresh, else a
+/// duplicate. With fresh work in it, the chaos suite's
+/// [`CRASH_IN_TRANSACTION`] may abort the process just before.
+pub async fn commit(tx: Transaction<'static, Postgres>, fresh: &inbox::Fresh) -> Result<Vec<Handled>, HandleError> {
+    if !fresh.is_empty() {
+        crash_point_in_transaction();
     }
-    Ok((tx, recorded))
+    tx.commit().await.map_err(HandleError::transient)?;
+    Ok(fresh
+        .recorded()
+        .iter()
+        .map(|r| match r {
+            inbox::Recorded::New => Handled::Applied,
+            inbox::Recorded::Duplicate => Handled::Duplicate,
+        })
+        .collect())
 }
 
 /// A batch handler's answer for one envelope, handled as a batch of one in

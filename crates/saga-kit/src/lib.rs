@@ -5,9 +5,10 @@
 //!
 //! - [`emit`]: emit a saga message through the outbox, in the caller's
 //!   transaction;
-//! - [`consumer`]: [`consumer::apply_batch`], the batch-inbox loop every
-//!   batching consumer runs (inbox rows and effects in one transaction), and
-//!   a saga consumer with its inbox retention as supervised tasks;
+//! - [`consumer`]: [`consumer::begin`] and [`consumer::commit`], the
+//!   transaction every batching consumer opens with its inbox rows and
+//!   commits with its effects, and a saga consumer with its inbox retention
+//!   as supervised tasks;
 //! - [`participant`]: what a participant service checks and connects
 //!   before it runs;
 //! - [`retention`]: the retention chain a consumer service refuses to start

@@ -37,8 +37,12 @@ pub(super) struct Copy {
 #[derive(Debug, Default)]
 pub(super) struct Log {
     copies: BTreeMap<(String, Uuid), Vec<Copy>>,
-    caused: BTreeMap<(Uuid, String), BTreeMap<Uuid, (Uuid, Option<i64>)>>,
+    caused: BTreeMap<(Uuid, String), Answers>,
 }
+
+/// The distinct events of one type one event caused: each one's order and
+/// the broker's time of its first copy (ms).
+type Answers = BTreeMap<Uuid, (Uuid, Option<i64>)>;
 
 /// An event that caused two distinct events of one type: it was applied
 /// twice (each application published its own answer under a new id).

@@ -56,11 +56,13 @@ pub async fn handle_batch(pool: &PgPool, batch: Vec<Traced<Envelope>>) -> Result
             ))),
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let ctx = (&batch[..], commands);
-    saga_kit::consumer::apply_fresh(pool, INVENTORY.name, &batch, &ctx, |conn, fresh, (batch, commands)| {
-        Box::pin(apply_all(conn, batch, commands, fresh))
-    })
-    .await
+    let (mut tx, fresh) = saga_kit::consumer::begin(pool, INVENTORY.name, &batch).await?;
+    if !fresh.is_empty() {
+        apply_all(&mut tx, &batch, &commands, &fresh.indices())
+            .await
+            .map_err(HandleError::transient)?;
+    }
+    saga_kit::consumer::commit(tx, &fresh).await
 }
 
 /// A reservation as [`decide`] sees and leaves it.

@@ -179,12 +179,12 @@ pub async fn handle_batch(deps: &Deps, batch: Vec<Traced<Envelope>>) -> Result<V
         .await
         .map_err(HandleError::transient)?;
     drop(conn);
-    let fresh: Vec<usize> = (0..batch.len()).filter(|i| !seen.contains(&ids[*i])).collect();
+    let unseen: Vec<usize> = (0..batch.len()).filter(|i| !seen.contains(&ids[*i])).collect();
 
     // Step 1: every operation, recorded before money moves, in one commit.
     // Which of them this batch must take to the gateway: those left PENDING
     // at their own attempt, each operation once.
-    let to_call = open(deps, &batch, &operations, &fresh).await?;
+    let to_call = open(deps, &batch, &operations, &unseen).await?;
 
     // Step 2: the external effects, made safe to repeat by their keys.
     let mut results: Vec<Option<(Status, Message)>> = vec![None; batch.len()];
@@ -204,11 +204,13 @@ pub async fn handle_batch(deps: &Deps, batch: Vec<Traced<Envelope>>) -> Result<V
         .into_iter()
         .zip(operations.iter().map(Operation::kind))
         .collect();
-    let ctx = (&batch[..], ctx);
-    saga_kit::consumer::apply_fresh(&deps.pool, PAYMENT.name, &batch, &ctx, |tx, fresh, (batch, ctx)| {
-        Box::pin(settle(tx, batch, ctx, fresh))
-    })
-    .await
+    let (mut tx, fresh) = saga_kit::consumer::begin(&deps.pool, PAYMENT.name, &batch).await?;
+    if !fresh.is_empty() {
+        settle(&mut tx, &batch, &ctx, &fresh.indices())
+            .await
+            .map_err(HandleError::transient)?;
+    }
+    saga_kit::consumer::commit(tx, &fresh).await
 }
 
 /// Step 1 for the batch's `fresh` commands, in one transaction: a new

@@ -6,8 +6,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser as _;
 use contract::topics::consumers::Consumer;
-use kafka::consumer::Handled;
-use saga_kit::consumer::{apply_fresh, SagaConsumer};
+use saga_kit::consumer::{begin, commit, SagaConsumer};
 use saga_kit::participant::ParticipantArgs;
 use service_kit::Supervisor;
 use sqlx::PgPool;
@@ -74,16 +73,13 @@ async fn a_participant_checks_its_chain_and_its_consumer_applies_each_event_once
     saga.inbox_retention = Duration::from_secs(86_400);
     let mut tasks = Supervisor::new(CancellationToken::new());
     saga.spawn_batches(&mut tasks, pool.clone(), |pool: PgPool, items| async move {
-        let outcomes = apply_fresh(&pool, "saga-kit-test", &items, &items, |conn, fresh, items| {
-            Box::pin(async move {
-                for &i in fresh {
-                    effect(&mut *conn, &items[i].message, i).await?;
-                }
-                Ok::<_, sqlx::Error>(())
-            })
-        })
-        .await?;
-        Ok::<Vec<Handled>, kafka::consumer::HandleError>(outcomes)
+        let (mut tx, fresh) = begin(&pool, "saga-kit-test", &items).await?;
+        for i in fresh.indices() {
+            effect(&mut tx, &items[i].message, i)
+                .await
+                .map_err(kafka::consumer::HandleError::transient)?;
+        }
+        commit(tx, &fresh).await
     });
     let producer = kafka::producer(&brokers).unwrap();
     let order = Uuid::new_v4();

@@ -3,11 +3,9 @@
 //! (seen before or repeated inside the batch) are skipped, and an emitted
 //! message is an outbox row in the caller's transaction.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use contract::{Envelope, Message};
 use kafka::consumer::{HandleError, Handled, Position, Traced};
-use saga_kit::consumer::{apply_batch, apply_fresh, handle_one};
+use saga_kit::consumer::{begin, commit, handle_one};
 use sqlx::{PgConnection, PgPool};
 use testkit::TempDb;
 use uuid::Uuid;
@@ -15,8 +13,7 @@ use uuid::Uuid;
 mod consumer;
 
 const EFFECTS: &str = "CREATE TABLE effects (event_id uuid NOT NULL, position integer NOT NULL, \
-                       at bigserial PRIMARY KEY);
-                       CREATE TABLE prepared (at bigserial PRIMARY KEY)";
+                       at bigserial PRIMARY KEY)";
 
 async fn world() -> (TempDb, PgPool) {
     TempDb::with_tables("eo_sagakit", vec![outbox::migrator(), inbox::migrator()], EFFECTS)
@@ -64,31 +61,19 @@ async fn count(pool: &PgPool, table: &str) -> i64 {
         .unwrap()
 }
 
-/// `apply_batch` with the test's effect; `fail_on` makes that envelope's effect fail.
+/// A handler as the services write one: begin (the inbox rows), the
+/// effect of each fresh envelope, commit. `fail_on` makes that envelope's
+/// effect fail.
 async fn batch(pool: &PgPool, items: &[Traced<Envelope>], fail_on: Option<Uuid>) -> Result<Vec<Handled>, HandleError> {
-    apply_batch(
-        pool,
-        "c",
-        items,
-        &fail_on,
-        |conn, _| {
-            Box::pin(async move {
-                sqlx::query("INSERT INTO prepared DEFAULT VALUES")
-                    .execute(conn)
-                    .await
-                    .map(drop)
-            })
-        },
-        |conn, envelope, fail_on, index| {
-            Box::pin(async move {
-                if *fail_on == Some(envelope.event_id) {
-                    return Err(sqlx::Error::Protocol("the effect failed".into()));
-                }
-                effect(conn, envelope, index).await
-            })
-        },
-    )
-    .await
+    let (mut tx, fresh) = begin(pool, "c", items).await?;
+    for i in fresh.indices() {
+        let envelope = &items[i].message;
+        if fail_on == Some(envelope.event_id) {
+            return Err(HandleError::transient("the effect failed"));
+        }
+        effect(&mut tx, envelope, i).await.map_err(HandleError::transient)?;
+    }
+    commit(tx, &fresh).await
 }
 
 #[tokio::test]
@@ -99,7 +84,6 @@ async fn a_batch_applies_each_new_event_once_in_order_and_skips_the_rest() {
     let handled = batch(&pool, &[at(&a, 1), at(&b, 2), at(&a, 3)], None).await.unwrap();
     assert_eq!(handled, [Handled::Applied, Handled::Applied, Handled::Duplicate]);
     assert_eq!(effects(&pool).await, [(a.event_id, 0), (b.event_id, 1)]);
-    assert_eq!(count(&pool, "prepared").await, 1, "prepare runs once per batch");
     // The next batch: b again (a redelivery), then c.
     let handled = batch(&pool, &[at(&b, 2), at(&c, 4)], None).await.unwrap();
     assert_eq!(handled, [Handled::Duplicate, Handled::Applied]);
@@ -128,7 +112,6 @@ async fn a_failed_effect_rolls_back_the_batchs_inbox_rows_and_its_effects() {
     assert!(matches!(e, HandleError::Transient(_)), "{e:?}");
     assert_eq!(count(&pool, "inbox").await, 0, "no event recorded as processed");
     assert_eq!(count(&pool, "effects").await, 0, "a's effect went with the transaction");
-    assert_eq!(count(&pool, "prepared").await, 0);
     // The redelivery applies both.
     let handled = batch(&pool, &items, None).await.unwrap();
     assert_eq!(handled, [Handled::Applied, Handled::Applied]);
@@ -136,45 +119,31 @@ async fn a_failed_effect_rolls_back_the_batchs_inbox_rows_and_its_effects() {
     pool.close().await;
 }
 
-/// `apply_fresh` with an effect per fresh index; counts its calls.
-async fn fresh(pool: &PgPool, items: &[Traced<Envelope>], calls: &AtomicUsize) -> Result<Vec<Handled>, HandleError> {
-    apply_fresh(pool, "c", items, items, |conn, fresh, items| {
-        calls.fetch_add(1, Ordering::SeqCst);
-        Box::pin(async move {
-            for &i in fresh {
-                effect(&mut *conn, &items[i].message, i).await?;
-            }
-            Ok::<_, sqlx::Error>(())
-        })
-    })
-    .await
-}
-
 #[tokio::test]
-async fn apply_fresh_gets_only_the_new_indices_and_is_not_called_without_any() {
+async fn fresh_names_the_new_deliveries_and_a_batch_of_duplicates_has_none() {
     let (_db, pool) = world().await;
-    let calls = AtomicUsize::new(0);
     let order = Uuid::new_v4();
     let (a, b) = (reserve(order), reserve(order));
-    let handled = fresh(&pool, &[at(&a, 1), at(&a, 2), at(&b, 3)], &calls).await.unwrap();
-    assert_eq!(handled, [Handled::Applied, Handled::Duplicate, Handled::Applied]);
-    assert_eq!(effects(&pool).await, [(a.event_id, 0), (b.event_id, 2)]);
-    let handled = fresh(&pool, &[at(&b, 3), at(&a, 1)], &calls).await.unwrap();
-    assert_eq!(handled, [Handled::Duplicate, Handled::Duplicate]);
-    assert_eq!(calls.load(Ordering::SeqCst), 1, "a batch of duplicates calls nobody");
-    // A failure rolls the inbox rows back with the effect.
+    let (tx, fresh) = begin(&pool, "c", &[at(&a, 1), at(&a, 2), at(&b, 3)]).await.unwrap();
+    assert_eq!((fresh.indices(), fresh.is_empty()), (vec![0, 2], false));
+    assert_eq!(
+        commit(tx, &fresh).await.unwrap(),
+        [Handled::Applied, Handled::Duplicate, Handled::Applied]
+    );
+    let (tx, fresh) = begin(&pool, "c", &[at(&b, 3), at(&a, 1)]).await.unwrap();
+    assert_eq!((fresh.indices(), fresh.is_empty()), (vec![], true));
+    assert_eq!(
+        commit(tx, &fresh).await.unwrap(),
+        [Handled::Duplicate, Handled::Duplicate]
+    );
+    // Dropped without a commit, the inbox rows go with the transaction.
     let c = reserve(order);
-    let failed = apply_fresh(&pool, "c", &[at(&c, 4)], &(), |_, _, _| {
-        Box::pin(async { Err::<(), _>("the effect failed") })
-    })
-    .await;
-    assert!(failed.is_err());
-    let recorded: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox WHERE event_id = $1")
-        .bind(c.event_id)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(recorded, 0);
+    let (tx, fresh) = begin(&pool, "c", &[at(&c, 4)]).await.unwrap();
+    assert!(!fresh.is_empty());
+    drop(tx);
+    let (tx, fresh) = begin(&pool, "c", &[at(&c, 4)]).await.unwrap();
+    assert_eq!(fresh.indices(), [0], "not recorded by the dropped transaction");
+    tx.rollback().await.unwrap();
     pool.close().await;
 }
 

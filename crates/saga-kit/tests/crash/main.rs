@@ -6,7 +6,7 @@
 
 use contract::{Envelope, Message};
 use kafka::consumer::{Handled, Position, Traced};
-use saga_kit::consumer::{apply_batch, apply_fresh, CRASH_IN_TRANSACTION};
+use saga_kit::consumer::{begin, commit, CRASH_IN_TRANSACTION};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -21,45 +21,20 @@ fn traced(envelope: &Envelope) -> Traced<Envelope> {
     }
 }
 
-/// Runs `apply_batch` (or `apply_fresh`) on `items` in a task of its own:
-/// `Err` when the crash point fired (a panic, under this test's action).
-async fn run(pool: &PgPool, items: Vec<Traced<Envelope>>, fresh: bool) -> Result<Vec<Handled>, ()> {
+/// A handler's transaction over `items` in a task of its own: `Err` when
+/// the crash point fired (a panic, under this test's action).
+async fn run(pool: &PgPool, items: Vec<Traced<Envelope>>) -> Result<Vec<Handled>, ()> {
     let pool = pool.clone();
     let task = tokio::spawn(async move {
-        let insert = "INSERT INTO effects (event_id) VALUES ($1)";
-        if fresh {
-            apply_fresh(&pool, "c", &items, &items, |conn, fresh, items| {
-                Box::pin(async move {
-                    for &i in fresh {
-                        sqlx::query(insert)
-                            .bind(items[i].message.event_id)
-                            .execute(&mut *conn)
-                            .await?;
-                    }
-                    Ok::<_, sqlx::Error>(())
-                })
-            })
-            .await
-        } else {
-            apply_batch(
-                &pool,
-                "c",
-                &items,
-                &(),
-                |_, _| Box::pin(async { Ok::<_, sqlx::Error>(()) }),
-                |conn, envelope, _, _| {
-                    Box::pin(async move {
-                        sqlx::query(insert)
-                            .bind(envelope.event_id)
-                            .execute(conn)
-                            .await
-                            .map(drop)
-                    })
-                },
-            )
-            .await
+        let (mut tx, fresh) = begin(&pool, "c", &items).await.unwrap();
+        for i in fresh.indices() {
+            sqlx::query("INSERT INTO effects (event_id) VALUES ($1)")
+                .bind(items[i].message.event_id)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
         }
-        .unwrap()
+        commit(tx, &fresh).await.unwrap()
     });
     task.await.map_err(|e| assert!(e.is_panic(), "{e}"))
 }
@@ -82,30 +57,21 @@ async fn the_crash_point_fires_inside_the_transaction_and_only_on_fresh_work() {
     .await
     .unwrap();
     let message = Message::ReleaseStock;
-    let (a, b) = (
-        Envelope::new(Uuid::new_v4(), &message, None),
-        Envelope::new(Uuid::new_v4(), &message, None),
-    );
-    for fresh in [false, true] {
-        // Unarmed, a batch applies: `seen` is a duplicate from now on.
-        let seen = Envelope::new(Uuid::new_v4(), &message, None);
-        run(&pool, vec![traced(&seen)], fresh).await.unwrap();
-        let before = (rows(&pool, "inbox").await, rows(&pool, "effects").await);
-        fail::cfg(CRASH_IN_TRANSACTION, "panic").unwrap();
-        // Duplicates only: nothing to lose, no crash.
-        let handled = run(&pool, vec![traced(&seen)], fresh).await.unwrap();
-        assert_eq!(handled, [Handled::Duplicate]);
-        // Fresh work: the crash, with the transaction still open — nothing of
-        // the batch is committed, its inbox rows included.
-        let fresh_item = if fresh { &b } else { &a };
-        assert!(run(&pool, vec![traced(&seen), traced(fresh_item)], fresh)
-            .await
-            .is_err());
-        assert_eq!((rows(&pool, "inbox").await, rows(&pool, "effects").await), before);
-        fail::remove(CRASH_IN_TRANSACTION);
-        let handled = run(&pool, vec![traced(fresh_item)], fresh).await.unwrap();
-        assert_eq!(handled, [Handled::Applied], "the redelivery applies it");
-    }
+    // Unarmed, a batch applies: `seen` is a duplicate from now on.
+    let seen = Envelope::new(Uuid::new_v4(), &message, None);
+    run(&pool, vec![traced(&seen)]).await.unwrap();
+    let before = (rows(&pool, "inbox").await, rows(&pool, "effects").await);
+    fail::cfg(CRASH_IN_TRANSACTION, "panic").unwrap();
+    // Duplicates only: nothing to lose, no crash.
+    assert_eq!(run(&pool, vec![traced(&seen)]).await.unwrap(), [Handled::Duplicate]);
+    // Fresh work: the crash, with the transaction still open — nothing of
+    // the batch is committed, its inbox rows included.
+    let fresh = Envelope::new(Uuid::new_v4(), &message, None);
+    assert!(run(&pool, vec![traced(&seen), traced(&fresh)]).await.is_err());
+    assert_eq!((rows(&pool, "inbox").await, rows(&pool, "effects").await), before);
+    fail::remove(CRASH_IN_TRANSACTION);
+    let handled = run(&pool, vec![traced(&fresh)]).await.unwrap();
+    assert_eq!(handled, [Handled::Applied], "the redelivery applies it");
     pool.close().await;
     scenario.teardown();
 }

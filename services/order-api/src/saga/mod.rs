@@ -50,11 +50,13 @@ pub async fn handle_batch(pool: &PgPool, batch: Vec<Traced<Envelope>>) -> Result
         .map(|t| t.message.message())
         .collect::<Result<Vec<_>, _>>()
         .map_err(HandleError::permanent)?;
-    let ctx = (&batch[..], messages);
-    saga_kit::consumer::apply_fresh(pool, ORDER_SAGA.name, &batch, &ctx, |conn, fresh, (batch, messages)| {
-        Box::pin(apply_replies(conn, batch, messages, fresh))
-    })
-    .await
+    let (mut tx, fresh) = saga_kit::consumer::begin(pool, ORDER_SAGA.name, &batch).await?;
+    if !fresh.is_empty() {
+        apply_replies(&mut tx, &batch, &messages, &fresh.indices())
+            .await
+            .map_err(HandleError::transient)?;
+    }
+    saga_kit::consumer::commit(tx, &fresh).await
 }
 
 /// Applies the new replies (`fresh` indices of `batch`) to their orders
