@@ -6,8 +6,9 @@
 //!   refused — a caller never names its own scope), reads the body, and
 //!   fingerprints the request from its method, its path and its body, keyed
 //!   with the service's [`FingerprintKey`] — no literal paths in handlers.
-//! - [`crate::execute()`] with [`Idempotent::keyed`] runs the handler's work
-//!   at most once per `(scope, key)`, in one transaction with the key row.
+//! - [`crate::begin`] and [`crate::complete`] with [`Idempotent::keyed`]
+//!   open and commit the handler's transaction: its work runs at most once
+//!   per `(scope, key)`, committed with the key row and the response.
 //! - [`respond`] turns the [`Outcome`] into the response: the stored one
 //!   (replayed with `Idempotent-Replayed: true`), or a [`Refused`] for a
 //!   request in flight (409) or a reused key (422), which the service
@@ -200,7 +201,7 @@ where
 }
 
 impl<E> Idempotent<E> {
-    /// The identity of this request for [`crate::execute()`].
+    /// The identity of this request for [`crate::begin`] and [`crate::complete`].
     pub fn keyed(&self) -> Keyed<'_> {
         Keyed {
             scope: &self.scope,

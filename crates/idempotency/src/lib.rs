@@ -1,12 +1,14 @@
 //! `Idempotency-Key` for HTTP APIs: layer 1 of docs/design.md, after the IETF
 //! HTTPAPI draft "The Idempotency-Key HTTP Header Field".
 //!
-//! The caller owns the transaction. In one transaction it calls [`begin`],
-//! performs its effect (e.g. insert the order and its outbox row), then
-//! [`complete`] with the response, and commits. Therefore the key row, the
-//! effect and the stored response become durable together or not at all.
+//! The handler owns the transaction: [`begin`] opens it and claims the key,
+//! the handler performs its effect in it (e.g. insert the order and its
+//! outbox row), and [`complete`] stores the response and commits. The key
+//! row, the effect and the stored response become durable together or not
+//! at all ([`flow`] shows the handler; [`claim`] and [`store`] are the
+//! same steps in a transaction the caller opened).
 //!
-//! | situation | [`Begin`] | HTTP |
+//! | situation | [`Claim`] | HTTP |
 //! |---|---|---|
 //! | key unseen (or expired) | `New` | run the request |
 //! | same key, same fingerprint, completed | `Replay` | stored status/headers/body + `Idempotent-Replayed: true` |
@@ -17,7 +19,7 @@
 //! released by commit, rollback or a dropped connection (a crashed process),
 //! so it can never be left dangling.
 
-pub mod execute;
+pub mod flow;
 pub mod http;
 pub mod key;
 pub mod secret;
@@ -31,7 +33,7 @@ use sha2::Sha256;
 use sqlx::migrate::Migrator;
 use sqlx::{PgConnection, PgPool, Row};
 
-pub use execute::{execute, Keyed, Outcome, Work};
+pub use flow::{begin, complete, Begun, Keyed, Outcome};
 pub use http::{respond, FingerprintKey, Idempotent, KeyArgs, KeyHeader, Refused, Scope};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
 pub use secret::Secret;
@@ -110,10 +112,10 @@ impl StoredResponse {
     }
 }
 
-/// What to do with a request carrying an idempotency key.
+/// What a claim of a request's key found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Begin {
-    /// First execution: do the work, then [`complete`], then commit.
+pub enum Claim {
+    /// First execution: do the work, then [`store`], then commit.
     New,
     /// Already completed with the same request: return this.
     Replay(StoredResponse),
@@ -147,15 +149,15 @@ pub fn fingerprint(key: &FingerprintKey, method: &str, path: &str, body: &[u8]) 
     hex::encode(mac.finalize().into_bytes())
 }
 
-/// Starts an idempotent request inside the caller's transaction.
+/// Claims a request's key inside the caller's transaction.
 ///
 /// One statement both tries the in-flight lock and reads the key's row. A
 /// completed key is answered from its row whether or not the lock was free,
 /// so concurrent replays never see each other as "in flight". If the first
 /// request commits between this statement's snapshot and its lock, the row
-/// is not seen and the request runs — and [`complete`] then finds the key
-/// taken, so the caller rolls back and replays (see [`execute()`]).
-pub async fn begin(conn: &mut PgConnection, scope: &str, key: &str, fingerprint: &str) -> Result<Begin> {
+/// is not seen and the request runs — and [`store`] then finds the key
+/// taken, so the caller rolls back and replays (see [`complete`]).
+pub async fn claim(conn: &mut PgConnection, scope: &str, key: &str, fingerprint: &str) -> Result<Claim> {
     // A 64-bit hash collision of the lock key can only cause a spurious 409.
     let row = sqlx::query(
         "SELECT pg_try_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 7)) AS locked,
@@ -177,15 +179,15 @@ pub async fn begin(conn: &mut PgConnection, scope: &str, key: &str, fingerprint:
                 .bind(key)
                 .execute(&mut *conn)
                 .await?;
-            Ok(Begin::New)
+            Ok(Claim::New)
         }
-        None if locked => Ok(Begin::New),
-        _ => Ok(Begin::InFlight),
+        None if locked => Ok(Claim::New),
+        _ => Ok(Claim::InFlight),
     }
 }
 
 /// The stored outcome of a completed key, if it is there and unexpired.
-pub async fn lookup(conn: &mut PgConnection, scope: &str, key: &str, fingerprint: &str) -> Result<Option<Begin>> {
+pub async fn lookup(conn: &mut PgConnection, scope: &str, key: &str, fingerprint: &str) -> Result<Option<Claim>> {
     let row = sqlx::query(
         "SELECT fingerprint, status_code, headers, body FROM idempotency_keys
          WHERE scope = $1 AND key = $2 AND expires_at > now()",
@@ -197,23 +199,23 @@ pub async fn lookup(conn: &mut PgConnection, scope: &str, key: &str, fingerprint
     Ok(row.map(|r| stored_outcome(&r, fingerprint)))
 }
 
-fn stored_outcome(row: &sqlx::postgres::PgRow, fingerprint: &str) -> Begin {
+fn stored_outcome(row: &sqlx::postgres::PgRow, fingerprint: &str) -> Claim {
     if row.get::<&str, _>("fingerprint") != fingerprint {
-        return Begin::Mismatch;
+        return Claim::Mismatch;
     }
     let headers: sqlx::types::Json<Vec<(String, String)>> = row.get("headers");
-    Begin::Replay(StoredResponse {
+    Claim::Replay(StoredResponse {
         status: row.get::<i16, _>("status_code") as u16,
         headers: headers.0,
         body: row.get("body"),
     })
 }
 
-/// Stores the response of a [`Begin::New`] request in the caller's
+/// Stores the response of a [`Claim::New`] request in the caller's
 /// transaction; it becomes visible (and replayable) when that commits.
 /// Returns false when the key was completed meanwhile by a concurrent
 /// request: the caller must roll back its effect and replay that one.
-pub async fn complete(
+pub async fn store(
     conn: &mut PgConnection,
     scope: &str,
     key: &str,

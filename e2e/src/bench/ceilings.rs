@@ -155,29 +155,25 @@ pub async fn database(clients: usize, duration: Duration) -> anyhow::Result<Data
                 key: &key,
                 fingerprint: "f",
             };
-            let work: idempotency::Work<anyhow::Error> = Box::new(|conn| {
-                Box::pin(async move {
-                    let new = order_api::orders::NewOrder {
-                        sku: "WIDGET".into(),
-                        quantity: 1,
-                        amount_cents: 1_000,
-                        card_token: "tok_bench".into(),
-                        card_last4: "4242".into(),
-                    };
-                    let order = order_api::orders::insert(conn, "bench", &new).await?;
-                    let first = Message::ReserveStock {
-                        sku: order.sku.clone(),
-                        quantity: order.quantity,
-                    };
-                    saga_kit::emit::emit(conn, order.id, &first, None).await?;
-                    Ok(idempotency::StoredResponse::json(
-                        axum::http::StatusCode::CREATED,
-                        &order,
-                        "application/json",
-                    ))
-                })
-            });
-            idempotency::execute(&pool, request, Duration::from_secs(3600), work, |_| None).await?;
+            let idempotency::Begun::New(mut tx) = idempotency::begin(&pool, request).await? else {
+                anyhow::bail!("a fresh key was answered without running");
+            };
+            let new = order_api::orders::NewOrder {
+                sku: "WIDGET".into(),
+                quantity: 1,
+                amount_cents: 1_000,
+                card_token: "tok_bench".into(),
+                card_last4: "4242".into(),
+            };
+            let order = order_api::orders::insert(&mut tx, "bench", &new).await?;
+            let first = Message::ReserveStock {
+                sku: order.sku.clone(),
+                quantity: order.quantity,
+            };
+            saga_kit::emit::emit(&mut tx, order.id, &first, None).await?;
+            let response =
+                idempotency::StoredResponse::json(axum::http::StatusCode::CREATED, &order, "application/json");
+            idempotency::complete(&pool, tx, request, Duration::from_secs(3600), &response).await?;
             Ok(())
         }
     })

@@ -7,13 +7,13 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, Utc};
-use idempotency::{Outcome, StoredResponse};
+use idempotency::{Begun, Outcome, StoredResponse};
 use serde::{Deserialize, Serialize};
 use service_kit::problem::{Problem, PROBLEM_JSON};
-use sqlx::PgConnection;
+use sqlx::{PgConnection, Postgres, Transaction};
 use uuid::Uuid;
 
-use crate::faults::FaultSwitch;
+use crate::faults::{FaultSwitch, Faults};
 use crate::AppState;
 
 service_kit::problem_response!(
@@ -117,27 +117,34 @@ pub async fn charge(State(state): State<AppState>, request: Idempotent) -> Resul
     if req.amount_cents <= 0 {
         return Err(GatewayError::Unprocessable("amount_cents must be positive".into()));
     }
-    keyed(
-        &state,
-        &request,
-        Box::new(move |conn, client, key| {
-            Box::pin(async move {
-                let Some((id, status)) =
-                    insert_charge(conn, &req.card_token, req.order_id, req.amount_cents, &client, &key).await?
-                else {
-                    return Err(GatewayError::Unprocessable("unknown card token".into()));
-                };
-                let code = if status == EntryStatus::Declined {
-                    StatusCode::PAYMENT_REQUIRED
-                } else {
-                    StatusCode::CREATED
-                };
-                telemetry::metrics::incr("gateway_charges_total", &[("status", status.as_str())]);
-                Ok(StoredResponse::json(code, &Movement { id, status }, "application/json"))
-            })
-        }),
-    )
-    .await
+    let faults = state.faults.current();
+    let mut tx = match begin(&state, &request, &faults).await? {
+        Begun::New(tx) => tx,
+        Begun::Answered(outcome) => return Ok(idempotency::respond(outcome)?),
+    };
+    let charged = record_charge(&mut tx, &req, &request).await;
+    complete(&state, &request, &faults, tx, charged).await
+}
+
+/// The charge of `req` under the request's key, in its transaction: the
+/// movement, declined or captured; an unknown card token is refused.
+async fn record_charge(
+    conn: &mut PgConnection,
+    req: &ChargeRequest,
+    request: &Idempotent,
+) -> Result<StoredResponse, GatewayError> {
+    let (client, key) = (&request.scope, &request.key);
+    let Some((id, status)) = insert_charge(conn, &req.card_token, req.order_id, req.amount_cents, client, key).await?
+    else {
+        return Err(GatewayError::Unprocessable("unknown card token".into()));
+    };
+    let code = if status == EntryStatus::Declined {
+        StatusCode::PAYMENT_REQUIRED
+    } else {
+        StatusCode::CREATED
+    };
+    telemetry::metrics::incr("gateway_charges_total", &[("status", status.as_str())]);
+    Ok(StoredResponse::json(code, &Movement { id, status }, "application/json"))
 }
 
 #[utoipa::path(
@@ -160,55 +167,63 @@ pub async fn charge(State(state): State<AppState>, request: Idempotent) -> Resul
 /// refunds beyond what was captured are refused (422).
 pub async fn refund(State(state): State<AppState>, request: Idempotent) -> Result<Response, GatewayError> {
     let req: RefundRequest = parse(&request.body)?;
-    let refuse = state.faults.current().refuse_refunds;
-    keyed(
-        &state,
-        &request,
-        Box::new(move |conn, client, key| {
-            Box::pin(async move {
-                if refuse {
-                    telemetry::metrics::incr("gateway_injected_faults_total", &[("fault", "refuse_refund")]);
-                    return Err(GatewayError::Unprocessable("refund refused by the issuer".into()));
-                }
-                // Lock the order's ledger rows so concurrent refunds cannot overdraw.
-                let (captured, refunded): (i64, i64) = sqlx::query_as(
-                "SELECT COALESCE(sum(amount_cents) FILTER (WHERE kind = 'charge' AND status = 'captured'), 0)::int8,
-                        COALESCE(sum(amount_cents) FILTER (WHERE kind = 'refund'), 0)::int8
-                 FROM (SELECT * FROM ledger WHERE order_id = $1 FOR UPDATE) l",
-            )
-            .bind(req.order_id)
-            .fetch_one(&mut *conn)
-            .await?;
-                if req.amount_cents <= 0 || refunded + req.amount_cents > captured {
-                    return Err(GatewayError::Unprocessable(format!(
-                        "refund of {} exceeds the refundable {}",
-                        req.amount_cents,
-                        captured - refunded
-                    )));
-                }
-                let id = insert(
-                    conn,
-                    EntryKind::Refund,
-                    req.order_id,
-                    req.amount_cents,
-                    EntryStatus::Refunded,
-                    &client,
-                    &key,
-                )
-                .await?;
-                telemetry::metrics::incr("gateway_refunds_total", &[]);
-                Ok(StoredResponse::json(
-                    StatusCode::CREATED,
-                    &Movement {
-                        id,
-                        status: EntryStatus::Refunded,
-                    },
-                    "application/json",
-                ))
-            })
-        }),
+    let faults = state.faults.current();
+    let mut tx = match begin(&state, &request, &faults).await? {
+        Begun::New(tx) => tx,
+        Begun::Answered(outcome) => return Ok(idempotency::respond(outcome)?),
+    };
+    let refunded = record_refund(&mut tx, &req, &request, faults.refuse_refunds).await;
+    complete(&state, &request, &faults, tx, refunded).await
+}
+
+/// The refund of `req` under the request's key, in its transaction, with
+/// the order's ledger rows locked so concurrent refunds cannot overdraw;
+/// more than was captured (or an injected refusal) is refused.
+async fn record_refund(
+    conn: &mut PgConnection,
+    req: &RefundRequest,
+    request: &Idempotent,
+    refuse: bool,
+) -> Result<StoredResponse, GatewayError> {
+    if refuse {
+        telemetry::metrics::incr("gateway_injected_faults_total", &[("fault", "refuse_refund")]);
+        return Err(GatewayError::Unprocessable("refund refused by the issuer".into()));
+    }
+    let (captured, refunded): (i64, i64) = sqlx::query_as(
+        "SELECT COALESCE(sum(amount_cents) FILTER (WHERE kind = 'charge' AND status = 'captured'), 0)::int8,
+                COALESCE(sum(amount_cents) FILTER (WHERE kind = 'refund'), 0)::int8
+         FROM (SELECT * FROM ledger WHERE order_id = $1 FOR UPDATE) l",
     )
-    .await
+    .bind(req.order_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    if req.amount_cents <= 0 || refunded + req.amount_cents > captured {
+        return Err(GatewayError::Unprocessable(format!(
+            "refund of {} exceeds the refundable {}",
+            req.amount_cents,
+            captured - refunded
+        )));
+    }
+    let (client, key) = (&request.scope, &request.key);
+    let id = insert(
+        conn,
+        EntryKind::Refund,
+        req.order_id,
+        req.amount_cents,
+        EntryStatus::Refunded,
+        client,
+        key,
+    )
+    .await?;
+    telemetry::metrics::incr("gateway_refunds_total", &[]);
+    Ok(StoredResponse::json(
+        StatusCode::CREATED,
+        &Movement {
+            id,
+            status: EntryStatus::Refunded,
+        },
+        "application/json",
+    ))
 }
 
 /// `GET /v1/ledger` and `GET /v1/operations/{key}` query: whose entries.
@@ -413,41 +428,48 @@ async fn insert_charge(
     Ok(status.map(|status| (id, status)))
 }
 
-/// A charge or refund, given the transaction, the client and the key.
-type Op = Box<
-    dyn for<'c> FnOnce(
-            &'c mut PgConnection,
-            String,
-            String,
-        ) -> std::pin::Pin<
-            Box<dyn std::future::Future<Output = Result<StoredResponse, GatewayError>> + Send + 'c>,
-        > + Send,
->;
-
-/// The keyed request flow with the configured faults around it.
-async fn keyed(state: &AppState, request: &Idempotent, op: Op) -> Result<Response, GatewayError> {
-    let faults = state.faults.current();
+/// A keyed request's start, with the configured faults around it: the
+/// latency, the claim of its key ([`idempotency::begin`]), and an injected
+/// failure before anything is written (nothing stored: the retry runs).
+async fn begin(state: &AppState, request: &Idempotent, faults: &Faults) -> Result<Begun, GatewayError> {
     if faults.latency_ms > 0 {
         tokio::time::sleep(Duration::from_millis(faults.latency_ms)).await;
     }
-    let (client, key) = (request.scope.clone(), request.key.clone());
-    let fail_rate = faults.fail_rate;
-    let work: idempotency::Work<GatewayError> = Box::new(move |conn| {
-        Box::pin(async move {
-            if FaultSwitch::roll(fail_rate) {
-                telemetry::metrics::incr("gateway_injected_faults_total", &[("fault", "fail_before_commit")]);
-                return Err(GatewayError::Unavailable);
-            }
-            op(conn, client, key).await
-        })
-    });
-    let outcome = idempotency::execute(&state.pool, request.keyed(), state.key_ttl, work, |e: &GatewayError| {
-        matches!(e, GatewayError::Unprocessable(_)).then(|| {
+    let begun = idempotency::begin(&state.pool, request.keyed()).await?;
+    if let Begun::New(tx) = begun {
+        if FaultSwitch::roll(faults.fail_rate) {
+            telemetry::metrics::incr("gateway_injected_faults_total", &[("fault", "fail_before_commit")]);
+            tx.rollback().await?;
+            return Err(GatewayError::Unavailable);
+        }
+        return Ok(Begun::New(tx));
+    }
+    Ok(begun)
+}
+
+/// A keyed request's end: the movement, or a refusal that is the request's
+/// final answer (422, stored under the key like a movement), stored and
+/// committed ([`idempotency::complete`]); any other error rolls back, so
+/// the retry runs again. Then the injected hang past the client's timeout.
+async fn complete(
+    state: &AppState,
+    request: &Idempotent,
+    faults: &Faults,
+    tx: Transaction<'static, Postgres>,
+    result: Result<StoredResponse, GatewayError>,
+) -> Result<Response, GatewayError> {
+    let response = match result {
+        Ok(response) => response,
+        Err(e @ GatewayError::Unprocessable(_)) => {
             let p = e.problem();
             StoredResponse::json(p.status_code(), &p, PROBLEM_JSON)
-        })
-    })
-    .await?;
+        }
+        Err(e) => {
+            tx.rollback().await?;
+            return Err(e);
+        }
+    };
+    let outcome = idempotency::complete(&state.pool, tx, request.keyed(), state.key_ttl, &response).await?;
     if matches!(outcome, Outcome::Completed(_)) && FaultSwitch::roll(faults.timeout_after_commit_rate) {
         telemetry::metrics::incr("gateway_injected_faults_total", &[("fault", "timeout_after_commit")]);
         tracing::warn!("committed; now hanging past the client's timeout");

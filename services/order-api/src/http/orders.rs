@@ -4,8 +4,9 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use idempotency::{Outcome, StoredResponse};
+use idempotency::{Begun, Outcome, StoredResponse};
 use serde::{Deserialize, Serialize};
+use sqlx::{PgConnection, Postgres, Transaction};
 use uuid::Uuid;
 
 use crate::http::{ApiError, Problem};
@@ -190,22 +191,27 @@ pub async fn create(State(state): State<AppState>, request: Idempotent) -> Resul
     body.validate()?;
     // The number goes to the vault and no further: the order keeps the token.
     let new = body.tokenise(&state.gateway).await?;
-    let client = request.scope.clone();
-    let work: idempotency::Work<ApiError> = Box::new(move |conn| {
-        Box::pin(async move {
-            let (id, command_id) = (Uuid::now_v7(), Uuid::now_v7());
-            let order = orders::insert_with(conn, id, &client, &new, Some(command_id)).await?;
-            // The command a PENDING order waits on, built where every state's is.
-            let first = saga::transitions::command(&order, Status::Pending).expect("PENDING waits on a command");
-            saga_kit::emit::emit_as(conn, id, &first, None, command_id).await?;
-            fail::fail_point!(CRASH_BEFORE_COMMIT, |_| telemetry::crash_point(CRASH_BEFORE_COMMIT));
-            telemetry::metrics::incr("orders_created_total", &[]);
-            tracing::info!(order_id = %order.id, "order placed");
-            Ok(StoredResponse::json(StatusCode::CREATED, &order, "application/json")
-                .with_header("location", format!("/orders/{}", order.id)))
-        })
-    });
-    respond(&state, &request, work).await
+    let mut tx = match idempotency::begin(&state.pool, request.keyed()).await? {
+        Begun::New(tx) => tx,
+        Begun::Answered(outcome) => return Ok(idempotency::respond(outcome)?),
+    };
+    let placed = place(&mut tx, &request.scope, &new).await;
+    complete(&state, &request, tx, placed).await
+}
+
+/// The order and the command it waits on, in the request's transaction:
+/// the response to store under its key.
+async fn place(conn: &mut PgConnection, client: &str, new: &orders::NewOrder) -> Result<StoredResponse, ApiError> {
+    let (id, command_id) = (Uuid::now_v7(), Uuid::now_v7());
+    let order = orders::insert_with(conn, id, client, new, Some(command_id)).await?;
+    // The command a PENDING order waits on, built where every state's is.
+    let first = saga::transitions::command(&order, Status::Pending).expect("PENDING waits on a command");
+    saga_kit::emit::emit_as(conn, id, &first, None, command_id).await?;
+    fail::fail_point!(CRASH_BEFORE_COMMIT, |_| telemetry::crash_point(CRASH_BEFORE_COMMIT));
+    telemetry::metrics::incr("orders_created_total", &[]);
+    tracing::info!(order_id = %order.id, "order placed");
+    Ok(StoredResponse::json(StatusCode::CREATED, &order, "application/json")
+        .with_header("location", format!("/orders/{}", order.id)))
 }
 
 /// Crash point (failpoints builds): abort inside the order's transaction,
@@ -215,22 +221,28 @@ pub const CRASH_BEFORE_COMMIT: &str = "order_api::before_commit";
 /// the response is sent — the retry with the same key must be a replay.
 pub const CRASH_AFTER_COMMIT_BEFORE_RESPONSE: &str = "order_api::after_commit_before_response";
 
-/// Runs `work` under the request's key and answers: the stored response,
-/// or the refusal. Domain outcomes (2xx, 404, 409, 422) are stored with the
-/// key; infrastructure errors roll everything back, so a retry runs again.
-async fn respond(
+/// Stores the request's answer under its key and commits it with the work
+/// ([`idempotency::complete`]), then answers: the response, or the refusal.
+/// Domain outcomes (2xx, 404, 409, 422) are stored with the key;
+/// infrastructure errors roll everything back, so a retry runs again.
+async fn complete(
     state: &AppState,
     request: &Idempotent,
-    work: idempotency::Work<ApiError>,
+    tx: Transaction<'static, Postgres>,
+    result: Result<StoredResponse, ApiError>,
 ) -> Result<Response, ApiError> {
-    let outcome = idempotency::execute(
-        &state.pool,
-        request.keyed(),
-        state.idempotency_ttl,
-        work,
-        |e: &ApiError| e.is_final().then(|| e.to_stored()),
-    )
-    .await?;
+    let response = match result {
+        Ok(response) => response,
+        Err(e) if e.is_final() => e.to_stored(),
+        Err(e) => {
+            // Now, not when the connection is next used: until then the
+            // key's claim is held, and a retry at once would be "in flight".
+            let _ = tx.rollback().await;
+            return Err(e);
+        }
+    };
+    let ttl = state.idempotency_ttl;
+    let outcome = idempotency::complete(&state.pool, tx, request.keyed(), ttl, &response).await?;
     if matches!(outcome, Outcome::Completed(_)) {
         fail::fail_point!(CRASH_AFTER_COMMIT_BEFORE_RESPONSE, |_| telemetry::crash_point(
             CRASH_AFTER_COMMIT_BEFORE_RESPONSE
@@ -301,29 +313,35 @@ pub async fn cancel(
     request: Idempotent,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
-    let client = request.scope.clone();
-    let work: idempotency::Work<ApiError> = Box::new(move |conn| {
-        Box::pin(async move {
-            let order = orders::lock(conn, id).await?.ok_or(ApiError::NotFound)?;
-            if order.client_id != client {
-                return Err(ApiError::NotFound);
-            }
-            let status = match order.status {
-                Status::Refunding | Status::Cancelling | Status::Cancelled => StatusCode::OK,
-                Status::Confirmed => {
-                    saga::apply(conn, &order, Input::CancelRequested, None).await?;
-                    StatusCode::ACCEPTED
-                }
-                other @ (Status::Pending | Status::AwaitingPayment | Status::ManualReview) => {
-                    return Err(ApiError::Conflict(format!(
-                        "order is {}; only CONFIRMED orders can be cancelled",
-                        other.as_str()
-                    )))
-                }
-            };
-            let order = orders::get(conn, id).await?.ok_or(ApiError::NotFound)?;
-            Ok(StoredResponse::json(status, &order, "application/json"))
-        })
-    });
-    respond(&state, &request, work).await
+    let mut tx = match idempotency::begin(&state.pool, request.keyed()).await? {
+        Begun::New(tx) => tx,
+        Begun::Answered(outcome) => return Ok(idempotency::respond(outcome)?),
+    };
+    let cancelled = cancel_order(&mut tx, id, &request.scope).await;
+    complete(&state, &request, tx, cancelled).await
+}
+
+/// The cancel of order `id` for `client`, in the request's transaction: a
+/// CONFIRMED order starts its refund (202), one already being cancelled or
+/// cancelled answers 200, any other state is a conflict.
+async fn cancel_order(conn: &mut PgConnection, id: Uuid, client: &str) -> Result<StoredResponse, ApiError> {
+    let order = orders::lock(conn, id).await?.ok_or(ApiError::NotFound)?;
+    if order.client_id != client {
+        return Err(ApiError::NotFound);
+    }
+    let status = match order.status {
+        Status::Refunding | Status::Cancelling | Status::Cancelled => StatusCode::OK,
+        Status::Confirmed => {
+            saga::apply(conn, &order, Input::CancelRequested, None).await?;
+            StatusCode::ACCEPTED
+        }
+        other @ (Status::Pending | Status::AwaitingPayment | Status::ManualReview) => {
+            return Err(ApiError::Conflict(format!(
+                "order is {}; only CONFIRMED orders can be cancelled",
+                other.as_str()
+            )))
+        }
+    };
+    let order = orders::get(conn, id).await?.ok_or(ApiError::NotFound)?;
+    Ok(StoredResponse::json(status, &order, "application/json"))
 }

@@ -1,0 +1,105 @@
+//! The idempotent-request flow as a handler reads it, top to bottom, for
+//! handlers that do their work in a database transaction (order-api,
+//! mock-gateway):
+//!
+//! ```no_run
+//! # use idempotency::{Begun, Keyed, StoredResponse};
+//! # async fn handler(pool: &sqlx::PgPool, request: Keyed<'_>) -> Result<idempotency::Outcome, idempotency::Error> {
+//! let mut tx = match idempotency::begin(pool, request).await? {
+//!     Begun::New(tx) => tx,                           // the key is ours: do the work
+//!     Begun::Answered(outcome) => return Ok(outcome), // a replay, in flight, or a mismatch
+//! };
+//! // … the effect, written with `&mut *tx` …
+//! let response = StoredResponse::json(axum::http::StatusCode::CREATED, &"done", "application/json");
+//! let ttl = std::time::Duration::from_secs(86_400);
+//! idempotency::complete(pool, tx, request, ttl, &response).await // stored and committed with the effect
+//! # }
+//! ```
+//!
+//! A failed effect that must not be stored (a dependency was down: a retry
+//! should run again) is answered by rolling `tx` back at once — the key's
+//! claim goes with it; one that is the request's final answer (a
+//! validation failure) is stored with [`complete`] like a success.
+
+use std::time::Duration;
+
+use sqlx::{PgPool, Postgres, Transaction};
+
+use crate::{claim, lookup, store, Claim, Error, StoredResponse};
+
+/// Identity of a keyed request.
+#[derive(Debug, Clone, Copy)]
+pub struct Keyed<'a> {
+    /// The client scope the key belongs to.
+    pub scope: &'a str,
+    /// The Idempotency-Key.
+    pub key: &'a str,
+    /// [`crate::fingerprint`] of the request.
+    pub fingerprint: &'a str,
+}
+
+/// How a keyed request ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Executed now; the response is stored and committed.
+    Completed(StoredResponse),
+    /// Executed before; here is the stored response.
+    Replayed(StoredResponse),
+    /// The first request with this key is still running.
+    InFlight,
+    /// The key was used for a different request.
+    Mismatch,
+}
+
+/// What [`begin`] found.
+#[derive(Debug)]
+pub enum Begun {
+    /// The key is this request's: do the work in this transaction (which
+    /// holds the key's claim), then [`complete`].
+    New(Transaction<'static, Postgres>),
+    /// Answered without running: a replay, in flight, or a mismatch.
+    Answered(Outcome),
+}
+
+/// Opens the request's transaction and claims its key in it ([`claim`]):
+/// the transaction to do the work in, or the answer when the key was
+/// completed, is in flight, or belongs to another request.
+pub async fn begin(pool: &PgPool, request: Keyed<'_>) -> Result<Begun, Error> {
+    let mut tx = pool.begin().await?;
+    let answered = match claim(&mut tx, request.scope, request.key, request.fingerprint).await? {
+        Claim::New => return Ok(Begun::New(tx)),
+        Claim::Replay(stored) => Outcome::Replayed(stored),
+        Claim::InFlight => Outcome::InFlight,
+        Claim::Mismatch => Outcome::Mismatch,
+    };
+    // Nothing was written: end the transaction now rather than when its
+    // connection is next used.
+    tx.rollback().await?;
+    Ok(Begun::Answered(answered))
+}
+
+/// Stores `response` under the request's key in `tx` and commits it with
+/// the work done there: [`Outcome::Completed`]. When a concurrent first
+/// request completed the key after this one's claim (see [`claim`]), this
+/// one's work is rolled back and that request's answer returned instead.
+pub async fn complete(
+    pool: &PgPool,
+    mut tx: Transaction<'static, Postgres>,
+    request: Keyed<'_>,
+    ttl: Duration,
+    response: &StoredResponse,
+) -> Result<Outcome, Error> {
+    if store(&mut tx, request.scope, request.key, request.fingerprint, ttl, response).await? {
+        tx.commit().await?;
+        return Ok(Outcome::Completed(response.clone()));
+    }
+    tx.rollback().await?;
+    let mut conn = pool.acquire().await?;
+    Ok(
+        match lookup(&mut conn, request.scope, request.key, request.fingerprint).await? {
+            Some(Claim::Replay(stored)) => Outcome::Replayed(stored),
+            Some(Claim::Mismatch) => Outcome::Mismatch,
+            _ => Outcome::InFlight,
+        },
+    )
+}

@@ -1,0 +1,224 @@
+//! The idempotent-request flow (`idempotency::begin` → the work →
+//! `idempotency::complete`) against a real PostgreSQL, including the race
+//! in which another request completes the key after this one's claim.
+
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use idempotency::{Begun, Keyed, Outcome, StoredResponse};
+use sqlx::{PgPool, Postgres, Transaction};
+use testkit::TempDb;
+
+/// A fresh database with an `effects` table; dropped with the guard.
+async fn db() -> (PgPool, TempDb) {
+    let (db, pool) = TempDb::with_tables("eo_idem", vec![idempotency::migrator()], "CREATE TABLE effects (n int)")
+        .await
+        .unwrap();
+    (pool, db)
+}
+
+fn response(body: &str) -> StoredResponse {
+    StoredResponse::json(StatusCode::CREATED, &body, "application/json")
+}
+
+const TTL: Duration = Duration::from_secs(60);
+
+fn keyed<'a>(key: &'a str, fingerprint: &'a str) -> Keyed<'a> {
+    Keyed {
+        scope: "c",
+        key,
+        fingerprint,
+    }
+}
+
+/// `begin`, expecting the key to be this request's.
+async fn claimed(pool: &PgPool, request: Keyed<'_>) -> Transaction<'static, Postgres> {
+    match idempotency::begin(pool, request).await.unwrap() {
+        Begun::New(tx) => tx,
+        Begun::Answered(outcome) => panic!("answered without running: {outcome:?}"),
+    }
+}
+
+/// `begin`, expecting an answer without running.
+async fn answered(pool: &PgPool, request: Keyed<'_>) -> Outcome {
+    match idempotency::begin(pool, request).await.unwrap() {
+        Begun::New(_) => panic!("ran again"),
+        Begun::Answered(outcome) => outcome,
+    }
+}
+
+async fn effects(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM effects")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_work_runs_once_and_its_answer_is_replayed_or_refused() {
+    let (pool, _db) = db().await;
+    let mut tx = claimed(&pool, keyed("k", "fp")).await;
+    // While it runs, the same key is in flight.
+    assert_eq!(answered(&pool, keyed("k", "fp")).await, Outcome::InFlight);
+    sqlx::query("INSERT INTO effects VALUES (1)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let outcome = idempotency::complete(&pool, tx, keyed("k", "fp"), TTL, &response("done"))
+        .await
+        .unwrap();
+    assert_eq!(outcome, Outcome::Completed(response("done")));
+    assert_eq!(
+        answered(&pool, keyed("k", "fp")).await,
+        Outcome::Replayed(response("done"))
+    );
+    assert_eq!(answered(&pool, keyed("k", "other")).await, Outcome::Mismatch);
+    assert_eq!(effects(&pool).await, 1, "the work ran once");
+    pool.close().await;
+}
+
+#[tokio::test]
+async fn a_key_completed_by_a_concurrent_request_rolls_this_one_back_and_replays_it() {
+    let (pool, _db) = db().await;
+    let mut tx = claimed(&pool, keyed("k", "fp")).await;
+    sqlx::query("INSERT INTO effects VALUES (1)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    // Meanwhile the "first" request commits the same key elsewhere.
+    let mut other = pool.acquire().await.unwrap();
+    assert!(idempotency::store(&mut other, "c", "k", "fp", TTL, &response("first"))
+        .await
+        .unwrap());
+    drop(other);
+    let outcome = idempotency::complete(&pool, tx, keyed("k", "fp"), TTL, &response("second"))
+        .await
+        .unwrap();
+    assert_eq!(
+        outcome,
+        Outcome::Replayed(response("first")),
+        "the other request's answer"
+    );
+    assert_eq!(effects(&pool).await, 0, "this request's effect was rolled back");
+    pool.close().await;
+}
+
+#[tokio::test]
+async fn a_key_completed_meanwhile_for_another_request_is_a_mismatch() {
+    let (pool, _db) = db().await;
+    let tx = claimed(&pool, keyed("k", "fp-mine")).await;
+    // The "first" request, with another body, commits the key meanwhile.
+    let mut other = pool.acquire().await.unwrap();
+    assert!(
+        idempotency::store(&mut other, "c", "k", "fp-theirs", TTL, &response("first"))
+            .await
+            .unwrap()
+    );
+    drop(other);
+    let outcome = idempotency::complete(&pool, tx, keyed("k", "fp-mine"), TTL, &response("second"))
+        .await
+        .unwrap();
+    assert_eq!(outcome, Outcome::Mismatch);
+    pool.close().await;
+}
+
+#[tokio::test]
+async fn work_rolled_back_stores_nothing_and_the_retry_runs_again() {
+    let (pool, _db) = db().await;
+    let mut tx = claimed(&pool, keyed("k", "fp")).await;
+    sqlx::query("INSERT INTO effects VALUES (1)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    // A dependency failed: the handler rolls back, the claim goes with it.
+    tx.rollback().await.unwrap();
+    let tx = claimed(&pool, keyed("k", "fp")).await;
+    let outcome = idempotency::complete(&pool, tx, keyed("k", "fp"), TTL, &response("ran again"))
+        .await
+        .unwrap();
+    assert_eq!(outcome, Outcome::Completed(response("ran again")));
+    assert_eq!(effects(&pool).await, 0, "the failed attempt left nothing");
+    pool.close().await;
+}
+
+/// `claim` of key `k` of scope `c` in a transaction of its own, left open
+/// (its advisory lock held) and returned.
+async fn begun(pool: &PgPool, fingerprint: &str) -> (Transaction<'static, Postgres>, idempotency::Claim) {
+    let mut tx = pool.begin().await.unwrap();
+    let claim = idempotency::claim(&mut tx, "c", "k", fingerprint).await.unwrap();
+    (tx, claim)
+}
+
+#[tokio::test]
+async fn a_claim_takes_the_key_once_and_an_expired_key_is_new_again_only_for_the_lock_holder() {
+    use idempotency::Claim;
+    let (pool, _db) = db().await;
+    // The first takes the key; a second meanwhile is told it is in flight.
+    let (mut first, begin) = begun(&pool, "fp").await;
+    assert_eq!(begin, Claim::New);
+    let (_, second) = begun(&pool, "fp").await;
+    assert_eq!(second, Claim::InFlight);
+    // Completed, it is replayed (to a differing request: a mismatch).
+    let ttl = Duration::from_secs(60);
+    assert!(idempotency::store(&mut first, "c", "k", "fp", ttl, &response("first"))
+        .await
+        .unwrap());
+    first.commit().await.unwrap();
+    assert_eq!(begun(&pool, "fp").await.1, Claim::Replay(response("first")));
+    assert_eq!(begun(&pool, "fp-other").await.1, Claim::Mismatch);
+
+    // Expired: while another holds the lock it is in flight and stays stored…
+    sqlx::query("UPDATE idempotency_keys SET expires_at = now() - interval '1 second'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('c' || chr(31) || 'k', 7))")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let (_, meanwhile) = begun(&pool, "fp").await;
+    assert_eq!(meanwhile, Claim::InFlight);
+    holder.rollback().await.unwrap();
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_keys")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(stored, 1);
+    // …and with the lock free it is new, its old row deleted.
+    let (tx, again) = begun(&pool, "fp-other").await;
+    assert_eq!(again, Claim::New);
+    tx.commit().await.unwrap();
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_keys")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(stored, 0);
+    pool.close().await;
+}
+
+#[tokio::test]
+async fn the_reaper_deletes_expired_keys_only_a_batch_at_a_time() {
+    let (pool, _db) = db().await;
+    let mut conn = pool.acquire().await.unwrap();
+    for key in ["a", "b", "c", "live"] {
+        let ttl = Duration::from_secs(60);
+        idempotency::store(&mut conn, "s", key, "fp", ttl, &response(key))
+            .await
+            .unwrap();
+    }
+    sqlx::query("UPDATE idempotency_keys SET expires_at = now() - interval '1 second' WHERE key <> 'live'")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    drop(conn);
+    assert_eq!(idempotency::reap(&pool, 2).await.unwrap(), 2);
+    assert_eq!(idempotency::reap(&pool, 2).await.unwrap(), 1);
+    assert_eq!(idempotency::reap(&pool, 2).await.unwrap(), 0);
+    let left: Vec<String> = sqlx::query_scalar("SELECT key FROM idempotency_keys")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, ["live"]);
+    pool.close().await;
+}
