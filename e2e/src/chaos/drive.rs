@@ -88,7 +88,10 @@ pub(super) async fn drive(stack: &mut Stack, cfg: &ChaosConfig) -> anyhow::Resul
 }
 
 /// Stops the faults, starts whatever is down without crash points, and
-/// waits for the system to drain and then to stay quiet.
+/// waits for the system to drain and then to stay quiet. A system that
+/// stays quiet for the window (longer than every deadline, so no
+/// reconciler is still due to act) with orders open will not drain: that
+/// ends the wait at once, and the audit names the stuck orders.
 async fn calm_down(stack: &mut Stack, client: &Client, cfg: &ChaosConfig) -> anyhow::Result<()> {
     faults::end_windows(stack, client).await;
     for s in Service::ALL {
@@ -97,9 +100,15 @@ async fn calm_down(stack: &mut Stack, client: &Client, cfg: &ChaosConfig) -> any
             stack.start_service(s).await?;
         }
     }
-    let end = Instant::now() + cfg.quiesce_timeout;
-    wait_drained(stack, cfg.quiesce_timeout).await?;
-    wait_quiet(stack, cfg.quiet_window(), end).await
+    let (end, window) = (Instant::now() + cfg.quiesce_timeout, cfg.quiet_window());
+    tokio::select! {
+        drained = wait_drained(stack, cfg.quiesce_timeout) => drained?,
+        still = wait_quiet(stack, window, end) => {
+            still?;
+            anyhow::bail!("nothing moved for {window:?} with the saga not drained: stuck");
+        }
+    }
+    wait_quiet(stack, window, end).await
 }
 
 /// What the system has done so far, as counters that only move when it
