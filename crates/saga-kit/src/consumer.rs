@@ -119,29 +119,12 @@ impl SagaConsumer {
 }
 
 impl SagaConsumer {
-    /// Runs this consumer under `tasks`' supervision: each envelope goes to
-    /// `handler(state.clone(), envelope)`; the inbox retention runs beside it.
-    pub fn spawn<S, H, F>(self, tasks: &mut Supervisor, state: S, handler: H)
-    where
-        S: Clone + Send + Sync + 'static,
-        H: Fn(S, Envelope) -> F + Send + Sync + 'static,
-        F: Future<Output = Result<Handled, HandleError>> + Send + 'static,
-    {
-        let (settings, pool, retention) = self.into_parts();
-        let name = settings.group_id.clone();
-        let token = tasks.token();
-        tasks.spawn(
-            format!("{name} consumer"),
-            kafka::consumer::run(settings, token, move |envelope| handler(state.clone(), envelope)),
-        );
-        spawn_retention(tasks, &name, pool, retention);
-    }
-
-    /// Like [`SagaConsumer::spawn`] for a handler that applies a
-    /// partition's queued envelopes (up to `KAFKA_CONSUMER_MAX_BATCH`) in one
-    /// transaction: `handler(state.clone(), envelopes)` returns one outcome
-    /// per envelope, all committed, or an error with none committed. Each
-    /// envelope comes with its consumer span, for the work done on it.
+    /// Runs this consumer under `tasks`' supervision, the inbox retention
+    /// beside it, for a handler that applies a partition's queued envelopes
+    /// (up to `KAFKA_CONSUMER_MAX_BATCH`) in one transaction:
+    /// `handler(state.clone(), envelopes)` returns one outcome per envelope,
+    /// all committed, or an error with none committed. Each envelope comes
+    /// with its consumer span, for the work done on it.
     pub fn spawn_batches<S, H, F>(self, tasks: &mut Supervisor, state: S, handler: H)
     where
         S: Clone + Send + Sync + 'static,

@@ -214,16 +214,10 @@ pub struct Transition {
     pub command: Option<Uuid>,
 }
 
-/// Sets each order's status (and cancel reason, when given) and the
-/// command its new state waits on, and restarts the state's deadline, in
-/// one statement. At most one transition per order.
-pub async fn set_statuses(conn: &mut PgConnection, moves: &[Transition]) -> sqlx::Result<()> {
-    write_transitions(conn, moves, &[]).await
-}
-
-/// [`set_statuses`] and [`record_histories`] in one statement: a saga
-/// batch's moves and its history entries (applied and ignored ones), one
-/// round trip.
+/// A saga batch's moves — each order's status (and cancel reason, when
+/// given), the command its new state waits on, its deadline restarted —
+/// and its history entries (applied and ignored ones), in one statement.
+/// At most one move per order.
 pub async fn write_transitions(
     conn: &mut PgConnection,
     moves: &[Transition],
@@ -266,16 +260,6 @@ pub async fn mark_reconciled(conn: &mut PgConnection, ids: &[Uuid]) -> sqlx::Res
     }
     sqlx::query("UPDATE orders SET reconciled_at = now() WHERE id = ANY($1)")
         .bind(ids)
-        .execute(conn)
-        .await?;
-    Ok(())
-}
-
-/// Records `command` as the one the order's current state waits on.
-pub async fn set_last_command(conn: &mut PgConnection, id: Uuid, command: Uuid) -> sqlx::Result<()> {
-    sqlx::query("UPDATE orders SET last_command_id = $2 WHERE id = $1")
-        .bind(id)
-        .bind(command)
         .execute(conn)
         .await?;
     Ok(())
