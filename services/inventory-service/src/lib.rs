@@ -5,6 +5,7 @@
 //! used by the demo and the tests to seed and audit stock: an operator's
 //! endpoints, behind the operator credential (`INVENTORY_OPERATOR_KEY`).
 
+pub mod http;
 pub mod stock;
 
 use std::net::SocketAddr;
@@ -59,10 +60,10 @@ pub struct Config {
         title = "inventory-service",
         description = "Stock levels of the effectively-once saga (seeding and audit); reservations travel over Kafka. Errors are RFC 9457 problem+json."
     ),
-    paths(stock::list, stock::set),
+    paths(http::list, http::set),
     modifiers(&CALLER_SCHEME),
     security(("bearer" = [])),
-    components(schemas(stock::StockLevel, stock::SetStock, service_kit::problem::Problem))
+    components(schemas(http::StockLevel, http::SetStock, service_kit::problem::Problem))
 )]
 pub struct ApiDoc;
 
@@ -120,8 +121,8 @@ impl App {
         });
         let operator = service_kit::bearer::Callers::one("operator", self.config.operator_key.clone());
         let app = Router::new()
-            .route("/stock", get(stock::list))
-            .route("/stock/{sku}", put(stock::set))
+            .route("/stock", get(http::list))
+            .route("/stock/{sku}", put(http::set))
             .route_layer(axum::middleware::from_fn_with_state(
                 operator,
                 service_kit::bearer::require,
