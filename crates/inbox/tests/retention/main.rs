@@ -118,3 +118,33 @@ async fn seen_names_the_processed_ids_and_a_miss_is_recorded_with_its_business_k
     drop(conn);
     pool.close().await;
 }
+
+#[tokio::test]
+async fn a_begun_batch_names_its_fresh_deliveries_and_its_rows_commit_with_the_transaction() {
+    let (_db, pool) = testkit::TempDb::with_pool("eo_inbox", 3, vec![inbox::migrator()])
+        .await
+        .unwrap();
+    let (seen, a, b) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+    let (tx, fresh) = inbox::begin_batch(&pool, "c", &[seen.into()]).await.unwrap();
+    assert_eq!((fresh.indices(), fresh.is_empty()), (vec![0], false));
+    tx.commit().await.unwrap();
+
+    let batch = [a.into(), seen.into(), b.into(), a.into()];
+    let (tx, fresh) = inbox::begin_batch(&pool, "c", &batch).await.unwrap();
+    assert_eq!(fresh.indices(), [0, 2]);
+    assert!(!fresh.is_empty());
+    assert_eq!(
+        fresh.recorded(),
+        [Recorded::New, Recorded::Duplicate, Recorded::New, Recorded::Duplicate]
+    );
+    // Rolled back (the effect failed): nothing of the batch is recorded.
+    tx.rollback().await.unwrap();
+    let (tx, fresh) = inbox::begin_batch(&pool, "c", &batch).await.unwrap();
+    assert_eq!(fresh.indices(), [0, 2], "the rolled-back rows are new again");
+    tx.commit().await.unwrap();
+    let (tx, fresh) = inbox::begin_batch(&pool, "c", &[b.into(), seen.into()]).await.unwrap();
+    assert_eq!((fresh.indices(), fresh.is_empty()), (vec![], true), "all duplicates");
+    assert_eq!(fresh.recorded(), [Recorded::Duplicate, Recorded::Duplicate]);
+    tx.commit().await.unwrap();
+    pool.close().await;
+}
