@@ -32,6 +32,14 @@ pub struct KafkaArgs {
     #[arg(long = "kafka-consumer-max-batch", env = "KAFKA_CONSUMER_MAX_BATCH", default_value_t = 32,
           value_parser = clap::value_parser!(u16).range(1..=1_000))]
     pub consumer_max_batch: u16,
+    /// Attempts a consumer makes at a message that keeps failing
+    /// transiently (not a dependency down: that waits without limit) before
+    /// it dead-letters the message with the last error and moves on: a
+    /// deterministic failure must not stall its partition for ever. With
+    /// the backoff (50 ms doubling to 5 s), 10 attempts take about 16 s.
+    #[arg(long = "kafka-consumer-max-attempts", env = "KAFKA_CONSUMER_MAX_ATTEMPTS", default_value_t = 10,
+          value_parser = clap::value_parser!(u32).range(1..=1_000))]
+    pub consumer_max_attempts: u32,
     /// How long a consumer's fetch may wait at the broker for more messages
     /// to arrive, in milliseconds (`fetch.wait.max.ms`, with
     /// `fetch.min.bytes` of 16 KiB): a fetch answered at the first message
@@ -81,6 +89,7 @@ impl KafkaArgs {
             commit_interval_ms: 1000,
             linger_ms: 0,
             consumer_max_batch: 32,
+            consumer_max_attempts: 10,
             fetch_wait_ms: 0,
             topic_retention_secs: 3 * 86_400,
             replication_factor: 1,

@@ -22,8 +22,15 @@
 //! a revoked partition's lane finishes its in-flight batch and the handled
 //! offsets are committed before the partition moves ([`crate::group`]).
 //!
-//! Transient handler errors retry the same message with capped exponential
-//! backoff; the partition does not move past a message that may still succeed.
+//! **Errors.** A handler says what kind of failure it had ([`HandleError`]):
+//! a dependency down (*unavailable*) retries the same message with capped
+//! exponential backoff for as long as it takes — the partition waits, and
+//! moves on when the dependency is back; a *transient* failure retries the
+//! same way up to `KAFKA_CONSUMER_MAX_ATTEMPTS` attempts in a row, and then
+//! the message is dead-lettered with the last error, so a message that
+//! fails deterministically cannot stall its partition for ever; a
+//! *permanent* one (undecodable, a constraint it violates) is dead-lettered
+//! at once.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -42,6 +49,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use crate::{KafkaArgs, Result};
+
+mod retry;
+use retry::{handle_with_retry, Retry};
 
 /// Crash point (failpoints builds): abort after the handler's transaction
 /// committed, before the offset is stored — the redelivery that follows
@@ -74,18 +84,29 @@ pub enum Handled {
 /// Why a handler failed.
 #[derive(Debug, thiserror::Error)]
 pub enum HandleError {
-    /// May succeed later (database or gateway unavailable): retry the same message.
+    /// A dependency is down (no connection to the database, the gateway
+    /// unreachable): retry the same message, without limit.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    /// May succeed on another attempt (a serialisation failure, a deadlock,
+    /// a timeout): retry the same message, up to the consumer's attempts.
     #[error("transient: {0}")]
     Transient(String),
-    /// Can never succeed (unknown type, invalid payload): dead-letter it.
+    /// Can never succeed (unknown type, invalid payload, a constraint it
+    /// violates): dead-letter it.
     #[error("permanent: {0}")]
     Permanent(String),
 }
 
 impl HandleError {
-    /// A transient error from anything displayable (database, HTTP client).
+    /// A transient error from anything displayable.
     pub fn transient(e: impl std::fmt::Display) -> Self {
         Self::Transient(e.to_string())
+    }
+
+    /// A dependency down, from anything displayable.
+    pub fn unavailable(e: impl std::fmt::Display) -> Self {
+        Self::Unavailable(e.to_string())
     }
 
     /// A permanent error from anything displayable (decoding, validation).
@@ -190,6 +211,7 @@ where
         name: Arc::from(settings.group_id.as_str()),
         handler: Arc::new(handler),
         max_batch: settings.max_batch.max(1),
+        max_attempts: settings.kafka.consumer_max_attempts.max(1),
         ack_first: switches::on(switches::Switch::OffsetBeforeHandling),
         shutdown: shutdown.clone(),
         revoked: CancellationToken::new(),
@@ -337,6 +359,8 @@ struct Lane<T, H> {
     name: Arc<str>,
     handler: Arc<H>,
     max_batch: usize,
+    /// Transient failures in a row before a message is dead-lettered.
+    max_attempts: u32,
     /// NEGATIVE CONTROL: store and commit each batch's offsets before
     /// handling it (acknowledge first).
     ack_first: bool,
@@ -357,6 +381,7 @@ impl<T, H> Lane<T, H> {
             name: self.name.clone(),
             handler: self.handler.clone(),
             max_batch: self.max_batch,
+            max_attempts: self.max_attempts,
             ack_first: self.ack_first,
             shutdown: self.shutdown.clone(),
             revoked,
@@ -472,7 +497,7 @@ where
             telemetry::crash_point(CRASH_WHILE_HANDLING)
         });
         let single = decoded.len() == 1;
-        match handle_with_retry(name, &*self.handler, decoded.clone(), &self.shutdown).await {
+        match self.retrying(decoded.clone()).await {
             Ok(Some(outcomes)) => return Some(self.count(&sources, &outcomes)),
             Ok(None) => return None,
             Err(e) if single => {
@@ -486,7 +511,7 @@ where
         }
         let mut applied = 0;
         for (message, msg) in decoded.into_iter().zip(sources) {
-            match handle_with_retry(name, &*self.handler, vec![message], &self.shutdown).await {
+            match self.retrying(vec![message]).await {
                 Ok(Some(outcomes)) => applied += self.count(&[msg], &outcomes),
                 Ok(None) => return None,
                 Err(e) => {
@@ -497,6 +522,16 @@ where
             }
         }
         Some(applied)
+    }
+
+    /// The handler on `batch` with its retries ([`handle_with_retry`]).
+    async fn retrying(&self, batch: Vec<Traced<T>>) -> Result<Option<Vec<Handled>>, HandleError> {
+        let retry = Retry {
+            name: &self.name,
+            max_attempts: self.max_attempts,
+            shutdown: &self.shutdown,
+        };
+        handle_with_retry(&retry, &*self.handler, batch).await
     }
 
     /// Counts the outcomes in the metrics; returns how many were applied.
@@ -526,43 +561,5 @@ where
             }
         }
         applied
-    }
-}
-
-/// Runs the handler, retrying transient errors with capped backoff.
-/// Returns `Ok(None)` when shutdown interrupts the retries.
-async fn handle_with_retry<T, O, H, F>(
-    name: &str,
-    handler: &H,
-    message: T,
-    shutdown: &CancellationToken,
-) -> Result<Option<O>, HandleError>
-where
-    T: Clone,
-    H: Fn(T) -> F,
-    F: Future<Output = Result<O, HandleError>>,
-{
-    let mut delay = Duration::from_millis(50);
-    loop {
-        let started = std::time::Instant::now();
-        let outcome = handler(message.clone()).await;
-        telemetry::metrics::observe(
-            "consumer_handler_duration_seconds",
-            &[("consumer", name)],
-            started.elapsed(),
-        );
-        match outcome {
-            Ok(h) => return Ok(Some(h)),
-            Err(HandleError::Permanent(e)) => return Err(HandleError::Permanent(e)),
-            Err(HandleError::Transient(e)) => {
-                telemetry::metrics::incr("consumer_transient_errors_total", &[("consumer", name)]);
-                tracing::warn!(consumer = name, error = %e, ?delay, "transient error, retrying");
-                tokio::select! {
-                    _ = shutdown.cancelled() => return Ok(None),
-                    _ = tokio::time::sleep(delay) => {}
-                }
-                delay = (delay * 2).min(Duration::from_secs(5));
-            }
-        }
     }
 }

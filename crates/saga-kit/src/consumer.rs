@@ -36,7 +36,7 @@ fn crash_point_in_transaction() {
 ///
 /// ```ignore
 /// let (mut tx, fresh) = saga_kit::consumer::begin(pool, INVENTORY.name, &batch).await?;
-/// apply(&mut tx, &batch, &fresh.indices()).await.map_err(HandleError::transient)?;
+/// apply(&mut tx, &batch, &fresh.indices()).await.map_err(saga_kit::consumer::classify)?;
 /// saga_kit::consumer::commit(tx, &fresh).await
 /// ```
 pub async fn begin(
@@ -51,9 +51,7 @@ pub async fn begin(
             source: t.position.map(|p| (p.partition, p.offset)),
         })
         .collect();
-    inbox::begin_batch(pool, consumer, &deliveries)
-        .await
-        .map_err(HandleError::transient)
+    inbox::begin_batch(pool, consumer, &deliveries).await.map_err(classify)
 }
 
 /// Commits a batch's transaction — its inbox rows and effects together —
@@ -64,7 +62,7 @@ pub async fn commit(tx: Transaction<'static, Postgres>, fresh: &inbox::Fresh) ->
     if !fresh.is_empty() {
         crash_point_in_transaction();
     }
-    tx.commit().await.map_err(HandleError::transient)?;
+    tx.commit().await.map_err(classify)?;
     Ok(fresh
         .recorded()
         .iter()
@@ -73,6 +71,45 @@ pub async fn commit(tx: Transaction<'static, Postgres>, fresh: &inbox::Fresh) ->
             inbox::Recorded::Duplicate => Handled::Duplicate,
         })
         .collect())
+}
+
+/// A handler's error, classified by the database error behind it (found
+/// among its sources), so the consume loop knows what a retry can do:
+///
+/// - SQLSTATE class 22 (data exception) or 23 (integrity constraint
+///   violation): the same statement fails the same way every time —
+///   **permanent**, the message is dead-lettered and its partition moves on;
+/// - no connection (I/O, TLS, the pool timed out or closed), SQLSTATE class
+///   08 (connection exception), 53 (insufficient resources) or 57P0x (the
+///   server shutting down or starting): the database is down —
+///   **unavailable**, retried for as long as it takes, nothing dead-lettered;
+/// - anything else (a serialisation failure, a deadlock, a timeout, an
+///   error with no database error behind it): **transient**, retried up to
+///   the consumer's attempts.
+///
+/// The message names the whole chain of causes.
+pub fn classify(e: impl Into<anyhow::Error>) -> HandleError {
+    let e: anyhow::Error = e.into();
+    let chain = format!("{e:#}");
+    let sql = e.chain().find_map(|c| c.downcast_ref::<sqlx::Error>());
+    let class = |code: &str| match code {
+        c if c.starts_with("22") || c.starts_with("23") => HandleError::Permanent(chain.clone()),
+        c if c.starts_with("08") || c.starts_with("53") || c.starts_with("57P0") => {
+            HandleError::Unavailable(chain.clone())
+        }
+        _ => HandleError::Transient(chain.clone()),
+    };
+    match sql {
+        Some(sqlx::Error::Database(db)) => class(db.code().as_deref().unwrap_or("")),
+        Some(
+            sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed,
+        ) => HandleError::Unavailable(chain),
+        _ => HandleError::Transient(chain),
+    }
 }
 
 /// A batch handler's answer for one envelope, handled as a batch of one in

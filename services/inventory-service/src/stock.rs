@@ -57,7 +57,7 @@ pub async fn handle_batch(pool: &PgPool, batch: Vec<Traced<Envelope>>) -> Result
     if !fresh.is_empty() {
         apply_all(&mut tx, &batch, &commands, &fresh.indices())
             .await
-            .map_err(HandleError::transient)?;
+            .map_err(saga_kit::consumer::classify)?;
     }
     saga_kit::consumer::commit(tx, &fresh).await
 }

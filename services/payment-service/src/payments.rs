@@ -173,11 +173,11 @@ pub async fn handle_batch(deps: &Deps, batch: Vec<Traced<Envelope>>) -> Result<V
     // Redeliveries stop here, before anything is written or called for
     // them; step 3's inbox insert finds them again, skips them and counts
     // each redelivery once, in the batch's transaction.
-    let mut conn = deps.pool.acquire().await.map_err(HandleError::transient)?;
+    let mut conn = deps.pool.acquire().await.map_err(saga_kit::consumer::classify)?;
     let ids: Vec<Uuid> = batch.iter().map(|t| t.message.event_id).collect();
     let seen = inbox::seen(&mut conn, PAYMENT.name, &ids)
         .await
-        .map_err(HandleError::transient)?;
+        .map_err(saga_kit::consumer::classify)?;
     drop(conn);
     let unseen: Vec<usize> = (0..batch.len()).filter(|i| !seen.contains(&ids[*i])).collect();
 
@@ -208,7 +208,7 @@ pub async fn handle_batch(deps: &Deps, batch: Vec<Traced<Envelope>>) -> Result<V
     if !fresh.is_empty() {
         settle(&mut tx, &batch, &ctx, &fresh.indices())
             .await
-            .map_err(HandleError::transient)?;
+            .map_err(saga_kit::consumer::classify)?;
     }
     saga_kit::consumer::commit(tx, &fresh).await
 }
@@ -230,7 +230,7 @@ async fn open(
     operations: &[Operation],
     fresh: &[usize],
 ) -> Result<Vec<usize>, HandleError> {
-    let mut tx = deps.pool.begin().await.map_err(HandleError::transient)?;
+    let mut tx = deps.pool.begin().await.map_err(saga_kit::consumer::classify)?;
     let mut to_call = Vec::with_capacity(fresh.len());
     let mut opened = std::collections::HashSet::new();
     let mut rest = fresh;
@@ -244,7 +244,7 @@ async fn open(
         rest = later;
         let rows = upsert_operations(&mut tx, batch, operations, now)
             .await
-            .map_err(HandleError::transient)?;
+            .map_err(saga_kit::consumer::classify)?;
         for (&i, (status, attempt)) in now.iter().zip(rows) {
             let (order_id, operation) = (batch[i].message.order_id, &operations[i]);
             let kind = operation.kind();
@@ -260,7 +260,7 @@ async fn open(
             }
         }
     }
-    tx.commit().await.map_err(HandleError::transient)?;
+    tx.commit().await.map_err(saga_kit::consumer::classify)?;
     Ok(to_call)
 }
 
@@ -340,7 +340,7 @@ async fn call_all(
             let operation = &operations[i];
             let key = operation.key(order_id);
             let call = call_gateway(deps, operation, &key, order_id).instrument(batch[i].span.clone());
-            let reply = Reply::from_call(call.await).map_err(HandleError::Transient)?;
+            let reply = Reply::from_call(call.await).map_err(HandleError::Unavailable)?;
             // A refusal is as definite as a decline: the same key always gets it.
             done.push((i, outcome(operation.kind(), reply)?));
         }
@@ -502,13 +502,13 @@ async fn handle_without_dedup(deps: &Deps, envelope: &Envelope, operation: &Oper
     let key = format!("{}-{}", operation.key(envelope.order_id), Uuid::new_v4());
     let reply = call_gateway(deps, operation, &key, envelope.order_id)
         .await
-        .map_err(HandleError::transient)?;
+        .map_err(saga_kit::consumer::classify)?;
     let (_, reply) = outcome(operation.kind(), Reply::of(&reply))?;
-    let mut tx = deps.pool.begin().await.map_err(HandleError::transient)?;
+    let mut tx = deps.pool.begin().await.map_err(saga_kit::consumer::classify)?;
     saga_kit::emit::emit(&mut tx, envelope.order_id, &reply, Some(envelope))
         .await
-        .map_err(HandleError::transient)?;
-    tx.commit().await.map_err(HandleError::transient)?;
+        .map_err(saga_kit::consumer::classify)?;
+    tx.commit().await.map_err(saga_kit::consumer::classify)?;
     Ok(Handled::Applied)
 }
 

@@ -293,6 +293,60 @@ async fn transient_errors_retry_the_same_message_without_skipping_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_keeps_failing_is_dead_lettered_after_its_attempts_but_a_dependency_down_waits() {
+    let w = World::new().await;
+    let order = Uuid::new_v4();
+    let (doomed, behind) = (
+        Envelope::new(order, &Message::ReleaseStock, None),
+        Envelope::new(order, &Message::StockReleased, None),
+    );
+    w.send(&doomed).await;
+    w.send(&behind).await;
+    // The database is "down" for the first 6 calls — more than the
+    // attempts allowed — then every call for `doomed` fails transiently.
+    let mut settings = w.settings("capped");
+    settings.kafka.consumer_max_attempts = 4;
+    let (calls, doomed_calls) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let token = CancellationToken::new();
+    let (pool, c, d, doomed_id) = (w.pool.clone(), calls.clone(), doomed_calls.clone(), doomed.event_id);
+    let run = tokio::spawn(kafka::consumer::run(settings, token.clone(), move |env: Envelope| {
+        let (pool, c, d) = (pool.clone(), c.clone(), d.clone());
+        async move {
+            if c.fetch_add(1, Ordering::SeqCst) < 6 {
+                return Err(HandleError::Unavailable("connection refused".into()));
+            }
+            if env.event_id == doomed_id {
+                d.fetch_add(1, Ordering::SeqCst);
+                return Err(HandleError::Transient("deadlock detected, every time".into()));
+            }
+            apply(&pool, "capped", env).await
+        }
+    }));
+    w.wait_effects(1).await;
+    token.cancel();
+    run.await.unwrap().unwrap();
+    assert_eq!(
+        doomed_calls.load(Ordering::SeqCst),
+        4,
+        "the attempts allowed, then no more"
+    );
+    let applied: Uuid = sqlx::query_scalar("SELECT event_id FROM effects")
+        .fetch_one(&w.pool)
+        .await
+        .unwrap();
+    assert_eq!(applied, behind.event_id, "the message behind it was handled");
+    let letters = kafka::dlq::list(&w.broker.addr, &w.topic).unwrap();
+    assert_eq!(
+        letters.len(),
+        1,
+        "only the doomed one, none while the database was down"
+    );
+    let error = letters[0].error.as_deref().unwrap_or_default();
+    assert!(error.contains("4 attempts") && error.contains("deadlock"), "{error}");
+    w.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letters_can_be_replayed_once_the_cause_is_fixed() {
     let w = World::new().await;
     let event = Envelope::new(Uuid::new_v4(), &Message::ReleaseStock, None);

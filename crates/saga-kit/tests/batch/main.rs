@@ -267,3 +267,52 @@ async fn a_participant_database_is_created_with_the_outbox_and_the_inbox() {
     }
     pool.close().await;
 }
+
+/// The service error a handler wraps a database error in.
+#[derive(Debug, thiserror::Error)]
+#[error("the effect failed")]
+struct Effect(#[source] sqlx::Error);
+
+#[tokio::test]
+async fn a_handler_error_is_classified_by_the_database_error_behind_it() {
+    use saga_kit::consumer::classify;
+    let (_db, pool) = world().await;
+    // 23505 unique violation, behind a service's own error: permanent.
+    sqlx::raw_sql("CREATE TABLE once (id int PRIMARY KEY); INSERT INTO once VALUES (1)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let unique = sqlx::query("INSERT INTO once VALUES (1)")
+        .execute(&pool)
+        .await
+        .unwrap_err();
+    match classify(Effect(unique)) {
+        HandleError::Permanent(chain) => {
+            assert!(chain.contains("the effect failed") && chain.contains("once"), "{chain}")
+        }
+        other => panic!("{other:?}"),
+    }
+    // 22P02 invalid text for an integer: permanent.
+    let data = sqlx::query("SELECT 'x'::int").execute(&pool).await.unwrap_err();
+    assert!(matches!(classify(data), HandleError::Permanent(_)));
+    // Any other database error (here 42P01, no such table) is transient.
+    let other = sqlx::query("SELECT * FROM no_such_table")
+        .execute(&pool)
+        .await
+        .unwrap_err();
+    assert!(matches!(classify(other), HandleError::Transient(_)));
+    // No database behind it at all: transient.
+    assert!(matches!(classify(anyhow::anyhow!("a bug")), HandleError::Transient(_)));
+    // The database down: unavailable, whether the pool is closed…
+    pool.close().await;
+    let closed = pool.acquire().await.unwrap_err();
+    assert!(matches!(classify(closed), HandleError::Unavailable(_)));
+    // …or nothing listens.
+    let refused = <sqlx::PgConnection as sqlx::Connection>::connect("postgres://postgres@127.0.0.1:1/none")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(classify(refused), HandleError::Unavailable(_)),
+        "connection refused"
+    );
+}

@@ -1,0 +1,66 @@
+//! A lane's retries: how long a failing handler is called again before
+//! the message counts as one that can never succeed.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::HandleError;
+
+/// How a lane retries: its consumer's name, the transient failures in a
+/// row it allows, and its shutdown.
+pub(super) struct Retry<'a> {
+    pub name: &'a str,
+    pub max_attempts: u32,
+    pub shutdown: &'a CancellationToken,
+}
+
+/// Runs the handler, retrying with capped backoff: an unavailable
+/// dependency for as long as it takes, a transient failure up to
+/// `max_attempts` attempts in a row — then it is permanent, the last error
+/// named. Returns `Ok(None)` when shutdown interrupts the retries.
+pub(super) async fn handle_with_retry<T, O, H, F>(
+    retry: &Retry<'_>,
+    handler: &H,
+    message: T,
+) -> Result<Option<O>, HandleError>
+where
+    T: Clone,
+    H: Fn(T) -> F,
+    F: Future<Output = Result<O, HandleError>>,
+{
+    let name = retry.name;
+    let mut delay = Duration::from_millis(50);
+    let mut failed = 0u32;
+    loop {
+        let started = std::time::Instant::now();
+        let outcome = handler(message.clone()).await;
+        telemetry::metrics::observe(
+            "consumer_handler_duration_seconds",
+            &[("consumer", name)],
+            started.elapsed(),
+        );
+        let e = match outcome {
+            Ok(h) => return Ok(Some(h)),
+            Err(HandleError::Permanent(e)) => return Err(HandleError::Permanent(e)),
+            Err(HandleError::Transient(e)) => {
+                failed += 1;
+                if failed >= retry.max_attempts {
+                    return Err(HandleError::Permanent(format!(
+                        "{failed} attempts in a row failed, the last: {e}"
+                    )));
+                }
+                e
+            }
+            Err(HandleError::Unavailable(e)) => e,
+        };
+        telemetry::metrics::incr("consumer_transient_errors_total", &[("consumer", name)]);
+        tracing::warn!(consumer = name, error = %e, ?delay, failed, "handler failed, retrying");
+        tokio::select! {
+            _ = retry.shutdown.cancelled() => return Ok(None),
+            _ = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}
