@@ -550,3 +550,30 @@ impl<P: Publisher> Relay<P> {
         .rows_affected())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pause_lasts_its_backoff_which_doubles_up_to_the_cap() {
+        let mut backoff = MIN_BACKOFF;
+        let before = Instant::now();
+        let until = back_off(&mut backoff);
+        assert!(until >= before + MIN_BACKOFF, "the pause ends after its backoff");
+        assert_eq!(backoff, MIN_BACKOFF * 2);
+        for _ in 0..10 {
+            back_off(&mut backoff);
+        }
+        assert_eq!(backoff, MAX_BACKOFF);
+    }
+
+    #[test]
+    fn the_negative_control_mints_a_new_id_into_the_body() {
+        let (id, body) = minted(r#"{"event_id":"first","payload":1}"#);
+        let value: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_ne!(id, "first");
+        assert_eq!(value["event_id"], id.as_str());
+        assert_eq!(value["payload"], 1, "the rest of the body kept");
+    }
+}
