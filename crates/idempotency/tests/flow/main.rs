@@ -47,6 +47,22 @@ async fn answered(pool: &PgPool, request: Keyed<'_>) -> Outcome {
     }
 }
 
+/// The request's effect, in its transaction.
+async fn effect(tx: &mut Transaction<'static, Postgres>) {
+    sqlx::query("INSERT INTO effects VALUES (1)")
+        .execute(&mut **tx)
+        .await
+        .unwrap();
+}
+
+/// Another request, with `fingerprint`, completes key `k` on its own
+/// connection and commits: answer "first".
+async fn stored_meanwhile(pool: &PgPool, fingerprint: &str) {
+    let (mut other, first) = (pool.acquire().await.unwrap(), response("first"));
+    let stored = idempotency::store(&mut other, "c", "k", fingerprint, TTL, &first);
+    assert!(stored.await.unwrap());
+}
+
 async fn effects(pool: &PgPool) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM effects")
         .fetch_one(pool)
@@ -60,10 +76,7 @@ async fn the_work_runs_once_and_its_answer_is_replayed_or_refused() {
     let mut tx = claimed(&pool, keyed("k", "fp")).await;
     // While it runs, the same key is in flight.
     assert_eq!(answered(&pool, keyed("k", "fp")).await, Outcome::InFlight);
-    sqlx::query("INSERT INTO effects VALUES (1)")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
+    effect(&mut tx).await;
     let outcome = idempotency::complete(&pool, tx, keyed("k", "fp"), TTL, &response("done"))
         .await
         .unwrap();
@@ -81,16 +94,9 @@ async fn the_work_runs_once_and_its_answer_is_replayed_or_refused() {
 async fn a_key_completed_by_a_concurrent_request_rolls_this_one_back_and_replays_it() {
     let (pool, _db) = db().await;
     let mut tx = claimed(&pool, keyed("k", "fp")).await;
-    sqlx::query("INSERT INTO effects VALUES (1)")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
+    effect(&mut tx).await;
     // Meanwhile the "first" request commits the same key elsewhere.
-    let mut other = pool.acquire().await.unwrap();
-    assert!(idempotency::store(&mut other, "c", "k", "fp", TTL, &response("first"))
-        .await
-        .unwrap());
-    drop(other);
+    stored_meanwhile(&pool, "fp").await;
     let outcome = idempotency::complete(&pool, tx, keyed("k", "fp"), TTL, &response("second"))
         .await
         .unwrap();
@@ -108,13 +114,7 @@ async fn a_key_completed_meanwhile_for_another_request_is_a_mismatch() {
     let (pool, _db) = db().await;
     let tx = claimed(&pool, keyed("k", "fp-mine")).await;
     // The "first" request, with another body, commits the key meanwhile.
-    let mut other = pool.acquire().await.unwrap();
-    assert!(
-        idempotency::store(&mut other, "c", "k", "fp-theirs", TTL, &response("first"))
-            .await
-            .unwrap()
-    );
-    drop(other);
+    stored_meanwhile(&pool, "fp-theirs").await;
     let outcome = idempotency::complete(&pool, tx, keyed("k", "fp-mine"), TTL, &response("second"))
         .await
         .unwrap();
@@ -126,10 +126,7 @@ async fn a_key_completed_meanwhile_for_another_request_is_a_mismatch() {
 async fn work_rolled_back_stores_nothing_and_the_retry_runs_again() {
     let (pool, _db) = db().await;
     let mut tx = claimed(&pool, keyed("k", "fp")).await;
-    sqlx::query("INSERT INTO effects VALUES (1)")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
+    effect(&mut tx).await;
     // A dependency failed: the handler rolls back, the claim goes with it.
     tx.rollback().await.unwrap();
     let tx = claimed(&pool, keyed("k", "fp")).await;
