@@ -73,6 +73,27 @@ pub async fn commit(tx: Transaction<'static, Postgres>, fresh: &inbox::Fresh) ->
         .collect())
 }
 
+/// Records, in the handler's transaction, that `event_id` passed
+/// `consumer`'s inbox as new although its effect was already applied for
+/// `order_id` — the business key `caught_by` stopped it
+/// ([`inbox::note_miss`]) — and counts it in `inbox_misses_total`, which
+/// an alert watches: the inbox promises zero, so one is a deduplication bug
+/// (or a negative control) to look at.
+pub async fn note_miss(
+    conn: &mut sqlx::PgConnection,
+    consumer: &str,
+    event_id: uuid::Uuid,
+    order_id: uuid::Uuid,
+    caught_by: &str,
+) -> sqlx::Result<()> {
+    inbox::note_miss(conn, consumer, event_id, order_id, caught_by).await?;
+    telemetry::metrics::incr(
+        "inbox_misses_total",
+        &[("consumer", consumer), ("caught_by", caught_by)],
+    );
+    Ok(())
+}
+
 /// A handler's error, classified by the database error behind it (found
 /// among its sources), so the consume loop knows what a retry can do:
 ///

@@ -20,3 +20,9 @@ pub mod participant;
 pub mod retention;
 
 pub use consumer::SagaConsumer;
+
+/// The metrics of the saga's consumers beyond the consume loop's, for their
+/// `# HELP` (`telemetry::metrics::describe`).
+pub const METRICS: &[telemetry::metrics::Description] = telemetry::descriptions![
+    counter "inbox_misses_total": "Repeated events that passed an inbox as new and were stopped by a business key (the inbox promises zero).",
+];

@@ -350,7 +350,7 @@ async fn apply_all(
             tracing::info!(command, "the order's reservation already decided this command; a no-op");
         });
         telemetry::metrics::incr("inventory_repeat_commands_total", &[("command", command)]);
-        inbox::note_miss(conn, INVENTORY.name, env.event_id, env.order_id, caught_by).await?;
+        saga_kit::consumer::note_miss(conn, INVENTORY.name, env.event_id, env.order_id, caught_by).await?;
     }
     let replies: Vec<(Message, Envelope)> = decided
         .replies

@@ -413,7 +413,7 @@ async fn settle(
         let settled_here = with_result.iter().position(|&j| j == i).is_some_and(|at| moved[at]);
         let envelope = &batch[i].message;
         if !settled_here && !settled_by_reconciliation(tx, envelope.order_id, ctx[i].1).await? {
-            inbox::note_miss(
+            saga_kit::consumer::note_miss(
                 tx,
                 PAYMENT.name,
                 envelope.event_id,

@@ -220,7 +220,7 @@ impl Plan {
         orders::write_transitions(conn, &self.moves, &self.history).await?;
         orders::mark_reconciled(conn, &self.reconciled).await?;
         for (event_id, order_id) in self.misses {
-            inbox::note_miss(conn, ORDER_SAGA.name, event_id, order_id, "saga state machine").await?;
+            saga_kit::consumer::note_miss(conn, ORDER_SAGA.name, event_id, order_id, "saga state machine").await?;
         }
         Ok(())
     }
