@@ -31,7 +31,11 @@ pub struct Envelope {
     /// are 1.0.
     #[serde(default = "version_1_0")]
     pub version: String,
-    /// Stable identity of this business fact.
+    /// Stable identity of this business fact: a UUIDv7 minted once, by the
+    /// service that records the fact, and carried unchanged by every copy.
+    /// Unique across the whole system — not per topic, per order or per
+    /// producer — so a reader needs no other field to recognise a copy
+    /// (each inbox keys by consumer and event id).
     pub event_id: Uuid,
     /// The message type, e.g. `ReserveStock`.
     pub event_type: String,

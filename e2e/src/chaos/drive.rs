@@ -322,6 +322,12 @@ async fn verdict(
     match counted {
         Ok(log) => {
             applied_twice_in_the_log(&mut audit, &log.answered_twice());
+            if log.mislabelled.0 > 0 {
+                problems.push(format!(
+                    "{} messages in the log whose headers or key disagree with their body, e.g. {:?}",
+                    log.mislabelled.0, log.mislabelled.1
+                ));
+            }
             match provenance::late_copies(stack, &log).await {
                 Ok(late) => rescued_by_late_copies(&mut audit, &late),
                 Err(e) => problems.push(format!("could not tell which copies the inboxes applied: {e}")),

@@ -38,11 +38,41 @@ pub(super) struct Copy {
 pub(super) struct Log {
     copies: BTreeMap<(String, Uuid), Vec<Copy>>,
     caused: BTreeMap<(Uuid, String), Answers>,
+    /// Messages whose `event_id` / `event_type` headers or key disagree
+    /// with their body (what a tool or a dead-letter reader trusts without
+    /// parsing), described; and how many there were.
+    pub mislabelled: (usize, Vec<String>),
 }
 
 /// The distinct events of one type one event caused: each one's order and
 /// the broker's time of its first copy (ms).
 type Answers = BTreeMap<Uuid, (Uuid, Option<i64>)>;
+
+/// What in `m`'s headers or key disagrees with its body, if anything: the
+/// `event_id` and `event_type` headers must equal the envelope's, the key
+/// its order id.
+fn mislabelled(m: &rdkafka::message::OwnedMessage, env: &contract::Envelope) -> Option<String> {
+    let header = |name: &str| {
+        m.headers()
+            .and_then(|h| h.iter().find(|h| h.key == name))
+            .and_then(|h| h.value)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    };
+    let key = m.key().map(|k| String::from_utf8_lossy(k).into_owned());
+    let (id, kind, order) = (
+        env.event_id.to_string(),
+        env.event_type.clone(),
+        env.order_id.to_string(),
+    );
+    [
+        ("event_id header", header("event_id"), id),
+        ("event_type header", header("event_type"), kind),
+        ("key", key, order),
+    ]
+    .into_iter()
+    .find(|(_, got, want)| got.as_deref() != Some(want.as_str()))
+    .map(|(what, got, want)| format!("{what} {got:?}, body says {want}"))
+}
 
 /// An event that caused two distinct events of one type: it was applied
 /// twice (each application published its own answer under a new id).
@@ -68,6 +98,14 @@ impl Log {
                 continue;
             };
             let injected = m.headers().is_some_and(|h| h.iter().any(|h| h.key == INJECTED));
+            if let Some(wrong) = mislabelled(m, &env) {
+                self.mislabelled.0 += 1;
+                if self.mislabelled.1.len() < 5 {
+                    self.mislabelled
+                        .1
+                        .push(format!("{topic} {}:{}: {wrong}", m.partition(), m.offset()));
+                }
+            }
             if let Some(cause) = env.causation_id {
                 self.caused
                     .entry((cause, env.event_type.clone()))
@@ -196,9 +234,36 @@ mod tests {
     use super::Log;
 
     fn at(envelope: &Envelope, offset: i64) -> OwnedMessage {
+        labelled(envelope, offset, &envelope.event_type, true)
+    }
+
+    /// `envelope` at `offset` with `event_type` in its header, keyed by its
+    /// order or not.
+    fn labelled(envelope: &Envelope, offset: i64, event_type: &str, keyed: bool) -> OwnedMessage {
         let body = envelope.to_bytes();
         let time = Timestamp::CreateTime(1_000 + offset);
-        OwnedMessage::new(Some(body), None, "order.events".into(), time, 0, offset, None)
+        let headers = kafka::headers(&envelope.event_id.to_string(), event_type, None);
+        let key = keyed.then(|| envelope.order_id.to_string().into_bytes());
+        OwnedMessage::new(Some(body), key, "order.events".into(), time, 0, offset, Some(headers))
+    }
+
+    #[test]
+    fn headers_and_key_that_disagree_with_the_body_are_named() {
+        let order = uuid::Uuid::new_v4();
+        let right = Envelope::new(order, &Message::StockReleased, None);
+        let mut log = Log::default();
+        log.add("order.events", &[at(&right, 1)]);
+        assert_eq!(log.mislabelled.0, 0);
+        let wrong_type = labelled(&right, 2, "StockReserved", true);
+        let no_key = labelled(&right, 3, &right.event_type, false);
+        log.add("order.events", &[wrong_type, no_key]);
+        assert_eq!(log.mislabelled.0, 2, "{:?}", log.mislabelled.1);
+        assert!(
+            log.mislabelled.1[0].contains("event_type header"),
+            "{:?}",
+            log.mislabelled.1
+        );
+        assert!(log.mislabelled.1[1].contains("key None"), "{:?}", log.mislabelled.1);
     }
 
     #[test]

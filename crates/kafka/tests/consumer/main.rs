@@ -167,8 +167,15 @@ async fn same_event_twice_is_one_effect_equal_payloads_are_two() {
     let w = World::new().await;
     let order = Uuid::new_v4();
     let event = Envelope::new(order, &Message::ReleaseStock, None);
-    let twin = Envelope::new(order, &Message::ReleaseStock, None);
-    assert_eq!(event.payload, twin.payload);
+    // Equal payload, equal time, equal order: a timestamp is not an identity.
+    let mut twin = Envelope::new(order, &Message::ReleaseStock, None);
+    twin.occurred_at = event.occurred_at;
+    twin.correlation_id = event.correlation_id;
+    assert_eq!(
+        (&event.payload, event.occurred_at, &event.event_type),
+        (&twin.payload, twin.occurred_at, &twin.event_type)
+    );
+    assert_ne!(event.event_id, twin.event_id);
     w.send(&event).await;
     w.send(&event).await; // redelivered / republished: same event_id
     w.send(&twin).await; // an equal payload, a different event
