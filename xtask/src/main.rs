@@ -109,12 +109,12 @@ enum Cmd {
         #[arg(long = "pg-set", value_name = "NAME=VALUE", value_parser = e2e::bench::pg_settings::parse)]
         pg_set: Vec<(String, String)>,
     },
-    /// Tell one failure scenario of docs/scenarios.md (1..=25) — what is
+    /// Tell one failure scenario of docs/scenarios.md (1..=26) — what is
     /// injected, which layer acts, what is checked — and run its test.
     /// Without a number: list them.
     Scenario {
         /// The scenario's number.
-        #[arg(value_parser = clap::value_parser!(u8).range(1..=25))]
+        #[arg(value_parser = clap::value_parser!(u8).range(1..=26))]
         n: Option<u8>,
     },
     /// List or replay the dead letters of a topic (e.g. inventory.commands).

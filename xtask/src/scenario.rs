@@ -33,8 +33,8 @@ const fn t(package: &'static str, target: Option<&'static str>, name: &'static s
 }
 
 /// The 21 scenarios of the seeds, then the paths added by deadlines,
-/// reconciliation and tokenisation (22–25).
-pub const ALL: [Scenario; 25] = [
+/// reconciliation, tokenisation (22–25) and replies kept with the inbox (26).
+pub const ALL: [Scenario; 26] = [
     Scenario {
         n: 1,
         title: "the relay publishes, the ack is lost (it crashes before marking): the broker holds the event twice",
@@ -238,6 +238,14 @@ pub const ALL: [Scenario; 25] = [
         acts: "the gateway's vault (POST /v1/tokens) — orders keep a token and the last four digits; ChargePayment carries the token; a start-up backfill tokenises old rows and parks the refused one; Idempotency-Key fingerprints are keyed (HMAC under a deployment secret)",
         checked: "no table of any database and no message of any topic holds a test card number, and no stored hash or fingerprint gives one up to the brute force",
         test: t("e2e", Some("e2e"), "no_database_or_topic_holds_a_card_number_after_a_run"),
+    },
+    Scenario {
+        n: 26,
+        title: "a reply is lost after it was sent: the command's re-send would be absorbed in silence",
+        injected: "a command handled and its reply published, then the same command again under its first event id (the saga's deadline re-send after the reply was dead-lettered)",
+        acts: "the inbox keeps the replies an effect emitted with the event's row (inbox_replies, purged with it); a repeated event is answered again with them, enqueued under their first ids (saga_kit::consumer::begin)",
+        checked: "the same reply (same event id) pending again in the outbox, no second reply, the stock reserved once",
+        test: t("inventory-service", Some("stock"), "a_repeated_command_is_answered_again_with_its_first_reply"),
     },
 ];
 

@@ -179,6 +179,81 @@ pub async fn begin_batch(
     Ok((tx, Fresh(recorded)))
 }
 
+/// A reply an effect emitted for the event it applied, kept with that
+/// event's inbox row so a repeat of the event can be answered again with
+/// it, under the same id ([`record_replies`], [`replies_of`]).
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct Reply {
+    /// The reply's own event id (the same on every copy).
+    pub reply_id: Uuid,
+    /// Where it was published.
+    pub topic: String,
+    /// Its message key.
+    pub message_key: String,
+    /// Its type.
+    pub event_type: String,
+    /// Its body, as published.
+    pub body: String,
+    /// Its trace context.
+    pub traceparent: Option<String>,
+}
+
+/// Keeps, in the caller's transaction, the replies `consumer`'s effect
+/// emitted: each `(event_id, reply)` under the event it answers, in the
+/// order given. The event's inbox row must be in the same transaction (the
+/// replies live and are purged with it). Nothing is kept with the inbox
+/// switched off (the negative control records no rows to keep them under).
+pub async fn record_replies(conn: &mut PgConnection, consumer: &str, replies: &[(Uuid, Reply)]) -> sqlx::Result<()> {
+    if replies.is_empty() || disabled() {
+        return Ok(());
+    }
+    let col = |f: fn(&Reply) -> &str| replies.iter().map(|(_, r)| f(r).to_owned()).collect::<Vec<_>>();
+    sqlx::query(
+        "INSERT INTO inbox_replies (consumer, event_id, seq, reply_id, topic, message_key, event_type, body, traceparent)
+         SELECT $1, e, n::int4, r, t, k, ty, b, tp
+         FROM unnest($2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[])
+              WITH ORDINALITY AS v(e, r, t, k, ty, b, tp, n)",
+    )
+    .bind(consumer)
+    .bind(replies.iter().map(|(e, _)| *e).collect::<Vec<_>>())
+    .bind(replies.iter().map(|(_, r)| r.reply_id).collect::<Vec<_>>())
+    .bind(col(|r| &r.topic))
+    .bind(col(|r| &r.message_key))
+    .bind(col(|r| &r.event_type))
+    .bind(col(|r| &r.body))
+    .bind(replies.iter().map(|(_, r)| r.traceparent.clone()).collect::<Vec<_>>())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// The replies `consumer` kept for `event_ids`, in the order they were
+/// emitted, each with the event it answers.
+pub async fn replies_of(
+    conn: &mut PgConnection,
+    consumer: &str,
+    event_ids: &[Uuid],
+) -> sqlx::Result<Vec<(Uuid, Reply)>> {
+    if event_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        event_id: Uuid,
+        #[sqlx(flatten)]
+        reply: Reply,
+    }
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT event_id, reply_id, topic, message_key, event_type, body, traceparent FROM inbox_replies
+         WHERE consumer = $1 AND event_id = ANY($2) ORDER BY event_id, seq",
+    )
+    .bind(consumer)
+    .bind(event_ids)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.event_id, r.reply)).collect())
+}
+
 /// Counts one absorbed redelivery of `event_id` to `consumer`.
 pub async fn note_redelivery(conn: &mut PgConnection, consumer: &str, event_id: Uuid) -> sqlx::Result<()> {
     sqlx::query(

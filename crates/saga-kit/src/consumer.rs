@@ -51,7 +51,47 @@ pub async fn begin(
             source: t.position.map(|p| (p.partition, p.offset)),
         })
         .collect();
-    inbox::begin_batch(pool, consumer, &deliveries).await.map_err(classify)
+    let (mut tx, fresh) = inbox::begin_batch(pool, consumer, &deliveries)
+        .await
+        .map_err(classify)?;
+    answer_again(&mut tx, consumer, batch, &fresh).await.map_err(classify)?;
+    Ok((tx, fresh))
+}
+
+/// Answers each repeated event of the batch (one this consumer applied in
+/// an earlier transaction) with the replies its effect emitted then
+/// ([`crate::emit::reply_all`]), enqueued again under their first event ids
+/// (`outbox::enqueue_again`): a reply lost after it was sent — dead-lettered
+/// by its reader, say — is sent again when the command is, and a reader
+/// that has it absorbs the copy.
+async fn answer_again(
+    tx: &mut sqlx::PgConnection,
+    consumer: &str,
+    batch: &[Traced<Envelope>],
+    fresh: &inbox::Fresh,
+) -> Result<(), outbox::Error> {
+    let mut repeated: Vec<uuid::Uuid> = fresh
+        .recorded()
+        .iter()
+        .zip(batch)
+        .filter(|(r, _)| **r == inbox::Recorded::Duplicate)
+        .map(|(_, t)| t.message.event_id)
+        .collect();
+    repeated.sort_unstable();
+    repeated.dedup();
+    for (_, reply) in inbox::replies_of(tx, consumer, &repeated).await? {
+        let event = outbox::OutboxEvent {
+            topic: &reply.topic,
+            key: reply.message_key.clone(),
+            event_id: reply.reply_id,
+            event_type: &reply.event_type,
+            traceparent: reply.traceparent.as_deref(),
+            body: reply.body.clone(),
+        };
+        outbox::enqueue_again(tx, &event).await?;
+        telemetry::metrics::incr("consumer_replies_sent_again_total", &[("consumer", consumer)]);
+    }
+    Ok(())
 }
 
 /// Commits a batch's transaction — its inbox rows and effects together —

@@ -83,3 +83,29 @@ pub async fn emit_all(conn: &mut PgConnection, replies: &[(Message, Envelope)]) 
         .collect();
     outbox::enqueue_all(conn, &events).await
 }
+
+/// [`emit_all`] for a consumer's replies: each is enqueued, and kept with
+/// the inbox row of the event it answers (its `causation_id`), so that a
+/// repeat of that event is answered again with the same reply, under the
+/// same id ([`crate::consumer::begin`]). In the caller's transaction, the
+/// one that recorded the inbox rows.
+pub async fn reply_all(conn: &mut PgConnection, consumer: &str, replies: &[(Message, Envelope)]) -> outbox::Result<()> {
+    emit_all(&mut *conn, replies).await?;
+    let kept: Vec<(Uuid, inbox::Reply)> = replies
+        .iter()
+        .filter_map(|(message, envelope)| {
+            let event = outbox_event(message.topic(), envelope);
+            let reply = inbox::Reply {
+                reply_id: envelope.event_id,
+                topic: event.topic.to_owned(),
+                message_key: event.key,
+                event_type: envelope.event_type.clone(),
+                body: event.body,
+                traceparent: envelope.traceparent.clone(),
+            };
+            envelope.causation_id.map(|cause| (cause, reply))
+        })
+        .collect();
+    inbox::record_replies(conn, consumer, &kept).await?;
+    Ok(())
+}

@@ -365,7 +365,7 @@ async fn apply_all(
             (message, envelope)
         })
         .collect();
-    saga_kit::emit::emit_all(conn, &replies).await?;
+    saga_kit::emit::reply_all(conn, INVENTORY.name, &replies).await?;
     telemetry::metrics::incr_by("inventory_reserved_total", &[], decided.reserved);
     telemetry::metrics::incr_by("inventory_rejected_total", &[], decided.rejected);
     telemetry::metrics::incr_by("inventory_released_total", &[], decided.released);

@@ -479,7 +479,7 @@ pub(crate) async fn record_all(
         let envelope = saga_kit::emit::envelope(s.order_id, s.reply, s.cause, s.span);
         replies.push((s.reply.clone(), envelope));
     }
-    saga_kit::emit::emit_all(tx, &replies).await?;
+    saga_kit::emit::reply_all(tx, PAYMENT.name, &replies).await?;
     Ok(moved)
 }
 

@@ -148,3 +148,48 @@ async fn a_begun_batch_names_its_fresh_deliveries_and_its_rows_commit_with_the_t
     tx.commit().await.unwrap();
     pool.close().await;
 }
+
+fn reply(n: u8) -> inbox::Reply {
+    inbox::Reply {
+        reply_id: Uuid::new_v4(),
+        topic: "order.events".into(),
+        message_key: "order".into(),
+        event_type: format!("Reply{n}"),
+        body: format!("{{\"n\":{n}}}"),
+        traceparent: None,
+    }
+}
+
+#[tokio::test]
+async fn the_replies_of_an_event_are_kept_in_order_with_its_row_and_go_with_it() {
+    let (_db, pool) = testkit::TempDb::with_pool("eo_inbox", 2, vec![inbox::migrator()])
+        .await
+        .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let (a, b, none) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+    for id in [a, b, none] {
+        inbox::record(&mut conn, "c", id).await.unwrap();
+    }
+    let (a1, a2, b1) = (reply(1), reply(2), reply(3));
+    let kept = [(a, a1.clone()), (b, b1.clone()), (a, a2.clone())];
+    inbox::record_replies(&mut conn, "c", &kept).await.unwrap();
+    let got = inbox::replies_of(&mut conn, "c", &[a, none]).await.unwrap();
+    assert_eq!(got, [(a, a1), (a, a2)], "a's, in the order emitted; none for `none`");
+    assert!(inbox::replies_of(&mut conn, "other", &[a]).await.unwrap().is_empty());
+    assert!(inbox::replies_of(&mut conn, "c", &[]).await.unwrap().is_empty());
+    // A reply cannot outlive (or precede) its event's row.
+    let orphan = inbox::record_replies(&mut conn, "c", &[(Uuid::new_v4(), reply(4))]).await;
+    assert!(orphan.is_err(), "no inbox row, no reply kept");
+    // Purged with the row.
+    sqlx::query("UPDATE inbox SET processed_at = now() - interval '8 days' WHERE event_id = $1")
+        .bind(b)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    inbox::purge(&mut conn, Duration::from_secs(7 * 86_400), 100)
+        .await
+        .unwrap();
+    assert!(inbox::replies_of(&mut conn, "c", &[b]).await.unwrap().is_empty());
+    drop(conn);
+    pool.close().await;
+}

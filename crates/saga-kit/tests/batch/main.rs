@@ -316,3 +316,51 @@ async fn a_handler_error_is_classified_by_the_database_error_behind_it() {
         "connection refused"
     );
 }
+
+#[tokio::test]
+async fn a_repeated_event_is_answered_again_with_its_first_replies_under_their_ids() {
+    let (_db, pool) = world().await;
+    let order = Uuid::new_v4();
+    let (command, other) = (reserve(order), reserve(order));
+    // First delivery: applied, and its reply enqueued and kept.
+    let (mut tx, fresh) = begin(&pool, "c", &[at(&command, 1), at(&other, 2)]).await.unwrap();
+    assert_eq!(fresh.indices(), [0, 1]);
+    let span = tracing::Span::none();
+    let reply = saga_kit::emit::envelope(order, &Message::StockReserved, Some(&command), &span);
+    let replies = [(Message::StockReserved, reply.clone())];
+    saga_kit::emit::reply_all(&mut tx, "c", &replies).await.unwrap();
+    commit(tx, &fresh).await.unwrap();
+    let row = |pool: PgPool| async move {
+        sqlx::query_as::<_, (Uuid, bool)>("SELECT event_id, published_at IS NULL FROM outbox")
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+    };
+    assert_eq!(row(pool.clone()).await, [(reply.event_id, true)]);
+    // Published; then the command comes again (a deadline's re-send under
+    // its first id): the same reply is pending again, no second one.
+    sqlx::query("UPDATE outbox SET published_at = now()")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let (tx, fresh) = begin(&pool, "c", &[at(&command, 7)]).await.unwrap();
+    assert!(fresh.is_empty());
+    commit(tx, &fresh).await.unwrap();
+    assert_eq!(row(pool.clone()).await, [(reply.event_id, true)]);
+    // Even after the outbox row was purged: inserted again, same id, same body.
+    sqlx::query("DELETE FROM outbox").execute(&pool).await.unwrap();
+    let (tx, fresh) = begin(&pool, "c", &[at(&command, 9)]).await.unwrap();
+    commit(tx, &fresh).await.unwrap();
+    let body: serde_json::Value = sqlx::query_scalar("SELECT envelope FROM outbox WHERE event_id = $1")
+        .bind(reply.event_id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(body, serde_json::to_value(&reply).unwrap());
+    // A repeat of an event that sent nothing sends nothing.
+    sqlx::query("DELETE FROM outbox").execute(&pool).await.unwrap();
+    let (tx, fresh) = begin(&pool, "c", &[at(&other, 11)]).await.unwrap();
+    commit(tx, &fresh).await.unwrap();
+    assert!(row(pool.clone()).await.is_empty());
+    pool.close().await;
+}

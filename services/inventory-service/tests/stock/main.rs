@@ -244,3 +244,29 @@ fn the_openapi_document_is_the_committed_one() {
         &[],
     );
 }
+
+#[tokio::test]
+async fn a_repeated_command_is_answered_again_with_its_first_reply() {
+    let db = Db::new(10).await;
+    let command = reserve(Uuid::new_v4(), 2);
+    let handle = |e: Envelope| inventory_service::stock::handle(&db.pool, e);
+    assert_eq!(handle(command.clone()).await.unwrap(), Handled::Applied);
+    let first: (Uuid, String) = sqlx::query_as("SELECT event_id, event_type FROM outbox")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(first.1, "StockReserved");
+    sqlx::query("UPDATE outbox SET published_at = now()")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    // The order's saga lost the reply and re-sent the command under its id.
+    assert_eq!(handle(command.clone()).await.unwrap(), Handled::Duplicate);
+    let rows: Vec<(Uuid, bool)> = sqlx::query_as("SELECT event_id, published_at IS NULL FROM outbox")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, [(first.0, true)], "the same reply, pending again");
+    assert_eq!(db.available().await, 8, "reserved once");
+    db.drop().await;
+}
