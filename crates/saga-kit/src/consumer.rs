@@ -201,6 +201,8 @@ pub struct SagaConsumer {
     pub pool: PgPool,
     /// How long inbox rows are kept (must exceed the broker's redelivery window).
     pub inbox_retention: Duration,
+    /// How often the rows past it are purged (a minute).
+    pub purge_every: Duration,
 }
 
 impl SagaConsumer {
@@ -212,6 +214,7 @@ impl SagaConsumer {
             kafka: kafka.clone(),
             pool: pool.clone(),
             inbox_retention: inbox.window(),
+            purge_every: Duration::from_secs(60),
         }
     }
 }
@@ -240,16 +243,16 @@ impl SagaConsumer {
     }
 }
 
-/// Purges the consumer's inbox rows older than `retention` every minute.
-fn spawn_retention(tasks: &mut Supervisor, name: &str, pool: PgPool, retention: Duration) {
+/// Purges the consumer's inbox rows older than `retention` every `every`.
+fn spawn_retention(tasks: &mut Supervisor, name: &str, pool: PgPool, (retention, every): (Duration, Duration)) {
     let task = format!("{name} inbox retention");
-    tasks.spawn_purge(task, Duration::from_secs(60), pool, move |pool, n| async move {
+    tasks.spawn_purge(task, every, pool, move |pool, n| async move {
         inbox::purge(&mut *pool.acquire().await?, retention, n).await
     });
 }
 
 impl SagaConsumer {
-    fn into_parts(self) -> (ConsumerSettings, PgPool, Duration) {
+    fn into_parts(self) -> (ConsumerSettings, PgPool, (Duration, Duration)) {
         let Consumer { name, topic } = self.consumer;
         let settings = ConsumerSettings {
             max_batch: self.kafka.consumer_max_batch.into(),
@@ -257,6 +260,6 @@ impl SagaConsumer {
             group_id: name.into(),
             topics: vec![topic.into()],
         };
-        (settings, self.pool, self.inbox_retention)
+        (settings, self.pool, (self.inbox_retention, self.purge_every))
     }
 }
