@@ -1,5 +1,6 @@
 //! `cargo xtask <command>`: run the tests, the stack, the demo.
 
+mod commands;
 mod documents;
 mod lint;
 mod scenario;
@@ -10,9 +11,7 @@ use std::process::Command;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use e2e::demo::{self, Mix};
 use e2e::interrupt::unless_interrupted;
-use e2e::{Stack, StackOptions};
 
 #[derive(Parser)]
 #[command(name = "xtask", about = "effectively-once developer commands")]
@@ -41,74 +40,11 @@ enum Cmd {
     Up,
     /// The chaos suite: kill services mid-flow, inject faults and duplicates,
     /// then check every invariant. Reports go to target/chaos/seed-S/.
-    Chaos {
-        /// Orders to place.
-        #[arg(long, default_value_t = 300)]
-        orders: usize,
-        /// Seed of the order mix, the keys and the fault schedule.
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-        /// Concurrent clients.
-        #[arg(long, default_value_t = 8)]
-        clients: usize,
-        /// Orders started per second.
-        #[arg(long, default_value_t = 6.0)]
-        rate: f64,
-        /// Pause between faults, in milliseconds.
-        #[arg(long, default_value_t = 800)]
-        fault_interval_ms: u64,
-        /// Kafka nodes: 3 is a replicated cluster (replication factor 3,
-        /// min.insync.replicas 2), 1 a single broker.
-        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=3))]
-        brokers: u32,
-        /// Run the negative control (payment-service without deduplication):
-        /// succeeds only if the checker finds double charges.
-        #[arg(long)]
-        negative_control: bool,
-        /// Switch one layer of deduplication off (test builds only): succeeds
-        /// only if the run fails on the invariant that layer protects.
-        #[arg(long, value_enum)]
-        layer_off: Option<e2e::chaos::LayerOff>,
-        /// The catch matrix instead: the ordinary run and every switch under
-        /// `--seeds` seeds (SEED, SEED+1, …), one after another; succeeds
-        /// only if every switch is caught and every ordinary run passes.
-        /// Cells go to target/chaos/matrix/ (matrix.md, matrix.json).
-        #[arg(long, conflicts_with_all = ["negative_control", "layer_off"])]
-        matrix: bool,
-        /// Seeds of the matrix.
-        #[arg(long, default_value_t = 5, requires = "matrix")]
-        seeds: u64,
-    },
+    Chaos(ChaosArgs),
     /// The saga's throughput and latency on one fresh stack (release build),
     /// beside the broker's and the database's ceilings. A few minutes;
     /// figures go to target/bench-results/e2e.json and e2e.md.
-    Bench {
-        /// Seconds per sustained-rate trial.
-        #[arg(long, default_value_t = 60)]
-        window_secs: u64,
-        /// First arrival rate tried, orders per second.
-        #[arg(long, default_value_t = 100.0)]
-        start_rate: f64,
-        /// Sustained-rate trials at most.
-        #[arg(long, default_value_t = 6)]
-        trials: usize,
-        /// Only the ceilings and the sustained-rate search (to try settings).
-        #[arg(long)]
-        quick: bool,
-        /// Instances of each consumer service (inventory, payment, order-api's
-        /// saga) in its consumer group; the report gives each one's handled count.
-        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=4))]
-        instances: u16,
-        /// Instead: what tracing costs, one run in three modes (OpenTelemetry
-        /// disabled, spans without export, spans exported) at this many
-        /// orders/s; figures to target/bench-results/trace-cost.*.
-        #[arg(long, value_name = "RATE")]
-        trace_cost: Option<f64>,
-        /// A PostgreSQL setting for this run, `name=value` (repeatable;
-        /// applied with ALTER SYSTEM and reset after; not those needing a restart).
-        #[arg(long = "pg-set", value_name = "NAME=VALUE", value_parser = e2e::bench::pg_settings::parse)]
-        pg_set: Vec<(String, String)>,
-    },
+    Bench(BenchArgs),
     /// Tell one failure scenario of docs/scenarios.md (1..=26) — what is
     /// injected, which layer acts, what is checked — and run its test.
     /// Without a number: list them.
@@ -127,17 +63,7 @@ enum Cmd {
     },
     /// Boot a throw-away stack, run a mix of orders through it, print a
     /// summary and exit non-zero if any invariant is broken.
-    Demo {
-        /// Payable orders.
-        #[arg(long, default_value_t = 24)]
-        payable: usize,
-        /// Orders with the declined card.
-        #[arg(long, default_value_t = 3)]
-        declined: usize,
-        /// Orders for more stock than exists.
-        #[arg(long, default_value_t = 3)]
-        out_of_stock: usize,
-    },
+    Demo(DemoArgs),
     /// Regenerate the committed API documents from the code: docs/openapi
     /// (one OpenAPI document per HTTP service) and docs/contract (the
     /// AsyncAPI document and the message schemas). The tests only compare.
@@ -148,6 +74,91 @@ enum Cmd {
         /// A chaos run's report.json.
         report: std::path::PathBuf,
     },
+}
+
+/// `cargo xtask chaos`'s arguments.
+#[derive(clap::Args)]
+pub struct ChaosArgs {
+    /// Orders to place.
+    #[arg(long, default_value_t = 300)]
+    pub orders: usize,
+    /// Seed of the order mix, the keys and the fault schedule.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 8)]
+    pub clients: usize,
+    /// Orders started per second.
+    #[arg(long, default_value_t = 6.0)]
+    pub rate: f64,
+    /// Pause between faults, in milliseconds.
+    #[arg(long, default_value_t = 800)]
+    pub fault_interval_ms: u64,
+    /// Kafka nodes: 3 is a replicated cluster (replication factor 3,
+    /// min.insync.replicas 2), 1 a single broker.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=3))]
+    pub brokers: u32,
+    /// Run the negative control (payment-service without deduplication):
+    /// succeeds only if the checker finds double charges.
+    #[arg(long)]
+    pub negative_control: bool,
+    /// Switch one layer of deduplication off (test builds only): succeeds
+    /// only if the run fails on the invariant that layer protects.
+    #[arg(long, value_enum)]
+    pub layer_off: Option<e2e::chaos::LayerOff>,
+    /// The catch matrix instead: the ordinary run and every switch under
+    /// `--seeds` seeds (SEED, SEED+1, …), one after another; succeeds
+    /// only if every switch is caught and every ordinary run passes.
+    /// Cells go to target/chaos/matrix/ (matrix.md, matrix.json).
+    #[arg(long, conflicts_with_all = ["negative_control", "layer_off"])]
+    pub matrix: bool,
+    /// Seeds of the matrix.
+    #[arg(long, default_value_t = 5, requires = "matrix")]
+    pub seeds: u64,
+}
+
+/// `cargo xtask bench`'s arguments.
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Seconds per sustained-rate trial.
+    #[arg(long, default_value_t = 60)]
+    pub window_secs: u64,
+    /// First arrival rate tried, orders per second.
+    #[arg(long, default_value_t = 100.0)]
+    pub start_rate: f64,
+    /// Sustained-rate trials at most.
+    #[arg(long, default_value_t = 6)]
+    pub trials: usize,
+    /// Only the ceilings and the sustained-rate search (to try settings).
+    #[arg(long)]
+    pub quick: bool,
+    /// Instances of each consumer service (inventory, payment, order-api's
+    /// saga) in its consumer group; the report gives each one's handled count.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=4))]
+    pub instances: u16,
+    /// Instead: what tracing costs, one run in three modes (OpenTelemetry
+    /// disabled, spans without export, spans exported) at this many
+    /// orders/s; figures to target/bench-results/trace-cost.*.
+    #[arg(long, value_name = "RATE")]
+    pub trace_cost: Option<f64>,
+    /// A PostgreSQL setting for this run, `name=value` (repeatable;
+    /// applied with ALTER SYSTEM and reset after; not those needing a restart).
+    #[arg(long = "pg-set", value_name = "NAME=VALUE", value_parser = e2e::bench::pg_settings::parse)]
+    pub pg_set: Vec<(String, String)>,
+}
+
+/// `cargo xtask demo`'s arguments.
+#[derive(clap::Args)]
+pub struct DemoArgs {
+    /// Payable orders.
+    #[arg(long, default_value_t = 24)]
+    pub payable: usize,
+    /// Orders with the declined card.
+    #[arg(long, default_value_t = 3)]
+    pub declined: usize,
+    /// Orders for more stock than exists.
+    #[arg(long, default_value_t = 3)]
+    pub out_of_stock: usize,
 }
 
 #[derive(Subcommand)]
@@ -333,232 +344,31 @@ async fn dlq(action: &DlqAction, brokers: &str) -> anyhow::Result<()> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    if let Cmd::Docs = &cli.command {
-        for path in documents::regenerate()? {
-            println!("wrote {}", path.display());
-        }
-        return Ok(());
-    }
-    if let Cmd::Picture { report } = &cli.command {
-        let parsed: e2e::chaos::Report = serde_json::from_slice(&std::fs::read(report)?)?;
-        let out = report.with_extension("svg");
-        std::fs::write(&out, e2e::chaos::svg(&parsed))?;
-        println!("wrote {}", out.display());
-        return Ok(());
-    }
-    if let Cmd::Lint = &cli.command {
-        return lint::run(&workspace_root(), cargo);
-    }
-    if let Cmd::Dlq { action, brokers } = &cli.command {
-        return dlq(action, brokers).await;
-    }
-    testkit::postgres::ensure().await?;
-    testkit::broker::ensure()?;
-    build_services()?;
     match cli.command {
-        Cmd::Dlq { .. } | Cmd::Docs | Cmd::Picture { .. } | Cmd::Lint => unreachable!("handled above"),
-        Cmd::Chaos {
-            orders,
-            seed,
-            clients,
-            rate,
-            fault_interval_ms,
-            negative_control,
-            layer_off,
-            brokers,
-            matrix,
-            seeds,
-        } => {
-            let mut cfg = e2e::chaos::ChaosConfig::ci(seed);
-            cfg.brokers = brokers;
-            cfg.orders = orders;
-            cfg.clients = clients;
-            cfg.rate_per_sec = rate;
-            cfg.fault_interval = std::time::Duration::from_millis(fault_interval_ms);
-            cfg.quiesce_timeout = std::time::Duration::from_secs(300);
-            cfg.negative_control = negative_control;
-            cfg.layer_off = layer_off;
-            if matrix {
-                return chaos_matrix(cfg, seed, seeds).await;
-            }
-            let dir = workspace_root().join("target").join("chaos").join(format!(
-                "seed-{seed}{}{}",
-                if negative_control { "-negative" } else { "" },
-                layer_off.map(|l| format!("-{}-off", l.name())).unwrap_or_default()
-            ));
-            cfg.report_dir = Some(dir.clone());
-            let report = unless_interrupted(e2e::chaos::run(&cfg)).await?;
-            println!("{}", e2e::chaos::markdown(&report));
-            println!("report: {}/report.md and report.json", dir.display());
-            if negative_control {
-                anyhow::ensure!(
-                    !report.audit.double_charged.is_empty(),
-                    "negative control found no double charge"
-                );
-            } else if let Some(layer) = layer_off {
-                anyhow::ensure!(
-                    report.caught() == Some(true),
-                    "{} off was not caught: \"{}\" held ({:?})",
-                    layer.name(),
-                    layer.expected().invariant,
-                    report.problems
-                );
-            } else {
-                anyhow::ensure!(report.passed(), "chaos run failed: {:?}", report.problems);
-            }
-            Ok(())
-        }
-        Cmd::Test { args } => {
-            // The gates first (a few minutes, mostly clippy's check build);
-            // the tests run either way, and either failing fails the command.
-            let lint = lint::run(&workspace_root(), cargo);
-            if let Err(e) = &lint {
-                println!("{e:#}");
-            }
-            let code = testrun::run_tests(cargo(), &args)?;
-            if lint.is_err() {
-                println!("lint: FAILED (its problems are printed before the tests)");
-            }
-            std::process::exit(if lint.is_err() { code.max(1) } else { code })
-        }
+        // Commands that need no database, broker or build.
+        Cmd::Docs => commands::docs(),
+        Cmd::Picture { report } => commands::picture(&report),
+        Cmd::Lint => lint::run(&workspace_root(), cargo),
+        Cmd::Dlq { action, brokers } => dlq(&action, &brokers).await,
         Cmd::Scenario { n: None } => {
-            for s in &scenario::ALL {
-                println!("{:>2}  {}", s.n, s.title);
-            }
-            println!("\ncargo xtask scenario N tells one and runs its test.");
+            commands::list_scenarios();
             Ok(())
         }
-        Cmd::Scenario { n: Some(n) } => std::process::exit(run_scenario(n)?),
-        Cmd::Bench {
-            window_secs,
-            start_rate,
-            trials,
-            quick,
-            instances,
-            trace_cost,
-            pg_set,
-        } => {
-            if cfg!(debug_assertions) {
-                // Measure release builds only, the driver included: re-run this command optimised.
-                let status = cargo()
-                    .args(["run", "--quiet", "--release", "--package", "xtask", "--", "bench"])
-                    .args(["--window-secs", &window_secs.to_string()])
-                    .args(["--start-rate", &start_rate.to_string()])
-                    .args(["--trials", &trials.to_string()])
-                    .args(quick.then_some("--quick"))
-                    .args(["--instances", &instances.to_string()])
-                    .args(trace_cost.map(|r| format!("--trace-cost={r}")))
-                    .args(pg_set.iter().map(|(n, v)| format!("--pg-set={n}={v}")))
-                    .status()?;
-                std::process::exit(status.code().unwrap_or(1));
-            }
-            if let Some(rate) = trace_cost {
-                let opts = StackOptions::ephemeral("trace-cost")?;
-                eprintln!("booting a fresh stack (logs in {})…", opts.run_dir.display());
-                let mut stack = unless_interrupted(Stack::start(opts)).await?;
-                let cost = unless_interrupted(e2e::bench::trace_cost::run(&mut stack, rate)).await;
-                stack.shutdown(cost.is_ok()).await?;
-                let cost = cost?;
-                let dir = workspace_root().join("target").join("bench-results");
-                std::fs::create_dir_all(&dir)?;
-                let md = e2e::bench::trace_cost::markdown(&cost);
-                std::fs::write(dir.join("trace-cost.json"), serde_json::to_vec_pretty(&cost)?)?;
-                std::fs::write(dir.join("trace-cost.md"), &md)?;
-                println!("{md}");
-                return Ok(());
-            }
-            let cfg = e2e::bench::BenchConfig {
-                window: std::time::Duration::from_secs(window_secs),
-                start_rate,
-                trials,
-                quick,
-                instances: instances.into(),
-                postgres_settings: pg_set,
-                ..Default::default()
-            };
-            let opts = StackOptions::ephemeral("bench")?;
-            eprintln!("booting a fresh stack (logs in {})…", opts.run_dir.display());
-            let mut stack = unless_interrupted(Stack::start(opts)).await?;
-            let figures = e2e::bench::run(&mut stack, &cfg).await;
-            stack.shutdown(figures.is_ok()).await?;
-            let figures = figures?;
-            let dir = workspace_root().join("target").join("bench-results");
-            std::fs::create_dir_all(&dir)?;
-            let md = e2e::bench::markdown(&figures);
-            std::fs::write(dir.join("e2e.json"), serde_json::to_vec_pretty(&figures)?)?;
-            std::fs::write(dir.join("e2e.md"), &md)?;
-            println!("{md}");
-            println!("figures: {}/e2e.json and e2e.md", dir.display());
-            Ok(())
-        }
-        Cmd::Up => {
-            let mut opts = StackOptions::ephemeral("up")?;
-            std::fs::remove_dir_all(&opts.run_dir).ok();
-            opts.run_dir = workspace_root().join(".data");
-            opts.db_prefix = String::new();
-            opts.fixed_ports = true;
-            opts.echo = true;
-            // The databases outlive a stop, so do the secrets that key what
-            // they store (card and request fingerprints).
-            let secrets_file = workspace_root().join(".data/secrets.env");
-            opts.secrets = std::fs::read_to_string(&secrets_file)
-                .ok()
-                .and_then(|t| e2e::stack::Secrets::from_env_file(&t));
-            let stack = Stack::start(opts).await?;
-            std::fs::write(&secrets_file, stack.secrets().to_env_file())?;
-            let key = stack.create_api_key("shop-1").await?;
-            std::fs::write(workspace_root().join(".data/api-key"), &key)?;
-            eprintln!("API key of client shop-1 (also in .data/api-key): {key}");
-            eprintln!("the services' secrets (the operator's INVENTORY_OPERATOR_KEY, the gateway callers' keys): .data/secrets.env");
-            eprintln!(
-                "stack up: order-api http://127.0.0.1:8080, inventory :8081, payment :8082, gateway :8083, relay :8084, broker 127.0.0.1:9092; logs in .data/logs. ctrl-c stops."
-            );
-            eprintln!(
-                "metrics: http://127.0.0.1:808{{0..4}}/metrics (Prometheus text; queries in docs/observability.md)"
-            );
-            match std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT") {
-                Ok(endpoint) => eprintln!("traces: exported over OTLP/HTTP to {endpoint}; trace ids are in every log line"),
-                Err(_) => eprintln!(
-                    "traces: not exported (set OTEL_EXPORTER_OTLP_ENDPOINT, e.g. http://127.0.0.1:4318 for a local Jaeger); trace ids are in every log line"
-                ),
-            }
-            stack.run_until_ctrl_c().await
-        }
-        Cmd::Demo {
-            payable,
-            declined,
-            out_of_stock,
-        } => {
-            let opts = StackOptions::ephemeral("demo")?;
-            eprintln!("booting the stack (logs in {})…", opts.run_dir.display());
-            let stack = unless_interrupted(Stack::start(opts)).await?;
-            eprintln!("stack ready; placing {} orders…", payable + declined + out_of_stock);
-            let outcome = unless_interrupted(demo::run(
-                &stack,
-                Mix {
-                    payable,
-                    declined,
-                    out_of_stock,
-                },
-            ))
-            .await;
-            let ok = match &outcome {
-                Ok(o) => {
-                    println!("{}", o.summary());
-                    o.check_endings().map_err(|e| eprintln!("demo FAILED: {e}")).is_ok()
+        command => {
+            testkit::postgres::ensure().await?;
+            testkit::broker::ensure()?;
+            build_services()?;
+            match command {
+                Cmd::Chaos(args) => commands::chaos(args).await,
+                Cmd::Test { args } => commands::test(&args),
+                Cmd::Scenario { n: Some(n) } => std::process::exit(run_scenario(n)?),
+                Cmd::Bench(args) => commands::bench(args).await,
+                Cmd::Up => commands::up().await,
+                Cmd::Demo(args) => commands::demo(args).await,
+                Cmd::Docs | Cmd::Picture { .. } | Cmd::Lint | Cmd::Dlq { .. } | Cmd::Scenario { n: None } => {
+                    unreachable!("handled above")
                 }
-                Err(e) => {
-                    eprintln!("demo FAILED: {e:#}");
-                    false
-                }
-            };
-            if !ok {
-                eprintln!("logs kept in {}", stack.options().run_dir.display());
             }
-            stack.shutdown(ok).await?;
-            anyhow::ensure!(ok, "the demo found a problem");
-            println!("demo passed");
-            Ok(())
         }
     }
 }
