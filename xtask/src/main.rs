@@ -1,5 +1,10 @@
 //! `cargo xtask <command>`: run the tests, the stack, the demo.
 
+/// The bench's load driver runs in this process: the same allocator as the
+/// services it measures (docs/results/e2e-bench.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod commands;
 mod documents;
 mod lint;

@@ -22,14 +22,6 @@
 //! - [`shutdown`]: SIGTERM / ctrl-c as a cancellation token;
 //! - [`init`]: logging and the failpoint scenario, once per process.
 
-/// Every process that links this crate (the five services; the test and
-/// bench drivers through `e2e`) allocates with mimalloc: a profile at 450
-/// orders/s put glibc's `malloc`/`free` at about 4.5 % of the machine's CPU
-/// in the services' and driver's runtime threads (sqlx rows, JSON bodies,
-/// Kafka messages: many small, short-lived allocations).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 pub mod admin;
 pub mod bearer;
 pub mod config;
