@@ -26,6 +26,17 @@ async fn switched_off_the_inbox_reports_every_delivery_as_new_and_records_nothin
         .unwrap();
     assert_eq!(batch, [Recorded::New, Recorded::New]);
     assert!(inbox::seen(&mut conn, "c", &[id]).await.unwrap().is_empty());
+    // No row to keep replies under: none kept, and no error.
+    let reply = inbox::Reply {
+        reply_id: Uuid::new_v4(),
+        topic: "t".into(),
+        message_key: "k".into(),
+        event_type: "Reply".into(),
+        body: "{}".into(),
+        traceparent: None,
+    };
+    inbox::record_replies(&mut conn, "c", &[(id, reply)]).await.unwrap();
+    assert!(inbox::replies_of(&mut conn, "c", &[id]).await.unwrap().is_empty());
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox")
         .fetch_one(&mut *conn)
         .await
