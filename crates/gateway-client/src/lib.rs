@@ -6,9 +6,16 @@
 //!   columns), so the two sides cannot drift apart;
 //! - [`Client`]: every call order-api and payment-service make, each in a
 //!   client span whose trace context goes along, with one set of rules for
-//!   what an answer means ([`Error`]).
+//!   what an answer means ([`Error`]);
+//! - `args` (feature `args`): `GatewayArgs`, the address, credential and
+//!   timeout as a caller's typed settings.
 
 pub mod api;
+#[cfg(feature = "args")]
+pub mod args;
+
+#[cfg(feature = "args")]
+pub use args::GatewayArgs;
 
 use std::time::Duration;
 

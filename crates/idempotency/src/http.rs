@@ -144,11 +144,7 @@ pub struct KeyHeader {
     pub key: String,
 }
 
-/// The authenticated client of a request, put in its extensions by the
-/// service's authentication: the key's scope. A caller cannot name another
-/// client's scope (there is no header for it).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Scope(pub String);
+pub use credentials::Scope;
 
 /// A request under `Idempotency-Key`: who asked, with which key, what it
 /// looks like (fingerprint) and its body.

@@ -22,7 +22,6 @@
 pub mod flow;
 pub mod http;
 pub mod key;
-pub mod secret;
 
 use std::time::Duration;
 
@@ -33,10 +32,10 @@ use sha2::Sha256;
 use sqlx::migrate::Migrator;
 use sqlx::{PgConnection, PgPool, Row};
 
+pub use credentials::{Scope, Secret};
 pub use flow::{begin, complete, Begun, Keyed, Outcome};
-pub use http::{respond, FingerprintKey, Idempotent, KeyArgs, KeyHeader, Refused, Scope};
+pub use http::{respond, FingerprintKey, Idempotent, KeyArgs, KeyHeader, Refused};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
-pub use secret::Secret;
 
 /// Header set on replayed responses.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";

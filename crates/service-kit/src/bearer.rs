@@ -4,7 +4,7 @@
 //! The gateway knows its callers from `GATEWAY_CLIENTS`
 //! (`order-api=<secret>,payment-service=<secret>`), inventory-service its
 //! operator from `INVENTORY_OPERATOR_KEY`. A request whose secret matches
-//! runs as that caller — its [`idempotency::Scope`]; any other is a 401
+//! runs as that caller — its [`credentials::Scope`]; any other is a 401
 //! problem+json, before any handler (and any database) is reached.
 //! Comparison is in constant time; the secrets never print.
 
@@ -14,8 +14,7 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use idempotency::secret::constant_time_eq;
-use idempotency::{Scope, Secret};
+use credentials::{constant_time_eq, Scope, Secret};
 
 use crate::problem::Problem;
 
@@ -78,7 +77,7 @@ impl std::str::FromStr for Callers {
 }
 
 impl clap::builder::ValueParserFactory for Callers {
-    type Parser = idempotency::secret::SecretParser<Callers>;
+    type Parser = credentials::SecretParser<Callers>;
 
     fn value_parser() -> Self::Parser {
         Default::default()

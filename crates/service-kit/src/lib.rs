@@ -32,8 +32,8 @@ pub mod problem;
 pub mod shutdown;
 pub mod supervisor;
 
-pub use config::{DbArgs, GatewayArgs, LogArgs, LogFormat, TraceArgs};
-pub use idempotency::Secret;
+pub use config::{DbArgs, LogArgs, LogFormat, TraceArgs};
+pub use credentials::Secret;
 pub use supervisor::{Health, Supervisor};
 
 /// Errors raised while bootstrapping a service.

@@ -96,15 +96,4 @@ impl Supervisor {
             }
         });
     }
-
-    /// The reaper of an HTTP service's `Idempotency-Key` table: expired keys
-    /// deleted every minute, [`PURGE_BATCH`] at a time.
-    pub fn spawn_idempotency_reaper(&mut self, pool: sqlx::PgPool) {
-        self.spawn_purge(
-            "idempotency reaper",
-            Duration::from_secs(60),
-            pool,
-            |pool, n| async move { idempotency::reap(&pool, n).await },
-        );
-    }
 }

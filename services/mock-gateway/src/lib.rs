@@ -246,7 +246,14 @@ impl App {
                 service_kit::bearer::require,
             ))
             .route("/openapi.json", service_kit::http::openapi_route::<_, ApiDoc>());
-        tasks.spawn_idempotency_reaper(self.state.pool.clone());
+        // Expired Idempotency-Keys, deleted every minute.
+        let pool = self.state.pool.clone();
+        tasks.spawn_purge(
+            "idempotency reaper",
+            Duration::from_secs(60),
+            pool,
+            |pool, n| async move { idempotency::reap(&pool, n).await },
+        );
         let app = api
             .with_state(self.state.clone())
             .merge(service_kit::admin::router(self.state.pool.clone(), tasks.health()));

@@ -46,7 +46,7 @@ pub struct Config {
     /// becomes a token there) and its record of operations (reconciliation);
     /// order-api's credential there.
     #[command(flatten)]
-    pub gateway: service_kit::GatewayArgs,
+    pub gateway: gateway_client::GatewayArgs,
     /// Deadlines per saga state and the reconciler.
     #[command(flatten)]
     pub deadlines: saga::reconcile::DeadlineArgs,
@@ -162,7 +162,14 @@ impl App {
         saga.spawn_batches(&mut tasks, saga_pool, |pool, envelopes| async move {
             saga::handle_batch(&pool, envelopes).await
         });
-        tasks.spawn_idempotency_reaper(self.state.pool.clone());
+        // Expired Idempotency-Keys, deleted every minute.
+        let pool = self.state.pool.clone();
+        tasks.spawn_purge(
+            "idempotency reaper",
+            Duration::from_secs(60),
+            pool,
+            |pool, n| async move { idempotency::reap(&pool, n).await },
+        );
         let (pool, retention) = (
             self.state.pool.clone(),
             Duration::from_secs(config.history_retention_secs),

@@ -35,7 +35,7 @@ pub struct Config {
     /// The payment gateway (charges and refunds) and payment-service's
     /// credential there.
     #[command(flatten)]
-    pub gateway: service_kit::GatewayArgs,
+    pub gateway: gateway_client::GatewayArgs,
     /// How long the gateway remembers an Idempotency-Key, in seconds (the
     /// provider's documented key lifetime; the mock gateway's
     /// `IDEMPOTENCY_TTL_SECS`). Must be at least `INBOX_RETENTION_SECS`.

@@ -1,5 +1,6 @@
-//! Deployment secrets: values read from the environment that key a hash or
-//! authenticate a caller. A [`Secret`] has no default — a service without
+//! Credentials: the deployment secrets read from the environment that key a
+//! hash or authenticate a caller, compared in constant time, and the
+//! [`Scope`] an authenticated request carries. A [`Secret`] has no default — a service without
 //! one refuses to start and names the variable (clap's required argument) —
 //! is at least [`Secret::MIN_LEN`] bytes, and never prints.
 
@@ -108,12 +109,20 @@ impl std::fmt::Display for Secret {
 }
 
 /// Whether `a` and `b` are equal, in time independent of where they differ
-/// (comparing SHA-256 digests, so their lengths leak nothing either).
+/// (`subtle`'s constant-time comparison of their SHA-256 digests, so their
+/// lengths leak nothing either).
 pub fn constant_time_eq(a: &str, b: &str) -> bool {
     use sha2::{Digest as _, Sha256};
-    let (x, y) = (Sha256::digest(a.as_bytes()), Sha256::digest(b.as_bytes()));
-    x.iter().zip(y.iter()).fold(0u8, |acc, (p, q)| acc | (p ^ q)) == 0
+    use subtle::ConstantTimeEq as _;
+    Sha256::digest(a.as_bytes()).ct_eq(&Sha256::digest(b.as_bytes())).into()
 }
+
+/// The authenticated caller of a request, put in its extensions by the
+/// service's authentication — the API key's client, or the gateway
+/// credential's caller. A caller cannot name another's scope (there is no
+/// header for it); what it may do is decided from it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scope(pub String);
 
 #[cfg(test)]
 mod tests {
@@ -132,8 +141,8 @@ mod tests {
         assert!(constant_time_eq("abc", "abc"));
         assert!(!constant_time_eq("abc", "abd"));
         assert!(!constant_time_eq("abc", "abcd"));
-        // Digests whose byte differences XOR to zero ("k0" and "k8"): an
-        // accumulator that XORs instead of ORs would call them equal.
+        // Digests whose byte differences XOR to zero ("k0" and "k8"): a
+        // hand-written accumulator that XORed instead of ORed called them equal.
         assert!(!constant_time_eq("k0", "k8"));
     }
 
