@@ -47,7 +47,7 @@ enum Cmd {
     /// then check every invariant. Reports go to target/chaos/seed-S/.
     Chaos(ChaosArgs),
     /// The saga's throughput and latency on one fresh stack (release build),
-    /// beside the broker's and the database's ceilings. A few minutes;
+    /// beside the broker's and the database's ceilings. Fifteen to twenty minutes (`--quick`: fewer);
     /// figures go to target/bench-results/e2e.json and e2e.md.
     Bench(BenchArgs),
     /// Tell one failure scenario of docs/scenarios.md (1..=26) — what is
