@@ -1,6 +1,8 @@
 //! payment-service: consumes `payment.commands`, charges and refunds through
 //! the gateway, and replies on `order.events` through its outbox.
 
+#[cfg(feature = "failpoints")]
+mod controls;
 pub mod gateway;
 pub mod payments;
 pub mod reconcile;

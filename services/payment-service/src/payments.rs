@@ -85,7 +85,7 @@ impl Status {
 
 /// What a payment command asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Operation {
+pub(crate) enum Operation {
     Charge { amount_cents: i64, card_token: String },
     Refund { amount_cents: i64, attempt: u32 },
 }
@@ -107,7 +107,7 @@ impl Operation {
         }
     }
 
-    fn kind(&self) -> Kind {
+    pub(crate) fn kind(&self) -> Kind {
         match self {
             Self::Charge { .. } => Kind::Charge,
             Self::Refund { .. } => Kind::Refund,
@@ -128,7 +128,7 @@ impl Operation {
     }
 
     /// The gateway key: derived from the operation, never from the message.
-    fn key(&self, order_id: Uuid) -> String {
+    pub(crate) fn key(&self, order_id: Uuid) -> String {
         contract::message::payment_key(self.kind().as_str(), order_id, self.attempt())
     }
 }
@@ -152,21 +152,14 @@ pub async fn handle(deps: &Deps, envelope: Envelope) -> Result<Handled, HandleEr
 pub async fn handle_batch(deps: &Deps, batch: Vec<Traced<Envelope>>) -> Result<Vec<Handled>, HandleError> {
     let mut operations = Vec::with_capacity(batch.len());
     for item in &batch {
-        let envelope = &item.message;
         operations.push(Operation::from_message(
-            envelope.message().map_err(HandleError::permanent)?,
+            item.message.message().map_err(HandleError::permanent)?,
         )?);
-        if refused(envelope.event_id, batch.len() == 1) {
-            return Err(HandleError::Permanent(format!("injected: {DEAD_LETTER_COMMAND}")));
-        }
     }
-    if switches::on(switches::Switch::NoPaymentDedup) {
-        // The chaos suite's negative control: no inbox, a new gateway key per delivery.
-        let mut handled = Vec::with_capacity(batch.len());
-        for (item, operation) in batch.iter().zip(&operations) {
-            let one = handle_without_dedup(deps, &item.message, operation);
-            handled.push(one.instrument(item.span.clone()).await?);
-        }
+    // Test builds only: the injected dead letter and the negative control
+    // without deduplication (crate::controls), swapped in before the real path.
+    #[cfg(feature = "failpoints")]
+    if let Some(handled) = crate::controls::instead(deps, &batch, &operations).await? {
         return Ok(handled);
     }
 
@@ -353,34 +346,6 @@ async fn call_all(
     Ok(chains.into_iter().flatten().collect())
 }
 
-/// Whether this delivery of `event_id` is refused as a command that cannot
-/// be handled (failpoints builds, [`DEAD_LETTER_COMMAND`]). Refused in a
-/// batch of several, the command stays refused until the lane's
-/// one-at-a-time retry of the batch (`alone`) refuses it again and
-/// dead-letters it — as a command that could never be handled would be; a
-/// later delivery (the saga's re-send) is handled.
-fn refused(event_id: Uuid, alone: bool) -> bool {
-    static REFUSED: std::sync::Mutex<Vec<Uuid>> = std::sync::Mutex::new(Vec::new());
-    let mut refused = REFUSED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some(at) = refused.iter().position(|id| *id == event_id) {
-        if alone {
-            refused.swap_remove(at);
-        }
-        return true;
-    }
-    let picked = picked_to_refuse();
-    if picked && !alone {
-        refused.push(event_id);
-    }
-    picked
-}
-
-/// Whether the fault point [`DEAD_LETTER_COMMAND`] fires for this delivery.
-fn picked_to_refuse() -> bool {
-    fail::fail_point!(DEAD_LETTER_COMMAND, |_| true);
-    false
-}
-
 /// Step 3 for the batch's commands new to the inbox, in the batch's
 /// transaction: the results move their payments out of PENDING and enqueue
 /// their replies ([`record_all`], one statement each); a new command whose
@@ -495,25 +460,8 @@ async fn settled_by_reconciliation(tx: &mut sqlx::PgConnection, order_id: Uuid, 
     Ok(reconciled.unwrap_or(false))
 }
 
-/// The negative control: what payment handling looks like without layers 3
-/// and 4 — no inbox, and a gateway key per delivery instead of per operation.
-/// Every redelivered or republished command charges again.
-async fn handle_without_dedup(deps: &Deps, envelope: &Envelope, operation: &Operation) -> Result<Handled, HandleError> {
-    let key = format!("{}-{}", operation.key(envelope.order_id), Uuid::new_v4());
-    let reply = call_gateway(deps, operation, &key, envelope.order_id)
-        .await
-        .map_err(saga_kit::consumer::classify)?;
-    let (_, reply) = outcome(operation.kind(), Reply::of(&reply))?;
-    let mut tx = deps.pool.begin().await.map_err(saga_kit::consumer::classify)?;
-    saga_kit::emit::emit(&mut tx, envelope.order_id, &reply, Some(envelope))
-        .await
-        .map_err(saga_kit::consumer::classify)?;
-    tx.commit().await.map_err(saga_kit::consumer::classify)?;
-    Ok(Handled::Applied)
-}
-
 /// Charges or refunds through the gateway, as `operation` asks, under `key`.
-async fn call_gateway(
+pub(crate) async fn call_gateway(
     deps: &Deps,
     operation: &Operation,
     key: &str,
