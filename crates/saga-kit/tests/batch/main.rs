@@ -295,6 +295,17 @@ async fn a_handler_error_is_classified_by_the_database_error_behind_it() {
     // 22P02 invalid text for an integer: permanent.
     let data = sqlx::query("SELECT 'x'::int").execute(&pool).await.unwrap_err();
     assert!(matches!(classify(data), HandleError::Permanent(_)));
+    // The server shutting down or refusing connections, out of resources, a
+    // connection exception: the database is down — unavailable.
+    for code in ["57P01", "57P03", "53300", "08006"] {
+        let raised = sqlx::raw_sql(&format!(
+            "DO $$ BEGIN RAISE EXCEPTION 'down' USING ERRCODE = '{code}'; END $$"
+        ))
+        .execute(&pool)
+        .await
+        .unwrap_err();
+        assert!(matches!(classify(raised), HandleError::Unavailable(_)), "{code}");
+    }
     // Any other database error (here 42P01, no such table) is transient.
     let other = sqlx::query("SELECT * FROM no_such_table")
         .execute(&pool)
@@ -362,5 +373,25 @@ async fn a_repeated_event_is_answered_again_with_its_first_replies_under_their_i
     let (tx, fresh) = begin(&pool, "c", &[at(&other, 11)]).await.unwrap();
     commit(tx, &fresh).await.unwrap();
     assert!(row(pool.clone()).await.is_empty());
+    pool.close().await;
+}
+
+#[tokio::test]
+async fn a_miss_is_recorded_and_counted() {
+    let (_db, pool) = world().await;
+    let (event, order) = (Uuid::new_v4(), Uuid::new_v4());
+    let labels = [("consumer", "c"), ("caught_by", "reservation per order")];
+    let before = telemetry::metrics::get("inbox_misses_total", &labels);
+    let mut conn = pool.acquire().await.unwrap();
+    saga_kit::consumer::note_miss(&mut conn, "c", event, order, "reservation per order")
+        .await
+        .unwrap();
+    let row: (Uuid, Uuid) = sqlx::query_as("SELECT event_id, order_id FROM inbox_misses")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!(row, (event, order));
+    assert_eq!(telemetry::metrics::get("inbox_misses_total", &labels) - before, 1.0);
+    drop(conn);
     pool.close().await;
 }
