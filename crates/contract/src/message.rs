@@ -70,15 +70,69 @@ fn first_attempt() -> u32 {
     1
 }
 
-/// The gateway's Idempotency-Key of a payment operation: derived from the
-/// operation (the order, the kind, the attempt), never from a message, so
-/// every delivery of every command for one operation — and the
-/// reconciliation that asks the gateway about it — uses the same key.
-/// `kind` is `charge` or `refund`; attempt 1 has no suffix.
-pub fn payment_key(kind: &str, order_id: uuid::Uuid, attempt: u32) -> String {
-    match attempt {
-        0 | 1 => format!("{kind}-{order_id}"),
-        n => format!("{kind}-{order_id}-{n}"),
+/// Which payment operation a command asks for (stored as `charge` /
+/// `refund`, and the first word of its gateway key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "sqlx",
+    derive(sqlx::Type),
+    sqlx(type_name = "text", rename_all = "lowercase")
+)]
+pub enum PaymentKind {
+    /// Take the order's amount (`ChargePayment`).
+    Charge,
+    /// Give a captured charge back (`RefundPayment`).
+    Refund,
+}
+
+impl PaymentKind {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Charge => "charge",
+            Self::Refund => "refund",
+        }
+    }
+}
+
+/// One payment operation: an order's charge, or one attempt at its refund.
+/// Every delivery of every command for it — and every reconciliation that
+/// asks the gateway about it — names the same operation, so the same key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PaymentOperation {
+    /// The order.
+    pub order_id: uuid::Uuid,
+    /// Charge or refund.
+    pub kind: PaymentKind,
+    /// 1 for the saga's own; an operator's retry of a failed refund is the next.
+    pub attempt: u32,
+}
+
+impl PaymentOperation {
+    /// The operation a payment command about `order_id` asks for (`None`
+    /// for any other message).
+    pub fn of_command(order_id: uuid::Uuid, message: &Message) -> Option<Self> {
+        let (kind, attempt) = match message {
+            Message::ChargePayment { .. } => (PaymentKind::Charge, 1),
+            Message::RefundPayment { attempt, .. } => (PaymentKind::Refund, (*attempt).max(1)),
+            _ => return None,
+        };
+        Some(Self {
+            order_id,
+            kind,
+            attempt,
+        })
+    }
+
+    /// The gateway's Idempotency-Key of this operation: derived from the
+    /// operation (the order, the kind, the attempt), never from a message.
+    /// Attempt 1 has no suffix: `charge-<order>`, `refund-<order>-2`.
+    pub fn gateway_key(&self) -> String {
+        let (kind, order_id) = (self.kind.as_str(), self.order_id);
+        match self.attempt {
+            0 | 1 => format!("{kind}-{order_id}"),
+            n => format!("{kind}-{order_id}-{n}"),
+        }
     }
 }
 
@@ -154,8 +208,24 @@ mod tests {
     #[test]
     fn payment_keys_name_the_operation_and_retries_get_their_own() {
         let id = uuid::Uuid::nil();
-        assert_eq!(payment_key("charge", id, 1), format!("charge-{id}"));
-        assert_eq!(payment_key("refund", id, 2), format!("refund-{id}-2"));
+        let charge = PaymentOperation::of_command(
+            id,
+            &Message::ChargePayment {
+                amount_cents: 1,
+                card: "tok".into(),
+            },
+        )
+        .unwrap();
+        assert_eq!(charge.gateway_key(), format!("charge-{id}"));
+        let refund = |attempt| Message::RefundPayment {
+            amount_cents: 1,
+            attempt,
+        };
+        let second = PaymentOperation::of_command(id, &refund(2)).unwrap();
+        assert_eq!(second.gateway_key(), format!("refund-{id}-2"));
+        let first = PaymentOperation::of_command(id, &refund(0)).unwrap();
+        assert_eq!((first.attempt, first.gateway_key()), (1, format!("refund-{id}")));
+        assert_eq!(PaymentOperation::of_command(id, &Message::ReleaseStock), None);
     }
 
     #[test]

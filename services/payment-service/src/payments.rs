@@ -31,25 +31,7 @@ pub const DEAD_LETTER_COMMAND: &str = "payment::dead_letter_command";
 /// with the same key and get the same charge back.
 pub const CRASH_AFTER_GATEWAY_BEFORE_RECORD: &str = "payment::after_gateway_before_record";
 
-/// The kind of a payment operation (stored as `charge` / `refund`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, sqlx::Type)]
-#[sqlx(type_name = "text", rename_all = "lowercase")]
-pub enum Kind {
-    /// Take the order's amount.
-    Charge,
-    /// Give a captured charge back.
-    Refund,
-}
-
-impl Kind {
-    /// The stored name, also part of the operation's key.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Charge => "charge",
-            Kind::Refund => "refund",
-        }
-    }
-}
+pub use contract::message::PaymentKind;
 
 /// Where a payment operation stands (stored as `PENDING`, …). A status, not
 /// a "done" flag: `PENDING` says the gateway may or may not have acted, so
@@ -107,10 +89,10 @@ impl Operation {
         }
     }
 
-    pub(crate) fn kind(&self) -> Kind {
+    pub(crate) fn kind(&self) -> PaymentKind {
         match self {
-            Self::Charge { .. } => Kind::Charge,
-            Self::Refund { .. } => Kind::Refund,
+            Self::Charge { .. } => PaymentKind::Charge,
+            Self::Refund { .. } => PaymentKind::Refund,
         }
     }
 
@@ -127,9 +109,18 @@ impl Operation {
         }
     }
 
+    /// The operation this is, for `order_id`: what its gateway key names.
+    fn of(&self, order_id: Uuid) -> contract::message::PaymentOperation {
+        contract::message::PaymentOperation {
+            order_id,
+            kind: self.kind(),
+            attempt: self.attempt(),
+        }
+    }
+
     /// The gateway key: derived from the operation, never from the message.
     pub(crate) fn key(&self, order_id: Uuid) -> String {
-        contract::message::payment_key(self.kind().as_str(), order_id, self.attempt())
+        self.of(order_id).gateway_key()
     }
 }
 
@@ -354,7 +345,7 @@ async fn call_all(
 async fn settle(
     tx: &mut sqlx::PgConnection,
     batch: &[Traced<Envelope>],
-    ctx: &[(Option<(Status, Message)>, Kind)],
+    ctx: &[(Option<(Status, Message)>, PaymentKind)],
     fresh: &[usize],
 ) -> outbox::Result<()> {
     let with_result: Vec<usize> = fresh.iter().copied().filter(|&i| ctx[i].0.is_some()).collect();
@@ -395,7 +386,7 @@ async fn settle(
 /// `status` and `reply` goes out, caused by `cause`, in `span`'s trace.
 pub(crate) struct Settlement<'a> {
     pub order_id: Uuid,
-    pub kind: Kind,
+    pub kind: PaymentKind,
     pub status: Status,
     pub reply: &'a Message,
     pub cause: Option<&'a Envelope>,
@@ -450,7 +441,11 @@ pub(crate) async fn record_all(
 
 /// Whether the reconciler settled payment `(order_id, kind)` from the
 /// gateway's record (a command arriving after that is expected, not a miss).
-async fn settled_by_reconciliation(tx: &mut sqlx::PgConnection, order_id: Uuid, kind: Kind) -> outbox::Result<bool> {
+async fn settled_by_reconciliation(
+    tx: &mut sqlx::PgConnection,
+    order_id: Uuid,
+    kind: PaymentKind,
+) -> outbox::Result<bool> {
     let reconciled =
         sqlx::query_scalar("SELECT reconciled_at IS NOT NULL FROM payments WHERE order_id = $1 AND kind = $2")
             .bind(order_id)
@@ -490,28 +485,28 @@ pub(crate) async fn call_gateway(
 }
 
 /// The payment's new status and the reply to send for the gateway's answer.
-pub fn outcome(kind: Kind, reply: Reply) -> Result<(Status, Message), HandleError> {
+pub fn outcome(kind: PaymentKind, reply: Reply) -> Result<(Status, Message), HandleError> {
     Ok(match (kind, reply) {
-        (Kind::Charge, Reply::Done(id)) => (Status::Captured, Message::PaymentCaptured { charge_id: id }),
-        (Kind::Charge, Reply::Declined(_)) => (
+        (PaymentKind::Charge, Reply::Done(id)) => (Status::Captured, Message::PaymentCaptured { charge_id: id }),
+        (PaymentKind::Charge, Reply::Declined(_)) => (
             Status::Declined,
             Message::PaymentDeclined {
                 reason: "card_declined".into(),
             },
         ),
-        (Kind::Charge, Reply::Refused(why)) => (
+        (PaymentKind::Charge, Reply::Refused(why)) => (
             Status::Declined,
             Message::PaymentDeclined {
                 reason: format!("refused: {why}"),
             },
         ),
-        (Kind::Refund, Reply::Done(id)) => (Status::Refunded, Message::PaymentRefunded { refund_id: id }),
-        (Kind::Refund, Reply::Declined(id)) => (
+        (PaymentKind::Refund, Reply::Done(id)) => (Status::Refunded, Message::PaymentRefunded { refund_id: id }),
+        (PaymentKind::Refund, Reply::Declined(id)) => (
             Status::Failed,
             Message::RefundFailed {
                 reason: format!("refund {id} declined"),
             },
         ),
-        (Kind::Refund, Reply::Refused(why)) => (Status::Failed, Message::RefundFailed { reason: why }),
+        (PaymentKind::Refund, Reply::Refused(why)) => (Status::Failed, Message::RefundFailed { reason: why }),
     })
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use crate::gateway::Reply;
-use crate::payments::{outcome, record_all, Kind, Settlement};
+use crate::payments::{outcome, record_all, PaymentKind, Settlement};
 use crate::Deps;
 
 /// What one scan did.
@@ -36,7 +36,7 @@ pub async fn tick(deps: &Deps, deadline: Duration) -> anyhow::Result<Report> {
     .await?;
     telemetry::metrics::set("payments_pending", &[], pending as f64);
     telemetry::metrics::set("payments_oldest_pending_seconds", &[], oldest);
-    let overdue: Vec<(Uuid, Kind, String)> = sqlx::query_as(
+    let overdue: Vec<(Uuid, PaymentKind, String)> = sqlx::query_as(
         "SELECT order_id, kind, idempotency_key FROM payments
          WHERE status = 'PENDING' AND updated_at < now() - make_interval(secs => $1)
          ORDER BY updated_at LIMIT 100",

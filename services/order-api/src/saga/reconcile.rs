@@ -166,7 +166,7 @@ pub async fn reconcile(
     drop(conn);
     let state = order.status;
     // The gateway first (outside any transaction: it is a network call).
-    let answer = match payment_key(&order) {
+    let answer = match gateway_key(&order) {
         Some(key) => match gateway.lookup(&key).await {
             Ok(movement) => movement.and_then(|m| as_reply(&m)),
             Err(e) => {
@@ -218,12 +218,9 @@ fn finish(state: Status, outcome: Outcome) -> Outcome {
 
 /// The gateway key of the payment operation `order`'s state waits on: the
 /// key payment-service derives from the command that state sent.
-fn payment_key(order: &Order) -> Option<String> {
-    match crate::saga::transitions::command(order, order.status)? {
-        Message::ChargePayment { .. } => Some(contract::message::payment_key("charge", order.id, 1)),
-        Message::RefundPayment { attempt, .. } => Some(contract::message::payment_key("refund", order.id, attempt)),
-        _ => None,
-    }
+fn gateway_key(order: &Order) -> Option<String> {
+    let command = crate::saga::transitions::command(order, order.status)?;
+    contract::message::PaymentOperation::of_command(order.id, &command).map(|op| op.gateway_key())
 }
 
 /// The reply payment-service would have sent for the gateway's `movement`.

@@ -70,7 +70,12 @@ impl Fixture {
     /// The charge of `order` recorded PENDING (step 1 of the handler) a
     /// minute ago; returns its gateway key.
     async fn pending_charge(&self, order: Uuid) -> String {
-        let key = contract::message::payment_key("charge", order, 1);
+        let key = contract::message::PaymentOperation {
+            order_id: order,
+            kind: contract::message::PaymentKind::Charge,
+            attempt: 1,
+        }
+        .gateway_key();
         sqlx::query(
             "INSERT INTO payments (order_id, kind, idempotency_key, amount_cents, status, updated_at)
              VALUES ($1, 'charge', $2, 1500, 'PENDING', now() - interval '1 minute')",
