@@ -171,6 +171,16 @@ impl LayerOff {
         }
     }
 
+    /// The words of the audit's line that states this layer's own effect
+    /// where other lines of its invariant state consequences (the http key:
+    /// a second order per request, not the keys without a stored answer).
+    pub fn ground_truth(self) -> Option<&'static str> {
+        match self {
+            LayerOff::HttpKey => Some("client requests made more than one order"),
+            _ => None,
+        }
+    }
+
     /// Its name on the command line.
     pub fn name(self) -> &'static str {
         match self {

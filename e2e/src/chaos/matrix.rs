@@ -42,9 +42,11 @@ impl Cell {
             ok: report.caught().unwrap_or_else(|| report.passed()),
             broken: report.broken().iter().map(|(k, n)| format!("{k} ({n})")).collect(),
             first_seen_s,
-            evidence: match invariant {
-                Some(i) => report.problems.iter().find(|p| p.starts_with(i)).cloned(),
-                None => report.problems.first().cloned(),
+            evidence: match (invariant, report.layer_off.and_then(LayerOff::ground_truth)) {
+                // The line that states the layer's own effect, when it has one.
+                (Some(_), Some(marker)) => report.problems.iter().find(|p| p.contains(marker)).cloned(),
+                (Some(i), None) => report.problems.iter().find(|p| p.starts_with(i)).cloned(),
+                (None, _) => report.problems.first().cloned(),
             },
             error: None,
         }
