@@ -354,6 +354,34 @@ async fn a_message_that_keeps_failing_is_dead_lettered_after_its_attempts_but_a_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_one_message_loop_hands_over_every_message_whatever_the_batch_setting() {
+    let w = World::new().await;
+    let order = Uuid::new_v4();
+    for _ in 0..6 {
+        w.send(&Envelope::new(order, &Message::ReleaseStock, None)).await;
+    }
+    // Queued before the consumer starts, under a batch setting above one:
+    // `run` still hands its handler one message at a time, each of them.
+    let mut settings = w.settings("one-by-one");
+    settings.max_batch = 32;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let token = CancellationToken::new();
+    let (pool, c) = (w.pool.clone(), calls.clone());
+    let run = tokio::spawn(kafka::consumer::run(settings, token.clone(), move |env: Envelope| {
+        let (pool, c) = (pool.clone(), c.clone());
+        async move {
+            c.fetch_add(1, Ordering::SeqCst);
+            apply(&pool, "one-by-one", env).await
+        }
+    }));
+    w.wait_effects(6).await;
+    token.cancel();
+    run.await.unwrap().unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 6);
+    w.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letters_can_be_replayed_once_the_cause_is_fixed() {
     let w = World::new().await;
     let event = Envelope::new(Uuid::new_v4(), &Message::ReleaseStock, None);
