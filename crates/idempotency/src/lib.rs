@@ -240,6 +240,15 @@ pub async fn store(
     Ok(inserted == 1)
 }
 
+/// How often a service reaps its expired keys ([`reap_from`]).
+pub const REAP_EVERY: Duration = Duration::from_secs(60);
+
+/// [`reap`] with the pool by value: the shape a service's periodic purge
+/// task calls, every [`REAP_EVERY`].
+pub async fn reap_from(pool: PgPool, batch: i64) -> Result<u64> {
+    reap(&pool, batch).await
+}
+
 /// Deletes up to `batch` expired keys; returns how many. Short statements,
 /// no long locks: call it in a loop until it returns less than `batch`.
 pub async fn reap(pool: &PgPool, batch: i64) -> Result<u64> {

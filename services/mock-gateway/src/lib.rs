@@ -246,13 +246,12 @@ impl App {
                 service_kit::bearer::require,
             ))
             .route("/openapi.json", service_kit::http::openapi_route::<_, ApiDoc>());
-        // Expired Idempotency-Keys, deleted every minute.
         let pool = self.state.pool.clone();
         tasks.spawn_purge(
             "idempotency reaper",
-            Duration::from_secs(60),
+            idempotency::REAP_EVERY,
             pool,
-            |pool, n| async move { idempotency::reap(&pool, n).await },
+            idempotency::reap_from,
         );
         let app = api
             .with_state(self.state.clone())

@@ -162,13 +162,12 @@ impl App {
         saga.spawn_batches(&mut tasks, saga_pool, |pool, envelopes| async move {
             saga::handle_batch(&pool, envelopes).await
         });
-        // Expired Idempotency-Keys, deleted every minute.
         let pool = self.state.pool.clone();
         tasks.spawn_purge(
             "idempotency reaper",
-            Duration::from_secs(60),
+            idempotency::REAP_EVERY,
             pool,
-            |pool, n| async move { idempotency::reap(&pool, n).await },
+            idempotency::reap_from,
         );
         let (pool, retention) = (
             self.state.pool.clone(),
