@@ -16,10 +16,10 @@
 //! # }
 //! ```
 //!
-//! A failed effect that must not be stored (a dependency was down: a retry
-//! should run again) is answered by rolling `tx` back at once — the key's
-//! claim goes with it; one that is the request's final answer (a
-//! validation failure) is stored with [`complete`] like a success.
+//! Work that may fail ends with [`finish`] instead: an error that is the
+//! request's final answer (a validation failure) is stored like a success;
+//! any other (a dependency was down: a retry should run again) rolls `tx`
+//! back at once, and the key's claim goes with it.
 
 use std::time::Duration;
 
@@ -102,4 +102,31 @@ pub async fn complete(
             _ => Outcome::InFlight,
         },
     )
+}
+
+/// [`complete`] for work that may have failed: a success, or an error
+/// `stored_error` turns into the request's final answer, is stored and
+/// committed with the work; any other error rolls the transaction back
+/// now — not when its connection is next used: until then the key's claim
+/// is held, and a retry at once would be told "in flight" — and is
+/// returned.
+pub async fn finish<E: From<Error>>(
+    pool: &PgPool,
+    tx: Transaction<'static, Postgres>,
+    request: Keyed<'_>,
+    ttl: Duration,
+    result: Result<StoredResponse, E>,
+    stored_error: impl FnOnce(&E) -> Option<StoredResponse>,
+) -> Result<Outcome, E> {
+    let response = match result {
+        Ok(response) => response,
+        Err(e) => match stored_error(&e) {
+            Some(stored) => stored,
+            None => {
+                let _ = tx.rollback().await;
+                return Err(e);
+            }
+        },
+    };
+    Ok(complete(pool, tx, request, ttl, &response).await?)
 }

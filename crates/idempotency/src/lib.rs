@@ -33,7 +33,7 @@ use sqlx::migrate::Migrator;
 use sqlx::{PgConnection, PgPool, Row};
 
 pub use credentials::{Scope, Secret};
-pub use flow::{begin, complete, Begun, Keyed, Outcome};
+pub use flow::{begin, complete, finish, Begun, Keyed, Outcome};
 pub use http::{respond, FingerprintKey, Idempotent, KeyArgs, KeyHeader, Refused};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
 

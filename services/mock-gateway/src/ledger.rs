@@ -449,8 +449,8 @@ async fn begin(state: &AppState, request: &Idempotent, faults: &Faults) -> Resul
 
 /// A keyed request's end: the movement, or a refusal that is the request's
 /// final answer (422, stored under the key like a movement), stored and
-/// committed ([`idempotency::complete`]); any other error rolls back, so
-/// the retry runs again. Then the injected hang past the client's timeout.
+/// committed ([`idempotency::finish`]); any other error rolls back, so the
+/// retry runs again. Then the injected hang past the client's timeout.
 async fn complete(
     state: &AppState,
     request: &Idempotent,
@@ -458,18 +458,14 @@ async fn complete(
     tx: Transaction<'static, Postgres>,
     result: Result<StoredResponse, GatewayError>,
 ) -> Result<Response, GatewayError> {
-    let response = match result {
-        Ok(response) => response,
-        Err(e @ GatewayError::Unprocessable(_)) => {
+    let (pool, ttl) = (&state.pool, state.key_ttl);
+    let outcome = idempotency::finish(pool, tx, request.keyed(), ttl, result, |e: &GatewayError| {
+        matches!(e, GatewayError::Unprocessable(_)).then(|| {
             let p = e.problem();
             StoredResponse::json(p.status_code(), &p, PROBLEM_JSON)
-        }
-        Err(e) => {
-            tx.rollback().await?;
-            return Err(e);
-        }
-    };
-    let outcome = idempotency::complete(&state.pool, tx, request.keyed(), state.key_ttl, &response).await?;
+        })
+    })
+    .await?;
     if matches!(outcome, Outcome::Completed(_)) && FaultSwitch::roll(faults.timeout_after_commit_rate) {
         telemetry::metrics::incr("gateway_injected_faults_total", &[("fault", "timeout_after_commit")]);
         tracing::warn!("committed; now hanging past the client's timeout");

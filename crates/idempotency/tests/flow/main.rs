@@ -219,3 +219,51 @@ async fn the_reaper_deletes_expired_keys_only_a_batch_at_a_time() {
     assert_eq!(left, ["live"]);
     pool.close().await;
 }
+
+#[derive(Debug, PartialEq)]
+enum Failed {
+    /// The request's final answer: stored.
+    Refused,
+    /// A dependency down: not stored.
+    Unavailable,
+}
+
+impl From<idempotency::Error> for Failed {
+    fn from(_: idempotency::Error) -> Self {
+        Failed::Unavailable
+    }
+}
+
+fn stored(e: &Failed) -> Option<StoredResponse> {
+    (*e == Failed::Refused).then(|| StoredResponse::json(StatusCode::UNPROCESSABLE_ENTITY, &"no", "application/json"))
+}
+
+#[tokio::test]
+async fn finish_stores_a_final_error_and_rolls_any_other_back() {
+    let (pool, _db) = db().await;
+    // Not stored: rolled back, so the retry runs again.
+    let mut tx = claimed(&pool, keyed("k1", "fp")).await;
+    effect(&mut tx).await;
+    let failed = idempotency::finish(&pool, tx, keyed("k1", "fp"), TTL, Err(Failed::Unavailable), stored).await;
+    assert_eq!(failed.unwrap_err(), Failed::Unavailable);
+    let tx = claimed(&pool, keyed("k1", "fp")).await;
+    tx.rollback().await.unwrap();
+    assert_eq!(effects(&pool).await, 0, "the failed attempt left nothing");
+    // Final: stored with the work, and replayed.
+    let mut tx = claimed(&pool, keyed("k2", "fp")).await;
+    effect(&mut tx).await;
+    let outcome = idempotency::finish(&pool, tx, keyed("k2", "fp"), TTL, Err(Failed::Refused), stored)
+        .await
+        .unwrap();
+    let refusal = stored(&Failed::Refused).unwrap();
+    assert_eq!(outcome, Outcome::Completed(refusal.clone()));
+    assert_eq!(answered(&pool, keyed("k2", "fp")).await, Outcome::Replayed(refusal));
+    assert_eq!(effects(&pool).await, 1);
+    // A success is completed as with `complete`.
+    let tx = claimed(&pool, keyed("k3", "fp")).await;
+    let outcome = idempotency::finish(&pool, tx, keyed("k3", "fp"), TTL, Ok(response("done")), stored)
+        .await
+        .unwrap();
+    assert_eq!(outcome, Outcome::Completed(response("done")));
+    pool.close().await;
+}

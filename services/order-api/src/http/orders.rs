@@ -222,7 +222,7 @@ pub const CRASH_BEFORE_COMMIT: &str = "order_api::before_commit";
 pub const CRASH_AFTER_COMMIT_BEFORE_RESPONSE: &str = "order_api::after_commit_before_response";
 
 /// Stores the request's answer under its key and commits it with the work
-/// ([`idempotency::complete`]), then answers: the response, or the refusal.
+/// ([`idempotency::finish`]), then answers: the response, or the refusal.
 /// Domain outcomes (2xx, 404, 409, 422) are stored with the key;
 /// infrastructure errors roll everything back, so a retry runs again.
 async fn complete(
@@ -231,18 +231,11 @@ async fn complete(
     tx: Transaction<'static, Postgres>,
     result: Result<StoredResponse, ApiError>,
 ) -> Result<Response, ApiError> {
-    let response = match result {
-        Ok(response) => response,
-        Err(e) if e.is_final() => e.to_stored(),
-        Err(e) => {
-            // Now, not when the connection is next used: until then the
-            // key's claim is held, and a retry at once would be "in flight".
-            let _ = tx.rollback().await;
-            return Err(e);
-        }
-    };
-    let ttl = state.idempotency_ttl;
-    let outcome = idempotency::complete(&state.pool, tx, request.keyed(), ttl, &response).await?;
+    let (pool, ttl) = (&state.pool, state.idempotency_ttl);
+    let outcome = idempotency::finish(pool, tx, request.keyed(), ttl, result, |e: &ApiError| {
+        e.is_final().then(|| e.to_stored())
+    })
+    .await?;
     if matches!(outcome, Outcome::Completed(_)) {
         fail::fail_point!(CRASH_AFTER_COMMIT_BEFORE_RESPONSE, |_| telemetry::crash_point(
             CRASH_AFTER_COMMIT_BEFORE_RESPONSE
