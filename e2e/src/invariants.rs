@@ -100,6 +100,14 @@ pub struct Audit {
 }
 
 impl Audit {
+    /// Keeps the earliest evidence of `invariant` breaking.
+    pub fn seen(&mut self, invariant: &str, at: Option<chrono::DateTime<chrono::Utc>>) {
+        if let Some(at) = at {
+            let first = self.first_seen.entry(invariant.to_owned()).or_insert(at);
+            *first = (*first).min(at);
+        }
+    }
+
     /// Whether every invariant holds.
     pub fn passed(&self) -> bool {
         self.violations.is_empty()
@@ -165,7 +173,7 @@ pub async fn audit(stack: &Stack, expected: &Expected) -> anyhow::Result<Audit> 
         )
         .fetch_one(&mut gateway_db)
         .await?;
-        seen(&mut a, CHARGED_ONCE, first);
+        a.seen(CHARGED_ONCE, first);
         a.violations.push(format!(
             "{CHARGED_ONCE}: {} orders captured more than once",
             a.double_charged.len()
@@ -206,7 +214,7 @@ pub async fn audit(stack: &Stack, expected: &Expected) -> anyhow::Result<Audit> 
             sqlx::query_scalar("SELECT min(created_at) FROM orders WHERE status NOT IN ('CONFIRMED', 'CANCELLED')")
                 .fetch_one(&mut orders_db)
                 .await?;
-        seen(&mut a, NOTHING_STUCK, first);
+        a.seen(NOTHING_STUCK, first);
         a.violations.push(format!(
             "{NOTHING_STUCK}: {} orders stuck in a non-terminal state",
             a.stuck.len()
@@ -248,7 +256,7 @@ pub async fn audit(stack: &Stack, expected: &Expected) -> anyhow::Result<Audit> 
         .fetch_all(&mut c)
         .await?;
         for (consumer, caught_by, n, first) in misses {
-            seen(&mut a, STEP_ONCE, Some(first));
+            a.seen(STEP_ONCE, Some(first));
             a.violations.push(format!(
                 "{STEP_ONCE}: {n} events reached {consumer}'s effect again (its inbox let them through; \
                  the {caught_by} caught them)"
@@ -349,7 +357,7 @@ async fn ground_truth(
     .await?;
     a.replies_applied_twice = repeats as usize;
     if repeats > 0 {
-        seen(a, STEP_ONCE, first);
+        a.seen(STEP_ONCE, first);
         a.violations.push(format!(
             "{STEP_ONCE}: {repeats} replies reached the saga's state machine twice (order_history)"
         ));
@@ -401,14 +409,6 @@ async fn ground_truth(
         ));
     }
     Ok(())
-}
-
-/// Keeps the earliest evidence of `invariant` breaking.
-fn seen(a: &mut Audit, invariant: &str, at: Option<chrono::DateTime<chrono::Utc>>) {
-    if let Some(at) = at {
-        let first = a.first_seen.entry(invariant.to_owned()).or_insert(at);
-        *first = (*first).min(at);
-    }
 }
 
 /// The orders the deadline reconciler acted on, read from their history.
@@ -490,7 +490,7 @@ async fn check_rescued(
     let touched: BTreeSet<Uuid> = a.rescued.values().flatten().copied().collect();
     let unexpected: Vec<&Uuid> = touched.difference(&expected.rescue_expected).collect();
     if !unexpected.is_empty() {
-        seen(a, NOTHING_LOST, first);
+        a.seen(NOTHING_LOST, first);
         let per_cause: BTreeMap<&str, usize> = a.rescued.iter().map(|(c, o)| (c.as_str(), o.len())).collect();
         a.violations.push(format!(
             "{NOTHING_LOST}: {} orders reached the deadline reconciler in a run that loses no message on purpose \
@@ -567,7 +567,7 @@ async fn order_per_key(
                 .bind(&unnamed)
                 .fetch_one(&mut *db)
                 .await?;
-        seen(a, ORDER_PER_KEY, first);
+        a.seen(ORDER_PER_KEY, first);
     }
     Ok(())
 }

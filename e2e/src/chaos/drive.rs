@@ -251,12 +251,7 @@ fn rescued_by_late_copies(audit: &mut crate::invariants::Audit, late: &[provenan
         }
     }
     let injected = late.iter().filter(|l| l.injected).count();
-    let first = late.iter().map(|l| l.at).min().expect("not empty");
-    let seen = audit
-        .first_seen
-        .entry(crate::invariants::NOTHING_LOST.to_owned())
-        .or_insert(first);
-    *seen = (*seen).min(first);
+    audit.seen(crate::invariants::NOTHING_LOST, late.iter().map(|l| l.at).min());
     audit.violations.push(format!(
         "{}: {} events were applied from a later copy than the first their consumer was delivered \
          ({injected} from an injected copy, {} from one published again): the first copy's effect was lost",
@@ -272,13 +267,7 @@ fn applied_twice_in_the_log(audit: &mut crate::invariants::Audit, twice: &[prove
     let Some(first) = twice.first() else {
         return;
     };
-    if let Some(at) = twice.iter().filter_map(|t| t.at).min() {
-        let seen = audit
-            .first_seen
-            .entry(crate::invariants::STEP_ONCE.to_owned())
-            .or_insert(at);
-        *seen = (*seen).min(at);
-    }
+    audit.seen(crate::invariants::STEP_ONCE, twice.iter().filter_map(|t| t.at).min());
     audit.violations.push(format!(
         "{}: {} events caused two or more distinct events of one type in the log (applied twice), \
          e.g. event {} of order {} answered {} times with {}",
