@@ -90,11 +90,16 @@ pub async fn emit_all(conn: &mut PgConnection, replies: &[(Message, Envelope)]) 
 /// same id ([`crate::consumer::begin`]). In the caller's transaction, the
 /// one that recorded the inbox rows.
 pub async fn reply_all(conn: &mut PgConnection, consumer: &str, replies: &[(Message, Envelope)]) -> outbox::Result<()> {
-    emit_all(&mut *conn, replies).await?;
+    // Each reply serialised once: the outbox row and the kept copy are the same bytes.
+    let events: Vec<_> = replies
+        .iter()
+        .map(|(message, envelope)| outbox_event(message.topic(), envelope))
+        .collect();
+    outbox::enqueue_all(&mut *conn, &events).await?;
     let kept: Vec<(Uuid, inbox::Reply)> = replies
         .iter()
-        .filter_map(|(message, envelope)| {
-            let event = outbox_event(message.topic(), envelope);
+        .zip(events)
+        .filter_map(|((_, envelope), event)| {
             let reply = inbox::Reply {
                 reply_id: envelope.event_id,
                 topic: event.topic.to_owned(),
