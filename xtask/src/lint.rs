@@ -168,7 +168,9 @@ pub fn layout_problems(members: &[Member]) -> Vec<String> {
                 out.push(format!("production crate {} depends on test support {d}", m.name));
             }
         }
-        for d in &m.dev_deps {
+        // A crate's dev-dependency on itself turns on its own features
+        // (its negative controls) for its tests: no cycle.
+        for d in m.dev_deps.iter().filter(|d| **d != m.name) {
             if let Some(path) = path_to(&by_name, d, &m.name) {
                 out.push(format!(
                     "dev-dependency cycle: {} dev-depends on {}, which depends on it ({})",
@@ -262,11 +264,10 @@ pub fn graph(members: &[Member]) -> String {
             m.deps.iter().cloned().collect::<Vec<_>>().join(", ")
         };
         out.push_str(&format!("{:width$} → {deps}", m.name));
-        if !m.dev_deps.is_empty() {
-            out.push_str(&format!(
-                "   (tests: {})",
-                m.dev_deps.iter().cloned().collect::<Vec<_>>().join(", ")
-            ));
+        // A crate's dev-dependency on itself (its own features) is no arrow.
+        let dev: Vec<_> = m.dev_deps.iter().filter(|d| **d != m.name).cloned().collect();
+        if !dev.is_empty() {
+            out.push_str(&format!("   (tests: {})", dev.join(", ")));
         }
         out.push('\n');
     }
@@ -305,7 +306,8 @@ mod tests {
     fn a_dev_dependency_cycle_and_a_production_crate_on_test_support_are_named() {
         let ok = [
             member("testkit", &[], &[]),
-            member("inbox", &[], &["testkit"]),
+            // Its own features for its tests: allowed.
+            member("inbox", &[], &["testkit", "inbox"]),
             member("kafka", &[], &["inbox", "testkit"]),
         ];
         assert!(layout_problems(&ok).is_empty(), "{:?}", layout_problems(&ok));

@@ -51,10 +51,21 @@ pub enum Error {
 /// Result type of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// NEGATIVE CONTROL ONLY ([`switches::Switch::NoIdempotencyKey`], test
-/// builds): every request gets a key of its own — the layer is off.
+#[cfg(feature = "negative-controls")]
+pub mod negative_controls;
+
+/// Without the `negative-controls` feature the layer is always on.
+#[cfg(not(feature = "negative-controls"))]
+mod negative_controls {
+    pub(crate) const fn off() -> bool {
+        false
+    }
+}
+
+/// NEGATIVE CONTROL ONLY (`negative_controls::turn_off`, feature
+/// `negative-controls`): every request gets a key of its own — the layer is off.
 pub(crate) fn unsafe_disabled() -> bool {
-    switches::on(switches::Switch::NoIdempotencyKey)
+    negative_controls::off()
 }
 
 /// The idempotency table's migrations (versions 1003xxxxxx).

@@ -32,10 +32,25 @@ use sqlx::migrate::Migrator;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-/// NEGATIVE CONTROL ONLY ([`switches::Switch::NoInbox`], test builds): the
-/// inbox records nothing and reports every event as new.
+#[cfg(feature = "negative-controls")]
+pub mod negative_controls;
+
+/// Without the `negative-controls` feature the inbox is always on.
+#[cfg(not(feature = "negative-controls"))]
+mod negative_controls {
+    pub(crate) const fn off() -> bool {
+        false
+    }
+    pub(crate) const fn apart() -> bool {
+        false
+    }
+}
+
+/// NEGATIVE CONTROL ONLY (`negative_controls::turn_off`, feature
+/// `negative-controls`): the inbox records nothing and reports every event
+/// as new.
 fn disabled() -> bool {
-    switches::on(switches::Switch::NoInbox)
+    negative_controls::off()
 }
 
 /// The inbox table's migrations (versions 1002xxxxxx).
@@ -162,9 +177,9 @@ impl Fresh {
 /// of [`Fresh::indices`] in the returned transaction and commits — the
 /// inbox rows and the effects together, or neither.
 ///
-/// NEGATIVE CONTROL ONLY ([`switches::Switch::InboxSeparateTx`], test
-/// builds): the inbox rows commit on their own first, and a new transaction
-/// is returned for the effects.
+/// NEGATIVE CONTROL ONLY (`negative_controls::commit_apart`, feature
+/// `negative-controls`): the inbox rows commit on their own first, and a
+/// new transaction is returned for the effects.
 pub async fn begin_batch(
     pool: &sqlx::PgPool,
     consumer: &str,
@@ -172,7 +187,7 @@ pub async fn begin_batch(
 ) -> sqlx::Result<(sqlx::Transaction<'static, sqlx::Postgres>, Fresh)> {
     let mut tx = pool.begin().await?;
     let recorded = record_batch(&mut tx, consumer, deliveries).await?;
-    if switches::on(switches::Switch::InboxSeparateTx) {
+    if negative_controls::apart() {
         tx.commit().await?;
         tx = pool.begin().await?;
     }
@@ -338,17 +353,22 @@ pub async fn purge(conn: &mut PgConnection, retention: Duration, batch: i64) -> 
 }
 
 /// How long inbox rows are kept, as a typed setting for a service's config.
-#[derive(Debug, Clone, clap::Args)]
+/// With the `clap` feature, a `clap::Args` to flatten into it.
+#[derive(Debug, Clone)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
 pub struct RetentionArgs {
     /// How long inbox rows are kept, in seconds (must exceed the broker's redelivery window).
-    #[arg(long = "inbox-retention-secs", env = "INBOX_RETENTION_SECS", default_value_t = 7 * 86_400)]
+    #[cfg_attr(feature = "clap", arg(long = "inbox-retention-secs", env = "INBOX_RETENTION_SECS", default_value_t = 7 * 86_400))]
     pub secs: u64,
     /// The longest consumer outage tolerated, in seconds: the inbox must
     /// outlast the topic's retention by this much.
-    #[arg(
-        long = "redelivery-margin-secs",
-        env = "REDELIVERY_MARGIN_SECS",
-        default_value_t = 86_400
+    #[cfg_attr(
+        feature = "clap",
+        arg(
+            long = "redelivery-margin-secs",
+            env = "REDELIVERY_MARGIN_SECS",
+            default_value_t = 86_400
+        )
     )]
     pub margin_secs: u64,
 }

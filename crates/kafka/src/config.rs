@@ -140,13 +140,12 @@ impl KafkaArgs {
     }
 
     /// The idempotent producer for these settings (delivery timeout 15 s).
-    /// With the negative control's switch
-    /// ([`switches::Switch::NoProducerIdempotence`], test builds only) on, a
-    /// producer without idempotence.
+    /// NEGATIVE CONTROL ONLY (`negative_controls::no_producer_idempotence`,
+    /// feature `negative-controls`): a producer without idempotence.
     pub fn producer(&self) -> crate::Result<rdkafka::producer::FutureProducer> {
         let mut config = self.client_config();
         config.set("linger.ms", self.linger_ms.to_string());
-        if switches::on(switches::Switch::NoProducerIdempotence) {
+        if crate::negative_controls::producer_not_idempotent() {
             config.set("enable.idempotence", "false");
             return Ok(crate::client::with_delivery_settings(config, std::time::Duration::from_secs(15)).create()?);
         }

@@ -212,7 +212,7 @@ where
         handler: Arc::new(handler),
         max_batch: settings.max_batch.max(1),
         max_attempts: settings.kafka.consumer_max_attempts.max(1),
-        ack_first: switches::on(switches::Switch::OffsetBeforeHandling),
+        ack_first: crate::negative_controls::acks_first(),
         shutdown: shutdown.clone(),
         revoked: CancellationToken::new(),
         _done: None,

@@ -20,7 +20,20 @@ pub mod consumer;
 pub mod dlq;
 pub mod group;
 mod lag;
+#[cfg(feature = "negative-controls")]
+pub mod negative_controls;
 pub mod read;
+
+/// Without the `negative-controls` feature nothing can be turned off.
+#[cfg(not(feature = "negative-controls"))]
+mod negative_controls {
+    pub(crate) const fn acks_first() -> bool {
+        false
+    }
+    pub(crate) const fn producer_not_idempotent() -> bool {
+        false
+    }
+}
 
 pub use client::{
     client_config, dead_letter_topic, ensure_topics, ensure_topics_with, headers, idempotent_producer, producer,

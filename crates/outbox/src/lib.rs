@@ -7,7 +7,17 @@
 //! publishes the row again, with the same `event_id`, and the consumers'
 //! inbox absorbs it.
 
+#[cfg(feature = "negative-controls")]
+pub mod negative_controls;
 pub mod relay;
+
+/// Without the `negative-controls` feature the event id is always the row's.
+#[cfg(not(feature = "negative-controls"))]
+mod negative_controls {
+    pub(crate) const fn mints() -> bool {
+        false
+    }
+}
 
 use sqlx::migrate::Migrator;
 use sqlx::PgConnection;

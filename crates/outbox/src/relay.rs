@@ -124,7 +124,7 @@ impl Publisher for KafkaPublisher {
             );
             telemetry::propagation::follow(&span, row.traceparent.as_deref());
             let traceparent = telemetry::propagation::traceparent(&span);
-            let (event_id, body) = if switches::on(switches::Switch::EventIdAtPublish) {
+            let (event_id, body) = if crate::negative_controls::mints() {
                 // NEGATIVE CONTROL ONLY: every publish carries a new event id
                 // instead of the one fixed when the row was written, so a row
                 // published again (a relay crash between the broker's ack and

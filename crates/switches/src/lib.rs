@@ -199,8 +199,27 @@ impl Switches {
         }
         for s in &set {
             tracing::error!("{} is set: {} (negative control only)", s.var(), s.off());
+            #[cfg(feature = "failpoints")]
+            hand_over(*s);
         }
         Ok(())
+    }
+}
+
+/// Turns `switch` on where its layer lives: the pattern crates own their
+/// negative controls (each crate's `negative_controls` module, compiled only
+/// with its `negative-controls` feature, which `failpoints` turns on here) and
+/// know nothing of this crate; a service's own switch is read with [`on`].
+#[cfg(feature = "failpoints")]
+fn hand_over(switch: Switch) {
+    match switch {
+        Switch::NoInbox => inbox::negative_controls::turn_off(),
+        Switch::InboxSeparateTx => inbox::negative_controls::commit_apart(),
+        Switch::NoIdempotencyKey => idempotency::negative_controls::turn_off(),
+        Switch::OffsetBeforeHandling => kafka::negative_controls::ack_first(),
+        Switch::NoProducerIdempotence => kafka::negative_controls::no_producer_idempotence(),
+        Switch::EventIdAtPublish => outbox::negative_controls::event_id_at_publish(),
+        Switch::NoPaymentDedup => {}
     }
 }
 

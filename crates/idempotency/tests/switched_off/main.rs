@@ -35,12 +35,7 @@ async fn extract(key: &str) -> Idempotent<Refusal> {
 
 #[tokio::test]
 async fn switched_off_a_retry_with_the_same_key_is_a_new_request() {
-    switches::Switches {
-        no_idempotency_key: true,
-        ..Default::default()
-    }
-    .install("idempotency-test", &[switches::Switch::NoIdempotencyKey])
-    .unwrap();
+    idempotency::negative_controls::turn_off();
     let (first, retry) = (extract("k-1").await, extract("k-1").await);
     assert_ne!(first.key, "k-1", "the client's key is not used");
     assert_ne!(first.key, retry.key, "each delivery a key of its own");

@@ -1,19 +1,14 @@
-//! The negative control `UNSAFE_INBOX_SEPARATE_TX` (test builds only): the
+//! The negative control `UNSAFE_INBOX_SEPARATE_TX` (feature
+//! `negative-controls`, `inbox::negative_controls::commit_apart`): the
 //! inbox rows of a begun batch commit on their own, before the effect —
 //! what the chaos suite's inbox-separate-tx run switches on. Its own
-//! binary: a switch is set once per process.
+//! binary: a control is set once per process.
 
 use uuid::Uuid;
 
 #[tokio::test]
 async fn switched_on_the_inbox_rows_are_durable_before_the_effect_commits() {
-    let switches = switches::Switches {
-        inbox_separate_tx: true,
-        ..Default::default()
-    };
-    switches
-        .install("inbox-test", &[switches::Switch::InboxSeparateTx])
-        .unwrap();
+    inbox::negative_controls::commit_apart();
     let (_db, pool) = testkit::TempDb::with_pool("eo_inbox_apart", 2, vec![inbox::migrator()])
         .await
         .unwrap();

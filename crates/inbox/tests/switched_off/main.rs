@@ -1,18 +1,15 @@
-//! The negative control's inbox (`UNSAFE_NO_INBOX`, test builds only):
+//! The negative control's inbox (`UNSAFE_NO_INBOX`; feature
+//! `negative-controls`, `inbox::negative_controls::turn_off`):
 //! every delivery is new and nothing is recorded — what the chaos suite's
 //! inventory-inbox, payment-inbox and order-saga-inbox runs switch on. Its
-//! own binary: a switch is set once per process.
+//! own binary: a control is set once per process.
 
 use inbox::Recorded;
 use uuid::Uuid;
 
 #[tokio::test]
 async fn switched_off_the_inbox_reports_every_delivery_as_new_and_records_nothing() {
-    let switches = switches::Switches {
-        no_inbox: true,
-        ..Default::default()
-    };
-    switches.install("inbox-test", &[switches::Switch::NoInbox]).unwrap();
+    inbox::negative_controls::turn_off();
     let (_db, pool) = testkit::TempDb::with_pool("eo_inbox_off", 2, vec![inbox::migrator()])
         .await
         .unwrap();

@@ -13,7 +13,7 @@ use super::{spawn_paced, World};
 
 /// Sends `n` events of distinct orders (spread over the partitions) with one producer.
 async fn send(world: &World, n: usize) {
-    let producer = kafka::producer(&world.broker.addr).unwrap();
+    let producer = kafka::producer(&world.broker).unwrap();
     for _ in 0..n {
         let env = Envelope::new(Uuid::new_v4(), &Message::ReleaseStock, None);
         super::publish(&producer, &world.topic, &env).await.unwrap();

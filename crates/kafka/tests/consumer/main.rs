@@ -12,7 +12,7 @@ use kafka::KafkaArgs;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 use sqlx::PgPool;
-use testkit::{Broker, TempDb};
+use testkit::TempDb;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -20,7 +20,9 @@ mod group;
 mod topics;
 
 struct World {
-    broker: Broker,
+    /// The test binary's shared broker: no test here stops it, and each has
+    /// a topic, a dead-letter topic and consumer groups of its own.
+    broker: String,
     pool: PgPool,
     /// Dropped with this value, also when the test panics.
     _db: TempDb,
@@ -29,14 +31,14 @@ struct World {
 
 impl World {
     async fn new() -> Self {
-        let broker = Broker::start().await.unwrap();
+        let broker = testkit::broker::shared().await.unwrap();
         let effects = "CREATE TABLE effects (event_id uuid NOT NULL, order_id uuid NOT NULL, \
                        applied_at timestamptz DEFAULT clock_timestamp())";
         let (db, pool) = TempDb::with_tables("eo_consumer", vec![inbox::migrator()], effects)
             .await
             .unwrap();
         let topic = format!("consumer-test-{}", Uuid::new_v4().simple());
-        kafka::ensure_topics(&broker.addr, &[&topic]).await.unwrap();
+        kafka::ensure_topics(&broker, &[&topic]).await.unwrap();
         Self {
             broker,
             pool,
@@ -47,15 +49,20 @@ impl World {
 
     fn settings(&self, group: &str) -> ConsumerSettings {
         ConsumerSettings {
-            kafka: KafkaArgs::new(self.broker.addr.clone()),
-            group_id: group.into(),
+            kafka: KafkaArgs::new(self.broker.clone()),
+            group_id: self.group(group),
             topics: vec![self.topic.clone()],
             max_batch: 1,
         }
     }
 
+    /// The group id of `name` in this test: one group per test on the shared broker.
+    fn group(&self, name: &str) -> String {
+        format!("{name}.{}", self.topic)
+    }
+
     async fn send_raw(&self, key: &str, body: &[u8]) {
-        let producer = kafka::producer(&self.broker.addr).unwrap();
+        let producer = kafka::producer(&self.broker).unwrap();
         producer
             .send(
                 FutureRecord::to(&self.topic).key(key).payload(body),
@@ -66,7 +73,7 @@ impl World {
     }
 
     async fn send(&self, env: &Envelope) {
-        let producer = kafka::producer(&self.broker.addr).unwrap();
+        let producer = kafka::producer(&self.broker).unwrap();
         publish(&producer, &self.topic, env).await.unwrap();
     }
 
@@ -179,13 +186,14 @@ async fn same_event_twice_is_one_effect_equal_payloads_are_two() {
     w.send(&event).await;
     w.send(&event).await; // redelivered / republished: same event_id
     w.send(&twin).await; // an equal payload, a different event
-    let before = telemetry::metrics::get("consumer_duplicates_absorbed_total", &[("consumer", "contract")]);
+    let group = w.group("contract");
+    let before = telemetry::metrics::get("consumer_duplicates_absorbed_total", &[("consumer", &group)]);
     let (token, done) = spawn_consumer(&w, "contract", Arc::default());
     w.wait_effects(2).await;
     token.cancel();
     done.await.unwrap();
     assert_eq!(w.effects().await, 2, "one effect per event id");
-    let absorbed = telemetry::metrics::get("consumer_duplicates_absorbed_total", &[("consumer", "contract")]) - before;
+    let absorbed = telemetry::metrics::get("consumer_duplicates_absorbed_total", &[("consumer", &group)]) - before;
     assert_eq!(absorbed, 1.0, "the redelivery was counted as absorbed");
     // Several consumers of one event each dedup on their own (scenario 5).
     let (token, done) = spawn_consumer(&w, "another-consumer", Arc::default());
@@ -212,7 +220,7 @@ async fn poison_goes_to_the_dead_letter_topic_and_the_partition_moves_on() {
     w.wait_effects(1).await;
     token.cancel();
     done.await.unwrap();
-    let letters = kafka::dlq::list(&w.broker.addr, &w.topic).unwrap();
+    let letters = kafka::dlq::list(&w.broker, &w.topic).unwrap();
     assert_eq!(letters.len(), 2, "{letters:?}");
     assert!(
         letters
@@ -293,7 +301,7 @@ async fn transient_errors_retry_the_same_message_without_skipping_it() {
         "retried in place, in order"
     );
     assert!(
-        kafka::dlq::list(&w.broker.addr, &w.topic).unwrap().is_empty(),
+        kafka::dlq::list(&w.broker, &w.topic).unwrap().is_empty(),
         "nothing dead-lettered"
     );
     w.drop().await;
@@ -342,7 +350,7 @@ async fn a_message_that_keeps_failing_is_dead_lettered_after_its_attempts_but_a_
         .await
         .unwrap();
     assert_eq!(applied, behind.event_id, "the message behind it was handled");
-    let letters = kafka::dlq::list(&w.broker.addr, &w.topic).unwrap();
+    let letters = kafka::dlq::list(&w.broker, &w.topic).unwrap();
     assert_eq!(
         letters.len(),
         1,
@@ -394,15 +402,15 @@ async fn dead_letters_can_be_replayed_once_the_cause_is_fixed() {
         |_env: Envelope| async { Err::<Handled, _>(HandleError::Permanent("schema v2 not supported".into())) },
     ));
     let end = Instant::now() + Duration::from_secs(20);
-    while kafka::dlq::list(&w.broker.addr, &w.topic).unwrap().is_empty() {
+    while kafka::dlq::list(&w.broker, &w.topic).unwrap().is_empty() {
         assert!(Instant::now() < end, "never dead-lettered");
     }
     token.cancel();
     run.await.unwrap().unwrap();
     // Fixed deployment; replay the letter.
-    assert_eq!(kafka::dlq::replay(&w.broker.addr, &w.topic).await.unwrap(), 1);
+    assert_eq!(kafka::dlq::replay(&w.broker, &w.topic).await.unwrap(), 1);
     assert_eq!(
-        kafka::dlq::replay(&w.broker.addr, &w.topic).await.unwrap(),
+        kafka::dlq::replay(&w.broker, &w.topic).await.unwrap(),
         0,
         "replayed once"
     );
@@ -505,7 +513,7 @@ async fn queued_messages_are_applied_in_batches_in_order_and_one_poison_is_isola
         .map(|e| e.event_id)
         .collect();
     assert_eq!(applied, expected, "each event once, in partition order");
-    let letters = kafka::dlq::list(&w.broker.addr, &w.topic).unwrap();
+    let letters = kafka::dlq::list(&w.broker, &w.topic).unwrap();
     assert_eq!(letters.len(), 1, "only the poison is dead-lettered: {letters:?}");
     assert!(letters[0].error.as_deref().is_some_and(|e| e.contains("cannot apply")));
     let redeliveries: i64 = sqlx::query_scalar("SELECT coalesce(sum(redeliveries), 0)::int8 FROM inbox_redeliveries")
@@ -547,7 +555,7 @@ async fn a_consumer_reads_the_next_minor_and_dead_letters_another_major_or_an_un
         next_minor["event_id"].as_str().unwrap(),
         "the 1.1 event was applied"
     );
-    let letters = kafka::dlq::list(&w.broker.addr, &w.topic).unwrap();
+    let letters = kafka::dlq::list(&w.broker, &w.topic).unwrap();
     let reasons: Vec<&str> = letters.iter().filter_map(|l| l.error.as_deref()).collect();
     assert_eq!(reasons.len(), 2, "{reasons:?}");
     assert!(reasons[0].contains("version \"2.0\""), "{reasons:?}");

@@ -7,24 +7,24 @@ use std::time::Duration;
 use kafka::KafkaArgs;
 use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use testkit::Broker;
 use uuid::Uuid;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retention_is_set_and_realigned_and_a_wrong_partition_count_is_refused() {
-    let broker = Broker::start().await.unwrap();
-    let mut args = KafkaArgs::new(broker.addr.clone());
+    // Topics of its own on the binary's shared broker.
+    let broker = testkit::broker::shared().await.unwrap();
+    let mut args = KafkaArgs::new(broker.clone());
     args.topic_retention_secs = 3600;
     let topic = format!("settings-{}", Uuid::new_v4().simple());
     args.ensure_topics(&[&topic]).await.unwrap();
     for t in [topic.clone(), kafka::dead_letter_topic(&topic)] {
-        let config = kafka::topic_config(&broker.addr, &t).await.unwrap();
+        let config = kafka::topic_config(&broker, &t).await.unwrap();
         assert_eq!(config["retention.ms"], "3600000", "{t}");
     }
 
     // An operator set the retention to forever (the broker could then
     // redeliver what the inbox has forgotten) and a segment roll of its own.
-    let admin: AdminClient<DefaultClientContext> = kafka::client_config(&broker.addr).create().unwrap();
+    let admin: AdminClient<DefaultClientContext> = kafka::client_config(&broker).create().unwrap();
     let opts = AdminOptions::new().request_timeout(Some(Duration::from_secs(10)));
     let alter = AlterConfig::new(ResourceSpecifier::Topic(&topic))
         .set("retention.ms", "-1")
@@ -33,12 +33,12 @@ async fn retention_is_set_and_realigned_and_a_wrong_partition_count_is_refused()
         r.unwrap();
     }
     assert_eq!(
-        kafka::topic_config(&broker.addr, &topic).await.unwrap()["retention.ms"],
+        kafka::topic_config(&broker, &topic).await.unwrap()["retention.ms"],
         "-1"
     );
     // The next start aligns the retention and keeps the other setting.
     args.ensure_topics(&[&topic]).await.unwrap();
-    let config = kafka::topic_config(&broker.addr, &topic).await.unwrap();
+    let config = kafka::topic_config(&broker, &topic).await.unwrap();
     assert_eq!(config["retention.ms"], "3600000");
     assert_eq!(config["segment.ms"], "600000");
 

@@ -1,5 +1,5 @@
-//! What the relay tests share: a throw-away database, a broker, reading a
-//! topic back.
+//! What the relay tests share: a throw-away database, a broker (one per test
+//! binary unless the test kills it), reading a topic back.
 
 use std::time::Duration;
 
@@ -55,8 +55,20 @@ impl Db {
     }
 }
 
-/// Takes this test's turn, and starts a broker, a database and a topic.
-pub async fn setup() -> (MutexGuard<'static, ()>, Broker, Db, String) {
+/// Takes this test's turn, and gives it the test binary's shared broker (its
+/// address), a database and a topic of its own. A test that kills its broker
+/// starts one with [`setup_own_broker`] instead.
+pub async fn setup() -> (MutexGuard<'static, ()>, String, Db, String) {
+    let serial = SERIAL.lock().await;
+    let addr = testkit::broker::shared().await.unwrap();
+    let db = Db::new().await;
+    let topic = topic();
+    kafka::ensure_topics(&addr, &[&topic]).await.unwrap();
+    (serial, addr, db, topic)
+}
+
+/// As [`setup`], with a broker of the test's own, to kill and restart.
+pub async fn setup_own_broker() -> (MutexGuard<'static, ()>, Broker, Db, String) {
     let serial = SERIAL.lock().await;
     let broker = Broker::start().await.unwrap();
     let db = Db::new().await;

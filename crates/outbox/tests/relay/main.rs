@@ -11,7 +11,7 @@ use uuid::Uuid;
 mod common;
 mod lost_ack;
 
-use common::{read_all, setup, Db, SERIAL};
+use common::{read_all, setup, setup_own_broker, Db, SERIAL};
 
 async fn drain<P: Publisher>(relay: &Relay<P>) {
     let end = Instant::now() + Duration::from_secs(30);
@@ -34,7 +34,7 @@ async fn crash_between_publish_and_mark_publishes_again_with_the_same_event_id()
     }
     let relay = std::sync::Arc::new(Relay::new(
         db.pool.clone(),
-        KafkaPublisher::new(&broker.addr).unwrap(),
+        KafkaPublisher::new(&broker).unwrap(),
         "test",
     ));
     // A panic at the crash point drops the claiming transaction uncommitted,
@@ -47,7 +47,7 @@ async fn crash_between_publish_and_mark_publishes_again_with_the_same_event_id()
     );
     fail::remove("relay::after_publish_before_mark");
     assert_eq!(db.pending().await, 5, "nothing marked published");
-    assert_eq!(read_all(&broker.addr, &topic).await.len(), 5, "but the broker has them");
+    assert_eq!(read_all(&broker, &topic).await.len(), 5, "but the broker has them");
 
     let round = relay.run_once().await.unwrap();
     assert_eq!((round.published, round.republished), (5, 5));
@@ -57,7 +57,7 @@ async fn crash_between_publish_and_mark_publishes_again_with_the_same_event_id()
         0,
         "published exactly once more"
     );
-    let all = read_all(&broker.addr, &topic).await;
+    let all = read_all(&broker, &topic).await;
     assert_eq!(all.len(), 10);
     let mut per_id: BTreeMap<Uuid, usize> = BTreeMap::new();
     for (_, env) in &all {
@@ -76,7 +76,7 @@ async fn crash_between_publish_and_mark_publishes_again_with_the_same_event_id()
 async fn three_relays_never_double_claim_and_keep_each_orders_order() {
     let (_serial, broker, db, topic) = setup().await;
     enqueue_orders(&db, &topic, 40, 5).await;
-    let publisher = KafkaPublisher::new(&broker.addr).unwrap();
+    let publisher = KafkaPublisher::new(&broker).unwrap();
     let relays: Vec<_> = (0..3)
         .map(|i| Relay::new(db.pool.clone(), publisher.clone(), format!("r{i}")).batch(16))
         .collect();
@@ -101,7 +101,7 @@ async fn three_relays_never_double_claim_and_keep_each_orders_order() {
     }))
     .await;
     assert_shared_once(&rounds, 200);
-    assert_published_once_in_order(&broker.addr, &topic, 200).await;
+    assert_published_once_in_order(&broker, &topic, 200).await;
     db.drop().await;
 }
 
@@ -167,7 +167,7 @@ async fn three_pipelined_relays_keep_each_orders_order() {
     let runs: Vec<_> = sources
         .iter()
         .map(|source| {
-            let publisher = KafkaPublisher::new(&broker.addr).unwrap();
+            let publisher = KafkaPublisher::new(&broker).unwrap();
             let relay = Relay::new(db.pool.clone(), publisher, source).batch(3).in_flight(3);
             let token = token.clone();
             tokio::spawn(async move { relay.run(token).await })
@@ -187,13 +187,13 @@ async fn three_pipelined_relays_keep_each_orders_order() {
         .map(|s| telemetry::metrics::get("relay_published_total", &[("source", s.as_str())]) as usize)
         .collect();
     assert_shared_once(&per_relay, 200);
-    assert_published_once_in_order(&broker.addr, &topic, 200).await;
+    assert_published_once_in_order(&broker, &topic, 200).await;
     db.drop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broker_down_keeps_rows_pending_and_nothing_is_lost_when_it_returns() {
-    let (_serial, mut broker, db, topic) = setup().await;
+    let (_serial, mut broker, db, topic) = setup_own_broker().await;
     broker.kill().await;
     for i in 0..10 {
         db.enqueue(&topic, Uuid::new_v4(), i).await;
@@ -243,7 +243,7 @@ async fn a_row_the_broker_rejects_for_good_is_parked_and_blocks_no_other_order()
         .unwrap();
     tx.commit().await.unwrap();
     let other = db.enqueue(&topic, Uuid::new_v4(), 0).await;
-    let relay = Relay::new(db.pool.clone(), KafkaPublisher::new(&broker.addr).unwrap(), "t");
+    let relay = Relay::new(db.pool.clone(), KafkaPublisher::new(&broker).unwrap(), "t");
     drain(&relay).await;
     let (parked, error): (bool, Option<String>) =
         sqlx::query_as("SELECT parked_at IS NOT NULL, last_error FROM outbox WHERE event_id = $1")

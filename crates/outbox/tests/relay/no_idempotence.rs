@@ -1,7 +1,8 @@
 //! Scenario 18's negative control, in a process of its own: the switch it
-//! installs (`UNSAFE_NO_PRODUCER_IDEMPOTENCE`) holds for the whole process,
+//! turns on (`UNSAFE_NO_PRODUCER_IDEMPOTENCE`, `kafka::negative_controls`)
+//! holds for the whole process,
 //! and the relay tests beside it (`tests/relay/main.rs`) run with every
-//! layer on. Built only with failpoints (the switch exists only there).
+//! layer on. Built only with failpoints (the relay's lost-ack point exists only there).
 #![cfg(feature = "failpoints")]
 
 // The relay tests' helpers; this process needs some of them.
@@ -13,12 +14,7 @@ mod lost_ack;
 /// leaves the batch twice in the log — so the test above can fail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_producer_idempotence_the_retried_batch_is_appended_twice() {
-    switches::Switches {
-        no_producer_idempotence: true,
-        ..Default::default()
-    }
-    .install("outbox tests", &[switches::Switch::NoProducerIdempotence])
-    .unwrap();
+    kafka::negative_controls::no_producer_idempotence();
     let outcome = lost_ack::lost_ack_round().await;
     assert!(outcome.swallowed > 0, "the acknowledgement was really lost");
     let doubled = outcome.copies.values().filter(|n| **n > 1).count();
