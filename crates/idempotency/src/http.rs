@@ -213,11 +213,11 @@ pub fn respond(outcome: Outcome) -> Result<Response, Refused> {
     match outcome {
         Outcome::Completed(stored) => Ok(stored.to_response(false)),
         Outcome::Replayed(stored) => {
-            telemetry::metrics::incr("http_idempotent_replays_total", &[]);
+            metrics::counter!("http_idempotent_replays_total").increment(1);
             Ok(stored.to_response(true))
         }
         Outcome::InFlight => {
-            telemetry::metrics::incr("http_idempotent_in_flight_total", &[]);
+            metrics::counter!("http_idempotent_in_flight_total").increment(1);
             Err(Refused::InFlight)
         }
         Outcome::Mismatch => Err(Refused::KeyReused),

@@ -273,11 +273,27 @@ pub async fn reap(pool: &PgPool, batch: i64) -> Result<u64> {
     .rows_affected())
 }
 
-/// The metrics the Idempotency-Key layer records, for their `# HELP` (`telemetry::metrics::describe`).
-pub const METRICS: &[telemetry::metrics::Description] = telemetry::descriptions![
-    counter "http_idempotent_replays_total": "Requests answered from a stored Idempotency-Key response.",
-    counter "http_idempotent_in_flight_total": "Requests refused because the same key was still being processed.",
+/// The counters the Idempotency-Key layer records through the [`metrics`]
+/// facade (name, help). Whatever recorder the application installs
+/// receives them; [`describe_metrics`] gives it their help.
+pub const COUNTERS: &[(&str, &str)] = &[
+    (
+        "http_idempotent_replays_total",
+        "Requests answered from a stored Idempotency-Key response.",
+    ),
+    (
+        "http_idempotent_in_flight_total",
+        "Requests refused because the same key was still being processed.",
+    ),
 ];
+
+/// Registers the help of [`COUNTERS`] with the installed `metrics` recorder
+/// (call after installing it).
+pub fn describe_metrics() {
+    for (name, help) in COUNTERS {
+        metrics::describe_counter!(*name, *help);
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -1,6 +1,8 @@
-//! Kafka client wiring: the one place that knows the client settings the
-//! guarantees depend on (idempotent producer, `acks=all`), topic creation
-//! and the identity headers every published message carries.
+//! Kafka client wiring: the client settings every process shares, topic
+//! creation, and the saga's producers — built on the relay's
+//! `outbox::kafka` (the idempotent producer, `acks=all`, the identity
+//! headers every published message carries), so there is one producer
+//! configuration for the outbox and for dead letters.
 
 use std::time::Duration;
 
@@ -11,8 +13,8 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::error::RDKafkaErrorCode;
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::message::OwnedHeaders;
+use rdkafka::producer::FutureProducer;
 use rdkafka::util::Timeout;
 
 use crate::{Error, Result};
@@ -48,36 +50,15 @@ pub fn dead_letter_topic(topic: &str) -> String {
     format!("{topic}.dlq")
 }
 
-/// The idempotent producer: `enable.idempotence=true` implies `acks=all` and
-/// lets the broker drop the duplicates *it* would create on internal retries.
-/// It cannot drop a republish of the same outbox row after a relay crash —
-/// that is the inbox's job.
+/// The idempotent producer (`outbox::kafka::idempotent_producer`) on this
+/// crate's client settings, with a delivery timeout of 15 s.
 pub fn producer(brokers: &str) -> Result<FutureProducer> {
     producer_with_timeout(brokers, Duration::from_secs(15))
 }
 
 /// The idempotent producer with a delivery timeout of `timeout`.
 pub fn producer_with_timeout(brokers: &str, timeout: Duration) -> Result<FutureProducer> {
-    idempotent_producer(client_config(brokers), timeout)
-}
-
-/// The idempotent producer on top of `base` (a client configuration).
-pub fn idempotent_producer(mut base: ClientConfig, timeout: Duration) -> Result<FutureProducer> {
-    base.set("enable.idempotence", "true");
-    Ok(with_delivery_settings(base, timeout).create()?)
-}
-
-/// `acks=all`, the linger of `base` (0 unless set) and a delivery timeout of
-/// `timeout`: what every producer of the saga uses.
-pub(crate) fn with_delivery_settings(mut base: ClientConfig, timeout: Duration) -> ClientConfig {
-    let linger = base.get("linger.ms").unwrap_or("0").to_owned();
-    base.set("acks", "all")
-        // No lingering unless the base says otherwise (`KafkaArgs::linger_ms`):
-        // a lone outbox row goes out at once; batches still form while
-        // requests are in flight.
-        .set("linger.ms", linger)
-        .set("message.timeout.ms", timeout.as_millis().to_string());
-    base
+    Ok(outbox::kafka::idempotent_producer(client_config(brokers), timeout)?)
 }
 
 /// What every topic of the saga must be.
@@ -262,28 +243,8 @@ pub async fn topic_config(brokers: &str, topic: &str) -> Result<std::collections
         .collect())
 }
 
-/// Kafka headers of a message: identity and trace context, so tools and
-/// dead-letter readers see them without parsing the body.
-pub fn headers(event_id: &str, event_type: &str, traceparent: Option<&str>) -> OwnedHeaders {
-    let mut h = OwnedHeaders::new()
-        .insert(Header {
-            key: "event_id",
-            value: Some(event_id),
-        })
-        .insert(Header {
-            key: "event_type",
-            value: Some(event_type),
-        });
-    if let Some(tp) = traceparent {
-        h = h.insert(Header {
-            key: "traceparent",
-            value: Some(tp),
-        });
-    }
-    h
-}
-
-/// Publishes one serialised message and waits for the broker's delivery report.
+/// Publishes one serialised message and waits for the broker's delivery
+/// report (the relay's [`outbox::kafka::publish`], with this crate's error).
 pub async fn publish(
     producer: &FutureProducer,
     topic: &str,
@@ -291,10 +252,5 @@ pub async fn publish(
     body: &[u8],
     headers: OwnedHeaders,
 ) -> Result<()> {
-    let record = FutureRecord::to(topic).key(key).payload(body).headers(headers);
-    producer
-        .send(record, Timeout::After(Duration::from_secs(5)))
-        .await
-        .map(|_| ())
-        .map_err(|(e, _)| e.into())
+    Ok(outbox::kafka::publish(producer, topic, key, body, headers).await?)
 }

@@ -139,16 +139,15 @@ impl KafkaArgs {
         crate::client::ensure_topics_with(&self.brokers, topics, &self.topic_settings()).await
     }
 
-    /// The idempotent producer for these settings (delivery timeout 15 s).
-    /// NEGATIVE CONTROL ONLY (`negative_controls::no_producer_idempotence`,
-    /// feature `negative-controls`): a producer without idempotence.
+    /// The idempotent producer for these settings (delivery timeout 15 s):
+    /// `outbox::kafka::idempotent_producer` on this crate's client settings
+    /// and the linger of `KAFKA_LINGER_MS`.
     pub fn producer(&self) -> crate::Result<rdkafka::producer::FutureProducer> {
         let mut config = self.client_config();
         config.set("linger.ms", self.linger_ms.to_string());
-        if crate::negative_controls::producer_not_idempotent() {
-            config.set("enable.idempotence", "false");
-            return Ok(crate::client::with_delivery_settings(config, std::time::Duration::from_secs(15)).create()?);
-        }
-        crate::client::idempotent_producer(config, std::time::Duration::from_secs(15))
+        Ok(outbox::kafka::idempotent_producer(
+            config,
+            std::time::Duration::from_secs(15),
+        )?)
     }
 }

@@ -30,16 +30,14 @@ mod negative_controls {
     pub(crate) const fn acks_first() -> bool {
         false
     }
-    pub(crate) const fn producer_not_idempotent() -> bool {
-        false
-    }
 }
 
 pub use client::{
-    client_config, dead_letter_topic, ensure_topics, ensure_topics_with, headers, idempotent_producer, producer,
-    producer_with_timeout, publish, topic_config, TopicSettings,
+    client_config, dead_letter_topic, ensure_topics, ensure_topics_with, producer, producer_with_timeout, publish,
+    topic_config, TopicSettings,
 };
 pub use config::KafkaArgs;
+pub use outbox::kafka::{headers, idempotent_producer};
 pub use read::{group_lag, read_topic, read_topic_at_most, read_whole_topic};
 
 /// Number of partitions of every topic created here.

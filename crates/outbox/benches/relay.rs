@@ -109,6 +109,8 @@ fn median(v: &[f64]) -> f64 {
 
 #[tokio::main]
 async fn main() {
+    // The relay records through the `metrics` facade: a recorder to count in.
+    telemetry::metrics::install();
     let (n, batch, in_flight, rounds) = (
         knob("BENCH_ROWS", 20_000),
         knob("BENCH_BATCH", 1024) as i64,
@@ -124,14 +126,18 @@ async fn main() {
     //    with the same number in flight (`in_flight` streams, each sending a
     //    window of `batch` and awaiting its acks). For context, the ceiling:
     //    the raw producer handing all n messages to rdkafka at once.
-    let producer = kafka::producer(&broker.addr).unwrap();
+    let mut base = rdkafka::ClientConfig::new();
+    base.set("bootstrap.servers", &broker.addr);
+    let producer = outbox::kafka::idempotent_producer(base, Duration::from_secs(15)).unwrap();
     let publisher = KafkaPublisher::new(&broker.addr).unwrap();
     let (mut ceilings, mut raws, mut relays) = (Vec::new(), Vec::new(), Vec::new());
     let (mut raw_cpu, mut relay_cpu) = (Vec::new(), Vec::new());
     let mut keep = Vec::new();
     for round in 0..rounds {
         let topic = format!("bench.relay.{round}");
-        kafka::ensure_topics(&broker.addr, &[topic.as_str()]).await.unwrap();
+        testkit::topics::create(&broker.addr, &[topic.as_str()], 3)
+            .await
+            .unwrap();
         let envelopes: Vec<Envelope> = (0..n).map(envelope).collect();
         let start = Instant::now();
         let sends = envelopes.iter().map(|e| publish(&producer, &topic, e));
@@ -275,13 +281,13 @@ fn outbox_event<'a>(topic: &'a str, envelope: &'a Envelope) -> outbox::OutboxEve
 
 /// Puts `envelope` on `topic` as the relay publishes an outbox row: keyed by
 /// its order id, identity and trace context as headers.
-async fn publish(producer: &FutureProducer, topic: &str, envelope: &Envelope) -> kafka::Result<()> {
-    let headers = kafka::headers(
+async fn publish(producer: &FutureProducer, topic: &str, envelope: &Envelope) -> rdkafka::error::KafkaResult<()> {
+    let headers = outbox::kafka::headers(
         &envelope.event_id.to_string(),
         &envelope.event_type,
         envelope.traceparent.as_deref(),
     );
-    kafka::publish(
+    outbox::kafka::publish(
         producer,
         topic,
         &envelope.order_id.to_string(),

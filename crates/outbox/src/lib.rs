@@ -7,14 +7,21 @@
 //! publishes the row again, with the same `event_id`, and the consumers'
 //! inbox absorbs it.
 
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "negative-controls")]
 pub mod negative_controls;
 pub mod relay;
 
-/// Without the `negative-controls` feature the event id is always the row's.
+/// Without the `negative-controls` feature the event id is always the
+/// row's and the producer always idempotent.
 #[cfg(not(feature = "negative-controls"))]
+#[allow(dead_code)] // read only by the `kafka` feature's publisher
 mod negative_controls {
     pub(crate) const fn mints() -> bool {
+        false
+    }
+    pub(crate) const fn producer_not_idempotent() -> bool {
         false
     }
 }
@@ -23,7 +30,9 @@ use sqlx::migrate::Migrator;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-pub use relay::{KafkaPublisher, PublishError, Publisher, Relay};
+#[cfg(feature = "kafka")]
+pub use kafka::KafkaPublisher;
+pub use relay::{PublishError, Publisher, Relay};
 
 /// Errors of the outbox.
 #[derive(Debug, thiserror::Error)]
@@ -153,13 +162,59 @@ async fn insert(conn: &mut PgConnection, event: &OutboxEvent<'_>, sql: &'static 
     Ok(())
 }
 
-/// The metrics the relay records, for their `# HELP` (`telemetry::metrics::describe`).
-pub const METRICS: &[telemetry::metrics::Description] = telemetry::descriptions![
-    counter "relay_published_total": "Outbox rows published and marked.",
-    counter "relay_publish_errors_total": "Publish attempts that failed (row stays pending).",
-    counter "relay_parked_total": "Rows the broker refused for good (parked, not retried).",
-    counter "relay_republished_after_crash_total": "Rows published again because a crash lost their mark.",
-    histogram "relay_publish_duration_seconds": "From sending a claimed batch to the broker's last ack.",
-    gauge "relay_pending_rows": "Outbox rows not yet published.",
-    gauge "outbox_oldest_pending_seconds": "Age of the oldest unpublished outbox row.",
+/// The counters the relay records through the [`metrics`] facade (name,
+/// help), each labelled with the relay's `source`. Whatever recorder the
+/// application installs receives them; [`describe_metrics`] gives it their help.
+pub const COUNTERS: &[(&str, &str)] = &[
+    ("relay_published_total", "Outbox rows published and marked."),
+    (
+        "relay_publish_errors_total",
+        "Publish attempts that failed (row stays pending).",
+    ),
+    (
+        "relay_parked_total",
+        "Rows the broker refused for good (parked, not retried).",
+    ),
+    (
+        "relay_republished_after_crash_total",
+        "Rows published again because a crash lost their mark.",
+    ),
 ];
+
+/// The relay's gauges (name, help), labelled with its `source`.
+pub const GAUGES: &[(&str, &str)] = &[
+    ("relay_pending_rows", "Outbox rows not yet published."),
+    (
+        "outbox_oldest_pending_seconds",
+        "Age of the oldest unpublished outbox row.",
+    ),
+];
+
+/// The relay's histograms in seconds (name, help), labelled with its `source`.
+pub const HISTOGRAMS: &[(&str, &str)] = &[(
+    "relay_publish_duration_seconds",
+    "From sending a claimed batch to the broker's last ack.",
+)];
+
+/// Registers the help of [`COUNTERS`], [`GAUGES`] and [`HISTOGRAMS`] with the
+/// installed `metrics` recorder (call after installing it).
+pub fn describe_metrics() {
+    for (name, help) in COUNTERS {
+        metrics::describe_counter!(*name, *help);
+    }
+    for (name, help) in GAUGES {
+        metrics::describe_gauge!(*name, *help);
+    }
+    for (name, help) in HISTOGRAMS {
+        metrics::describe_histogram!(*name, metrics::Unit::Seconds, *help);
+    }
+}
+
+/// Aborts the process at crash point `point` (failpoints builds), after
+/// saying so on stderr in the words a test harness looks for
+/// (`crash point fired: <point>`). No destructor or flush runs: a crash.
+#[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
+fn crash_point(point: &str) -> ! {
+    eprintln!("crash point fired: {point}");
+    std::process::abort()
+}

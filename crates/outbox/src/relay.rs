@@ -27,11 +27,8 @@ use std::time::{Duration, Instant};
 
 use futures::future::{BoxFuture, FutureExt};
 use futures::stream::{FuturesUnordered, StreamExt};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::FutureProducer;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument as _;
 
 use crate::Result;
 
@@ -77,97 +74,6 @@ pub struct PublishError {
 pub trait Publisher: Send + Sync {
     /// Publishes `rows` and resolves once the broker acknowledged (or refused) each.
     fn publish(&self, rows: &[PendingRow]) -> impl Future<Output = Vec<Result<(), PublishError>>> + Send;
-}
-
-/// The production publisher: rdkafka's idempotent producer.
-#[derive(Clone)]
-pub struct KafkaPublisher {
-    producer: FutureProducer,
-}
-
-impl KafkaPublisher {
-    /// A publisher for `brokers`.
-    pub fn new(brokers: &str) -> kafka::Result<Self> {
-        Ok(Self {
-            producer: kafka::producer(brokers)?,
-        })
-    }
-
-    /// A publisher over an existing idempotent producer (e.g. one built from
-    /// a service's `KafkaArgs`).
-    pub fn from_producer(producer: FutureProducer) -> Self {
-        Self { producer }
-    }
-
-    /// A publisher whose messages fail after `timeout` without a broker ack
-    /// (the row then stays pending and is retried).
-    pub fn with_timeout(brokers: &str, timeout: Duration) -> kafka::Result<Self> {
-        Ok(Self {
-            producer: kafka::producer_with_timeout(brokers, timeout)?,
-        })
-    }
-}
-
-impl Publisher for KafkaPublisher {
-    async fn publish(&self, rows: &[PendingRow]) -> Vec<Result<(), PublishError>> {
-        let sends = rows.iter().map(|row| {
-            // One producer span per row, a child of the span that wrote it;
-            // the headers carry this span, so the consumer is its child.
-            let span = tracing::info_span!(
-                "outbox.publish",
-                otel.name = %format_args!("{} publish", row.topic),
-                otel.kind = "producer",
-                messaging.system = "kafka",
-                messaging.destination.name = %row.topic,
-                messaging.message.id = %row.event_id,
-                event_type = %row.event_type,
-            );
-            telemetry::propagation::follow(&span, row.traceparent.as_deref());
-            let traceparent = telemetry::propagation::traceparent(&span);
-            let (event_id, body) = if crate::negative_controls::mints() {
-                // NEGATIVE CONTROL ONLY: every publish carries a new event id
-                // instead of the one fixed when the row was written, so a row
-                // published again (a relay crash between the broker's ack and
-                // the mark) is a new event to every inbox.
-                minted(&row.body)
-            } else {
-                (row.event_id.clone(), row.body.clone())
-            };
-            let headers = kafka::headers(&event_id, &row.event_type, traceparent.as_deref());
-            let (producer, topic, key) = (&self.producer, &row.topic, &row.key);
-            async move { kafka::publish(producer, topic, key, body.as_bytes(), headers).await }.instrument(span)
-        });
-        futures::future::join_all(sends)
-            .await
-            .into_iter()
-            .map(|r| {
-                r.map_err(|e| {
-                    let retriable = !matches!(
-                        &e,
-                        kafka::Error::Kafka(KafkaError::MessageProduction(
-                            RDKafkaErrorCode::MessageSizeTooLarge
-                                | RDKafkaErrorCode::InvalidMessageSize
-                                | RDKafkaErrorCode::InvalidMessage
-                        ))
-                    );
-                    PublishError {
-                        retriable,
-                        message: e.to_string(),
-                    }
-                })
-            })
-            .collect()
-    }
-}
-
-/// The body with a fresh `event_id` (negative control only).
-fn minted(body: &str) -> (String, String) {
-    let id = uuid::Uuid::now_v7().to_string();
-    let mut value: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
-    if let Some(obj) = value.as_object_mut() {
-        obj.insert("event_id".into(), serde_json::Value::String(id.clone()));
-    }
-    (id, value.to_string())
 }
 
 /// Outcome of one claim/publish/mark round.
@@ -337,12 +243,9 @@ impl<P: Publisher> Relay<P> {
     async fn deliver(&self, claim: Claim) -> Result<Round> {
         let sent = Instant::now();
         let results = self.publisher.publish(&claim.pending).await;
-        telemetry::metrics::observe(
-            "relay_publish_duration_seconds",
-            &[("source", self.source.as_str())],
-            sent.elapsed(),
-        );
-        fail::fail_point!(CRASH_AFTER_PUBLISH_BEFORE_MARK, |_| telemetry::crash_point(
+        metrics::histogram!("relay_publish_duration_seconds", "source" => self.source.clone())
+            .record(sent.elapsed().as_secs_f64());
+        fail::fail_point!(CRASH_AFTER_PUBLISH_BEFORE_MARK, |_| crate::crash_point(
             CRASH_AFTER_PUBLISH_BEFORE_MARK
         ));
         self.settle(claim, results).await
@@ -414,11 +317,14 @@ impl<P: Publisher> Relay<P> {
         round.published = published.len();
         round.failed = failed.len();
         round.parked = parked.len();
-        let src = [("source", self.source.as_str())];
-        telemetry::metrics::incr_by("relay_published_total", &src, round.published as u64);
-        telemetry::metrics::incr_by("relay_publish_errors_total", &src, round.failed as u64);
-        telemetry::metrics::incr_by("relay_parked_total", &src, round.parked as u64);
-        telemetry::metrics::incr_by("relay_republished_after_crash_total", &src, round.republished as u64);
+        for (name, rows) in [
+            ("relay_published_total", round.published),
+            ("relay_publish_errors_total", round.failed),
+            ("relay_parked_total", round.parked),
+            ("relay_republished_after_crash_total", round.republished),
+        ] {
+            metrics::counter!(name, "source" => self.source.clone()).increment(rows as u64);
+        }
         if round.republished > 0 {
             tracing::warn!(source = %self.source, rows = round.republished, "republished rows a crashed relay had published but not marked");
         }
@@ -529,9 +435,8 @@ impl<P: Publisher> Relay<P> {
         )
         .fetch_one(&self.pool)
         .await?;
-        let src = [("source", self.source.as_str())];
-        telemetry::metrics::set("relay_pending_rows", &src, pending as f64);
-        telemetry::metrics::set("outbox_oldest_pending_seconds", &src, age);
+        metrics::gauge!("relay_pending_rows", "source" => self.source.clone()).set(pending as f64);
+        metrics::gauge!("outbox_oldest_pending_seconds", "source" => self.source.clone()).set(age);
         Ok((pending, age))
     }
 
@@ -566,14 +471,5 @@ mod tests {
             back_off(&mut backoff);
         }
         assert_eq!(backoff, MAX_BACKOFF);
-    }
-
-    #[test]
-    fn the_negative_control_mints_a_new_id_into_the_body() {
-        let (id, body) = minted(r#"{"event_id":"first","payload":1}"#);
-        let value: serde_json::Value = serde_json::from_str(&body).unwrap();
-        assert_ne!(id, "first");
-        assert_eq!(value["event_id"], id.as_str());
-        assert_eq!(value["payload"], 1, "the rest of the body kept");
     }
 }

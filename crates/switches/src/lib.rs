@@ -217,7 +217,7 @@ fn hand_over(switch: Switch) {
         Switch::InboxSeparateTx => inbox::negative_controls::commit_apart(),
         Switch::NoIdempotencyKey => idempotency::negative_controls::turn_off(),
         Switch::OffsetBeforeHandling => kafka::negative_controls::ack_first(),
-        Switch::NoProducerIdempotence => kafka::negative_controls::no_producer_idempotence(),
+        Switch::NoProducerIdempotence => outbox::negative_controls::no_producer_idempotence(),
         Switch::EventIdAtPublish => outbox::negative_controls::event_id_at_publish(),
         Switch::NoPaymentDedup => {}
     }

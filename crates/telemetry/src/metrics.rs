@@ -26,6 +26,14 @@ pub fn set_service(service: &'static str) {
     let _ = SERVICE.set(service);
 }
 
+/// Installs this process's recorder now, if it is not yet: what the
+/// libraries record through the `metrics` facade before it exists is lost.
+/// A service does so at start ([`describe`]); a test reading a library's
+/// metrics calls this first.
+pub fn install() {
+    handle();
+}
+
 fn handle() -> &'static PrometheusHandle {
     HANDLE.get_or_init(|| {
         let recorder = PrometheusBuilder::new()

@@ -31,6 +31,14 @@ pub fn follow(span: &tracing::Span, traceparent: Option<&str>) {
     let _ = span.set_parent(cx);
 }
 
+/// Makes `span` a child of the context in `traceparent` and returns the
+/// span's own `traceparent`: the link an outbox row's publish span makes
+/// (`outbox::kafka::KafkaPublisher::trace_with`).
+pub fn link(span: &tracing::Span, traceparent: Option<&str>) -> Option<String> {
+    follow(span, traceparent);
+    self::traceparent(span)
+}
+
 /// Makes `span` a child of the context in `headers`.
 pub fn follow_headers(span: &tracing::Span, headers: &http::HeaderMap) {
     let cx = opentelemetry::global::get_text_map_propagator(|p| p.extract(&HeaderExtractor(headers)));

@@ -15,6 +15,7 @@
 //! - [`proxy`]: a TCP fault proxy (latency, reset, blackhole, swallowed responses);
 //! - [`promtool`]: Prometheus's checker, found or unpacked from Debian's package;
 //! - [`schemathesis`]: the OpenAPI fuzzer, found or installed in a virtualenv;
+//! - [`topics`]: topics created and read back whole without the crate under test;
 
 pub mod asyncapi;
 pub mod broker;
@@ -26,6 +27,7 @@ pub mod process;
 pub mod promtool;
 pub mod proxy;
 pub mod schemathesis;
+pub mod topics;
 
 pub use broker::Broker;
 pub use db::TempDb;

@@ -191,7 +191,8 @@ pub struct App {
 
 /// Connects, migrates and binds.
 pub async fn build(config: Config) -> anyhow::Result<App> {
-    telemetry::metrics::describe(&[METRICS, idempotency::METRICS, service_kit::http::METRICS]);
+    telemetry::metrics::describe(&[METRICS, service_kit::http::METRICS]);
+    idempotency::describe_metrics();
     config
         .switches
         .install("mock-gateway", &[switches::Switch::NoIdempotencyKey])?;

@@ -82,7 +82,8 @@ pub struct App {
 /// the owning service has not started yet) and binds the admin endpoint.
 pub async fn build(config: Config) -> anyhow::Result<App> {
     config.switches.install("outbox-relay", &SWITCHES)?;
-    telemetry::metrics::describe(&[outbox::METRICS, kafka::METRICS, service_kit::http::METRICS]);
+    telemetry::metrics::describe(&[kafka::METRICS, service_kit::http::METRICS]);
+    outbox::describe_metrics();
     let mut sources = Vec::new();
     for url in &config.database_urls {
         let name = service_kit::db::database_name(url)?;
@@ -113,7 +114,8 @@ impl App {
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         tracing::info!(sources = self.sources.len(), "outbox-relay running");
         let mut tasks = Supervisor::new(shutdown);
-        let publisher = KafkaPublisher::from_producer(self.config.kafka.producer()?);
+        let publisher =
+            KafkaPublisher::from_producer(self.config.kafka.producer()?).trace_with(telemetry::propagation::link);
         for (name, pool) in &self.sources {
             let relay = Arc::new(
                 Relay::new(pool.clone(), publisher.clone(), name)

@@ -1,10 +1,8 @@
 //! What the relay tests share: a throw-away database, a broker (one per test
 //! binary unless the test kills it), reading a topic back.
 
-use std::time::Duration;
-
 use contract::{Envelope, Message};
-use rdkafka::{Message as _, Offset};
+use rdkafka::Message as _;
 use sqlx::PgPool;
 use testkit::{Broker, TempDb};
 use tokio::sync::{Mutex, MutexGuard};
@@ -63,7 +61,7 @@ pub async fn setup() -> (MutexGuard<'static, ()>, String, Db, String) {
     let addr = testkit::broker::shared().await.unwrap();
     let db = Db::new().await;
     let topic = topic();
-    kafka::ensure_topics(&addr, &[&topic]).await.unwrap();
+    testkit::topics::create(&addr, &[&topic], 3).await.unwrap();
     (serial, addr, db, topic)
 }
 
@@ -73,7 +71,7 @@ pub async fn setup_own_broker() -> (MutexGuard<'static, ()>, Broker, Db, String)
     let broker = Broker::start().await.unwrap();
     let db = Db::new().await;
     let topic = topic();
-    kafka::ensure_topics(&broker.addr, &[&topic]).await.unwrap();
+    testkit::topics::create(&broker.addr, &[&topic], 3).await.unwrap();
     (serial, broker, db, topic)
 }
 
@@ -83,15 +81,9 @@ pub fn topic() -> String {
 
 /// Every message on `topic` from the beginning: (key, envelope), per partition in offset order.
 pub async fn read_all(brokers: &str, topic: &str) -> Vec<(String, Envelope)> {
-    let (brokers, topic) = (brokers.to_owned(), topic.to_owned());
-    let group = format!("reader-{}", Uuid::new_v4());
-    let (messages, _) = tokio::task::spawn_blocking(move || {
-        kafka::read_topic(&brokers, &topic, &group, Offset::Beginning, Duration::from_millis(700))
-    })
-    .await
-    .unwrap()
-    .unwrap();
-    messages
+    testkit::topics::read_all(brokers, topic)
+        .await
+        .unwrap()
         .iter()
         .map(|m| {
             let key = String::from_utf8(m.key().unwrap().to_vec()).unwrap();

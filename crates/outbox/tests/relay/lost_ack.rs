@@ -24,9 +24,9 @@ pub struct Outcome {
     pub swallowed: u64,
 }
 
-/// One round through the relay's own producer (`KafkaArgs::producer`), with
-/// idempotence unless this process installed the negative control's switch
-/// (`tests/relay/no_idempotence.rs`, a process of its own).
+/// One round through the relay's own producer, with idempotence unless this
+/// process turned the negative control on (`tests/relay/no_idempotence.rs`,
+/// a process of its own).
 pub async fn lost_ack_round() -> Outcome {
     let _serial = SERIAL.lock().await;
     let broker_port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -45,13 +45,19 @@ pub async fn lost_ack_round() -> Outcome {
     .unwrap();
     let db = Db::new().await;
     let topic = format!("lost-ack-{}", Uuid::new_v4().simple());
-    kafka::ensure_topics(&broker.addr, &[&topic]).await.unwrap();
+    testkit::topics::create(&broker.addr, &[&topic], 3).await.unwrap();
 
-    let args = kafka::KafkaArgs::new(proxy.addr.clone());
-    // The relay's own producer: `KafkaArgs::producer`, as outbox-relay builds it.
+    // The relay's own producer (`outbox::kafka::idempotent_producer`, which
+    // outbox-relay's `KafkaArgs::producer` builds on), with the service's
+    // socket timeout and reconnect backoff.
+    let mut base = rdkafka::ClientConfig::new();
+    base.set("bootstrap.servers", &proxy.addr)
+        .set("socket.timeout.ms", "10000")
+        .set("reconnect.backoff.max.ms", "1000");
+    let producer = outbox::kafka::idempotent_producer(base, Duration::from_secs(15)).unwrap();
     let relay = std::sync::Arc::new(Relay::new(
         db.pool.clone(),
-        KafkaPublisher::from_producer(args.producer().unwrap()),
+        KafkaPublisher::from_producer(producer),
         "lost-ack",
     ));
     // A first row through a healthy path: metadata, connection and producer id are in place.

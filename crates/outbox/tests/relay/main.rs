@@ -148,6 +148,8 @@ async fn assert_published_once_in_order(brokers: &str, topic: &str, expected: us
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_pipelined_relays_keep_each_orders_order() {
     let (_serial, broker, db, topic) = setup().await;
+    // The relay records through the `metrics` facade: a recorder to count in.
+    telemetry::metrics::install();
     // Each order's 5 events adjacent, batches of 3: every order spans two
     // or three batches, which the relays claim at nearly the same time.
     for _ in 0..40 {
