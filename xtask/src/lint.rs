@@ -123,25 +123,28 @@ pub fn members(root: &Path, cargo: &impl Fn() -> Command) -> anyhow::Result<Vec<
 pub fn parse_members(metadata: &Value) -> anyhow::Result<Vec<Member>> {
     let root = PathBuf::from(metadata["workspace_root"].as_str().context("workspace_root")?);
     let packages = metadata["packages"].as_array().context("packages")?;
-    let names: BTreeSet<String> = packages
-        .iter()
-        .filter_map(|p| p["name"].as_str().map(str::to_owned))
-        .collect();
+    // A member is named by its folder (`crates/inbox` → inbox), as the
+    // workspace's code and docs name it: a published crate's package name
+    // carries the project's prefix (effectively-once-inbox).
+    let folder = |p: &Value| -> anyhow::Result<(String, String)> {
+        let manifest = PathBuf::from(p["manifest_path"].as_str().context("manifest_path")?);
+        let dir = manifest.parent().context("manifest in a folder")?;
+        let name = dir.file_name().context("folder name")?.to_string_lossy().into_owned();
+        let dir = dir.strip_prefix(&root).map(|d| d.to_string_lossy().into_owned()).unwrap_or_default();
+        Ok((name, dir))
+    };
+    let mut names = BTreeMap::new();
+    for p in packages {
+        names.insert(p["name"].as_str().context("package name")?.to_owned(), folder(p)?.0);
+    }
     let mut out = Vec::new();
     for p in packages {
-        let name = p["name"].as_str().context("package name")?.to_owned();
-        let manifest = PathBuf::from(p["manifest_path"].as_str().context("manifest_path")?);
-        let dir = manifest
-            .parent()
-            .and_then(|d| d.strip_prefix(&root).ok())
-            .map(|d| d.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let (name, dir) = folder(p)?;
         let (mut deps, mut dev_deps) = (BTreeSet::new(), BTreeSet::new());
         for d in p["dependencies"].as_array().into_iter().flatten() {
-            let dep = d["name"].as_str().unwrap_or_default().to_owned();
-            if !names.contains(&dep) {
+            let Some(dep) = names.get(d["name"].as_str().unwrap_or_default()).cloned() else {
                 continue;
-            }
+            };
             match d["kind"].as_str() {
                 Some("dev") => dev_deps.insert(dep),
                 _ => deps.insert(dep),

@@ -292,7 +292,7 @@ fn run_scenario(n: u8) -> anyhow::Result<i32> {
         "payment-service",
         "mock-gateway",
         "kafka",
-        "outbox",
+        "effectively-once-outbox",
     ]
     .contains(&test.package)
     {

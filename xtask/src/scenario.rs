@@ -41,7 +41,7 @@ pub const ALL: [Scenario; 26] = [
         injected: "a relay publishes a batch and dies before marking it published (crash between publish and mark)",
         acts: "layer 2 — the event id was fixed when the row was written (crates/outbox), so the republish carries the same id",
         checked: "the broker holds each event twice, both copies with the same event_id",
-        test: t("outbox", Some("relay"), "crash_between_publish_and_mark_publishes_again_with_the_same_event_id"),
+        test: t("effectively-once-outbox", Some("relay"), "crash_between_publish_and_mark_publishes_again_with_the_same_event_id"),
     },
     Scenario {
         n: 2,
@@ -133,7 +133,7 @@ pub const ALL: [Scenario; 26] = [
         injected: "inbox rows inside and past the retention window, then a redelivery",
         acts: "inbox retention (crates/inbox): purges only past the window",
         checked: "a redelivery inside the window is absorbed; past it the row is gone",
-        test: t("inbox", Some("retention"), "inbox_retention_keeps_rows_inside_the_window"),
+        test: t("effectively-once-inbox", Some("retention"), "inbox_retention_keeps_rows_inside_the_window"),
     },
     Scenario {
         n: 13,
@@ -149,7 +149,7 @@ pub const ALL: [Scenario; 26] = [
         injected: "three pipelined relays with batches in flight on one outbox",
         acts: "layer 2 — FOR UPDATE SKIP LOCKED plus the head-of-key rule (crates/outbox/src/relay.rs)",
         checked: "every row published once per relay claim, each order's events in order",
-        test: t("outbox", Some("relay"), "three_pipelined_relays_keep_each_orders_order"),
+        test: t("effectively-once-outbox", Some("relay"), "three_pipelined_relays_keep_each_orders_order"),
     },
     Scenario {
         n: 15,
@@ -165,7 +165,7 @@ pub const ALL: [Scenario; 26] = [
         injected: "a relay crash between publish and mark, then a second relay",
         acts: "layer 2 — the id is fixed at insert (contract::Envelope::new, saga_kit::emit::emit)",
         checked: "the republished copy has the original event id",
-        test: t("outbox", Some("relay"), "crash_between_publish_and_mark_publishes_again_with_the_same_event_id"),
+        test: t("effectively-once-outbox", Some("relay"), "crash_between_publish_and_mark_publishes_again_with_the_same_event_id"),
     },
     Scenario {
         n: 17,
@@ -181,7 +181,7 @@ pub const ALL: [Scenario; 26] = [
         injected: "on Apache Kafka: the broker appends a relay's batch, a fault proxy (advertised as the broker) swallows the produce response and drops the connection, the producer retries the batch; then the same with UNSAFE_NO_PRODUCER_IDEMPOTENCE",
         acts: "the idempotent producer: the retry carries the same producer id and sequence numbers, and the broker keeps one copy; a relay crash after the ack (scenario 1) is a new request the broker cannot recognise, which the inbox absorbs",
         checked: "with idempotence every event is once in the log; without it the retried batch is in the log twice (the negative control fails the first check)",
-        test: t("outbox", Some("relay"), "lost_ack::"),
+        test: t("effectively-once-outbox", Some("relay"), "lost_ack::"),
     },
     Scenario {
         n: 19,

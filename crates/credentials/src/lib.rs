@@ -4,6 +4,11 @@
 //! one refuses to start and names the variable (clap's required argument) —
 //! is at least [`Secret::MIN_LEN`] bytes, and never prints.
 
+/// The crate's README, compiled and run as documentation tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 use std::sync::Arc;
 
 /// A secret value. `Debug` and `Display` print `[redacted]`.

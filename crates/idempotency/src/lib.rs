@@ -1,12 +1,47 @@
-//! `Idempotency-Key` for HTTP APIs: layer 1 of docs/design.md, after the IETF
-//! HTTPAPI draft "The Idempotency-Key HTTP Header Field".
+//! `Idempotency-Key` for HTTP APIs: layer 1 of the effectively-once design,
+//! after the IETF HTTPAPI draft "The Idempotency-Key HTTP Header Field".
 //!
 //! The handler owns the transaction: [`begin`] opens it and claims the key,
 //! the handler performs its effect in it (e.g. insert the order and its
 //! outbox row), and [`complete`] stores the response and commits. The key
 //! row, the effect and the stored response become durable together or not
 //! at all ([`flow`] shows the handler; [`claim`] and [`store`] are the
-//! same steps in a transaction the caller opened).
+//! same steps in a transaction the caller opened). In an axum handler, the
+//! [`Idempotent`] extractor reads the key and fingerprints the body:
+//!
+//! ```no_run
+//! use axum::http::StatusCode;
+//! use axum::response::{IntoResponse, Response};
+//! use idempotency::{Begun, Idempotent, Refused, StoredResponse};
+//!
+//! /// The service's own error: a refusal or a failure, rendered its way.
+//! struct Problem(StatusCode);
+//! impl From<Refused> for Problem {
+//!     fn from(r: Refused) -> Self { Self(r.status()) }
+//! }
+//! impl From<idempotency::Error> for Problem {
+//!     fn from(_: idempotency::Error) -> Self { Self(StatusCode::SERVICE_UNAVAILABLE) }
+//! }
+//! impl IntoResponse for Problem {
+//!     fn into_response(self) -> Response { self.0.into_response() }
+//! }
+//!
+//! async fn create(pool: sqlx::PgPool, request: Idempotent<Problem>) -> Result<Response, Problem> {
+//!     let keyed = request.keyed();
+//!     let mut tx = match idempotency::begin(&pool, keyed).await? {
+//!         Begun::New(tx) => tx, // the key is ours: do the work
+//!         Begun::Answered(outcome) => return Ok(idempotency::respond(outcome)?), // replay, 409 or 422
+//!     };
+//!     sqlx::query("INSERT INTO things DEFAULT VALUES")
+//!         .execute(&mut *tx)
+//!         .await
+//!         .map_err(idempotency::Error::from)?;
+//!     let created = StoredResponse::json(StatusCode::CREATED, &"made", "application/json");
+//!     let ttl = std::time::Duration::from_secs(86_400);
+//!     let outcome = idempotency::complete(&pool, tx, keyed, ttl, &created).await?; // stored, committed
+//!     Ok(idempotency::respond(outcome)?)
+//! }
+//! ```
 //!
 //! | situation | [`Claim`] | HTTP |
 //! |---|---|---|
@@ -18,6 +53,11 @@
 //! "In flight" is a transaction-scoped advisory lock on `(scope, key)`: it is
 //! released by commit, rollback or a dropped connection (a crashed process),
 //! so it can never be left dangling.
+
+/// The crate's README, compiled and run as documentation tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 
 pub mod flow;
 pub mod http;

@@ -1,4 +1,4 @@
-//! The inbox: layer 3 of docs/design.md.
+//! The inbox (idempotent consumer): layer 3 of the effectively-once design.
 //!
 //! A consumer opens the transaction of its effect with the inbox, applies
 //! the effect in it, and commits once:
@@ -25,6 +25,11 @@
 //! The consumer name is part of the key, so several consumers of one event
 //! each deduplicate on their own (scenario 5). [`record`] and
 //! [`record_batch`] do the same in a transaction the caller opened.
+
+/// The crate's README, compiled and run as documentation tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 
 use std::time::Duration;
 

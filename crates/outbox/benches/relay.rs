@@ -1,6 +1,6 @@
 //! Relay throughput and latency, against a real PostgreSQL and Apache Kafka.
 //!
-//! `cargo bench -p outbox --bench relay`
+//! `cargo bench -p effectively-once-outbox --bench relay`
 //!
 //! 1. raw: rdkafka's idempotent producer sending n envelopes straight to the broker;
 //! 2. relay: the same n envelopes as outbox rows, claimed, published and marked;

@@ -1,4 +1,4 @@
-//! The transactional outbox: layer 2 of docs/design.md.
+//! The transactional outbox: layer 2 of the effectively-once design.
 //!
 //! A service never publishes from a request or message handler. It calls
 //! [`enqueue`] with the transaction that carries its state change, so the
@@ -6,6 +6,39 @@
 //! publishes pending rows and marks them; a crash between publish and mark
 //! publishes the row again, with the same `event_id`, and the consumers'
 //! inbox absorbs it.
+//!
+//! ```no_run
+//! # async fn place(pool: &sqlx::PgPool, order_id: uuid::Uuid) -> Result<(), outbox::Error> {
+//! let mut tx = pool.begin().await?;
+//! sqlx::query("INSERT INTO orders (id) VALUES ($1)").bind(order_id).execute(&mut *tx).await?;
+//! let event = outbox::OutboxEvent::json("orders", order_id, uuid::Uuid::now_v7(), "OrderPlaced", &order_id);
+//! outbox::enqueue(&mut tx, &event).await?; // the same transaction as the order
+//! tx.commit().await?; // the order and its event, or neither
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! and, in a process of its own (or a task), the relay (feature `kafka`
+//! for [`KafkaPublisher`]; any [`Publisher`] will do):
+//!
+//! ```no_run
+//! # #[cfg(feature = "kafka")]
+//! # async fn relay(pool: sqlx::PgPool) -> Result<(), rdkafka::error::KafkaError> {
+//! let publisher = outbox::KafkaPublisher::new("localhost:9092")?;
+//! let relay = outbox::Relay::new(pool, publisher, "orders-db");
+//! relay.run(tokio_util::sync::CancellationToken::new()).await; // until cancelled
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Its table comes with [`migrator`] (`outbox_*` migrations, versions
+//! 1001xxxxxx); the relay's counters, gauges and histograms go through the
+//! [`metrics`] facade to whatever recorder the application installs.
+
+/// The crate's README, compiled and run as documentation tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 
 #[cfg(feature = "kafka")]
 pub mod kafka;

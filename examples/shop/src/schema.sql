@@ -1,0 +1,3 @@
+CREATE TABLE IF NOT EXISTS notes (id uuid PRIMARY KEY, text text NOT NULL);
+CREATE TABLE IF NOT EXISTS note_stats (notes bigint NOT NULL);
+INSERT INTO note_stats SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM note_stats);
