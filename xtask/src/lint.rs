@@ -130,7 +130,10 @@ pub fn parse_members(metadata: &Value) -> anyhow::Result<Vec<Member>> {
         let manifest = PathBuf::from(p["manifest_path"].as_str().context("manifest_path")?);
         let dir = manifest.parent().context("manifest in a folder")?;
         let name = dir.file_name().context("folder name")?.to_string_lossy().into_owned();
-        let dir = dir.strip_prefix(&root).map(|d| d.to_string_lossy().into_owned()).unwrap_or_default();
+        let dir = dir
+            .strip_prefix(&root)
+            .map(|d| d.to_string_lossy().into_owned())
+            .unwrap_or_default();
         Ok((name, dir))
     };
     let mut names = BTreeMap::new();

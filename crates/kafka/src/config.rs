@@ -46,9 +46,8 @@ pub struct KafkaArgs {
     /// makes batches of one — a database transaction and a fetch request per
     /// message; a short wait gathers them, for up to this much more latency
     /// per hop. 0 (the default) leaves librdkafka's long poll, answered at
-    /// the first message: measured on
-    /// this saga, 10 ms (with `RELAY_LINGER_MS` 10) bought no throughput
-    /// and raised p99 latency (docs/results/e2e-bench.md).
+    /// the first message: 10 ms bought no throughput and raised p99 latency
+    /// (measured: docs/results/code-decisions.md).
     #[arg(long = "kafka-fetch-wait-ms", env = "KAFKA_FETCH_WAIT_MS", default_value_t = 0,
           value_parser = clap::value_parser!(u64).range(0..=500))]
     pub fetch_wait_ms: u64,

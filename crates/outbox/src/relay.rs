@@ -15,12 +15,11 @@
 //! relay's own in-flight rows as to another relay's, so order still holds.
 //! **Waking.** A busy relay claims again as soon as a batch settles; an idle
 //! one probes for pending rows every `poll_interval` (5 ms in outbox-relay)
-//! with one index-only query. An earlier version woke on `LISTEN/NOTIFY`
-//! from an insert trigger, but every notifying commit takes PostgreSQL's
-//! notification-queue lock and signals the listeners: under load that cost
-//! more database CPU per order than the saga's own transactions (8.4 → 4.8 ms
-//! per order without it, `cargo xtask bench`), for a wake-up a 5 ms probe
-//! gives as well (5.7 ms p50, 12.7 ms p99 idle-to-published).
+//! with one index-only query, not on `LISTEN/NOTIFY` from an insert
+//! trigger: every notifying commit takes PostgreSQL's notification-queue
+//! lock and signals the listeners, which under load cost more database CPU
+//! per order than the saga's own transactions, for a wake-up the probe gives
+//! as well (measured: docs/results/code-decisions.md).
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -99,7 +98,6 @@ pub struct Relay<P> {
     batch: i64,
     in_flight: usize,
     poll_interval: Duration,
-    linger: Duration,
     /// Connections between two uses (see [`Spare`]).
     spare: Spare,
 }
@@ -146,18 +144,7 @@ impl<P: Publisher> Relay<P> {
             batch: 1024,
             in_flight: 2,
             poll_interval: Duration::from_millis(500),
-            linger: Duration::ZERO,
         }
-    }
-
-    /// Sets how long the relay waits, after a claim that was not full, before
-    /// claiming again (like a producer's `linger.ms`): below the batch size a
-    /// round costs the same five statements and two commits for one row as
-    /// for a hundred, so a short wait lets rows gather — at the price of up
-    /// to `linger` more per hop. Zero (the default) claims again at once.
-    pub fn linger(mut self, linger: Duration) -> Self {
-        self.linger = linger;
-        self
     }
 
     /// Sets the claim batch size.
@@ -197,8 +184,8 @@ impl<P: Publisher> Relay<P> {
     /// planner turned that anti-join into a hash join whose bitmap scan read
     /// the whole pending-by-key index, dead entries of every row published
     /// since the last vacuum included (a bitmap scan never marks them dead),
-    /// so a claim cost grew with the rows published — 90 ms a claim at
-    /// 338 orders/s, measured with `pg_stat_statements`.
+    /// so a claim cost grew with the rows published (measured:
+    /// docs/results/code-decisions.md).
     async fn claim(&self) -> Result<Option<Claim>> {
         let mut claim = Claim::begin(&self.spare).await?;
         claim.pending = sqlx::query_as(
@@ -351,8 +338,6 @@ impl<P: Publisher> Relay<P> {
         // finds a pending row.
         let mut claimable = true;
         let mut paused_until: Option<Instant> = None;
-        // After a claim that was not full: no claim before then (`linger`).
-        let mut lingering_until: Option<Instant> = None;
         loop {
             let stopping = shutdown.is_cancelled();
             if stopping && steps.is_empty() {
@@ -360,8 +345,7 @@ impl<P: Publisher> Relay<P> {
                 return;
             }
             let paused = paused_until.is_some_and(|t| Instant::now() < t);
-            let lingering = lingering_until.is_some_and(|t| Instant::now() < t);
-            if !stopping && !claiming && claimable && !paused && !lingering && delivering < self.in_flight {
+            if !stopping && !claiming && claimable && !paused && delivering < self.in_flight {
                 claiming = true;
                 steps.push(async { Step::Claimed(self.claim().await.map(|c| c.map(Box::new))) }.boxed());
             }
@@ -369,9 +353,6 @@ impl<P: Publisher> Relay<P> {
                 Some(step) = steps.next(), if !steps.is_empty() => match step {
                     Step::Claimed(Ok(Some(claim))) => {
                         (claiming, delivering) = (false, delivering + 1);
-                        if (claim.pending.len() as i64) < self.batch && !self.linger.is_zero() {
-                            lingering_until = Some(Instant::now() + self.linger);
-                        }
                         steps.push(async { Step::Delivered(self.deliver(*claim).await) }.boxed());
                     }
                     Step::Claimed(Ok(None)) => (claiming, claimable) = (false, false),
@@ -397,7 +378,6 @@ impl<P: Publisher> Relay<P> {
                 },
                 _ = shutdown.cancelled(), if !stopping => {}
                 _ = sleep_until(paused_until), if paused => paused_until = None,
-                _ = sleep_until(lingering_until), if lingering => lingering_until = None,
                 _ = self.wait_for_rows(), if !claimable && !paused && !stopping => claimable = true,
             }
         }

@@ -89,10 +89,9 @@ pub async fn pool(url: &str, max_connections: u32) -> Result<PgPool> {
 /// handed out; one used more recently is handed out as it is.
 ///
 /// sqlx's default pings every connection on every acquire: a round trip
-/// more per transaction in every service (fresh-key `POST /orders` p50
-/// 2.61 → 2.0–2.1 ms in `cargo bench -p order-api --bench idempotency`),
-/// and two round trips instead of one for each of an idle relay's probes
-/// for pending rows. A connection used within the last second was alive
+/// more per transaction in every service (measured:
+/// docs/results/code-decisions.md), and two round trips instead of one for
+/// each of an idle relay's probes for pending rows. A connection used within the last second was alive
 /// then; if it has died since, its statement fails like one killed
 /// mid-transaction, and every caller already retries those (a client with
 /// its Idempotency-Key, a consumer by redelivery, the relay by its next

@@ -149,10 +149,8 @@ pub const WARM_UP: Duration = Duration::from_secs(90);
 
 /// Runs the saga at `rate` for [`WARM_UP`] and waits for it to drain, before
 /// anything is measured. Without it the first trials measured a JVM still
-/// compiling: during the first trial at 100/s the broker's C2 compiler
-/// thread took 0.30 of a core beside 0.27 for its request handlers (per
-/// thread, `/proc/PID/task`), and 0.13 a minute later, so Kafka's CPU per
-/// order read 4.7–5.7 ms at 100/s against 1.0 at 178/s. A deployed broker
+/// compiling: the broker's C2 compiler thread, not its request handlers,
+/// took most of its CPU (measured: docs/results/code-decisions.md). A deployed broker
 /// has long been warm; the ceilings' short runs do not warm the saga's paths
 /// (consumer groups, offset commits, six topics).
 pub async fn warm_up(client: &Client, orders_db: &str, rate: f64) -> anyhow::Result<()> {

@@ -50,7 +50,11 @@ async fn a_retried_post_is_one_note_and_a_redelivered_event_is_counted_once() {
     let (db, pool) = testkit::TempDb::with_pool("eo_shop", 2, vec![]).await.unwrap();
     let broker = testkit::broker::shared().await.unwrap();
     testkit::topics::create(&broker, &["notes"], 3).await.unwrap();
-    let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
     let mut service = tokio::process::Command::new(env!("CARGO_BIN_EXE_shop"))
         .env("DATABASE_URL", db.url())
         .env("KAFKA_BROKERS", &broker)
@@ -69,9 +73,16 @@ async fn a_retried_post_is_one_note_and_a_redelivered_event_is_counted_once() {
     assert_eq!(retry.status(), 201);
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
     assert_eq!(retry.text().await.unwrap(), id, "the first answer, replayed");
-    assert_eq!(post(&http, &addr, "k-1", "eggs").await.status(), 422, "a key reused for another body");
+    assert_eq!(
+        post(&http, &addr, "k-1", "eggs").await.status(),
+        422,
+        "a key reused for another body"
+    );
     assert_eq!(post(&http, &addr, "k-2", "bread").await.status(), 201);
-    let notes: i64 = sqlx::query_scalar("SELECT count(*) FROM notes").fetch_one(&pool).await.unwrap();
+    let notes: i64 = sqlx::query_scalar("SELECT count(*) FROM notes")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
     assert_eq!(notes, 2, "two keys, two notes");
     notes_counted(&pool, 2).await;
 

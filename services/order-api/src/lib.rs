@@ -62,9 +62,8 @@ pub struct Config {
     pub history_retention_secs: u64,
     /// Connections of the saga consumer's own pool. The consumer never
     /// queues behind `POST /orders` for a connection: sharing the one pool,
-    /// the saga fell behind the intake it serves (at 338 orders/s, orders
-    /// waiting on it grew by ~150 a second, and drained at ~1,000 a second
-    /// once the intake stopped).
+    /// the saga fell behind the intake it serves (measured:
+    /// docs/results/code-decisions.md).
     #[arg(long, env = "SAGA_DATABASE_POOL_SIZE", default_value_t = 4)]
     pub saga_pool_size: u32,
     /// Logs.

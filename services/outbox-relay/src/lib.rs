@@ -46,14 +46,6 @@ pub struct Config {
     /// index lookup per source): the longest a new row waits when the relay is idle.
     #[arg(long, env = "RELAY_POLL_MS", default_value_t = 5)]
     pub poll_ms: u64,
-    /// After a claim that was not full, how long the relay waits before it
-    /// claims again, in milliseconds: rows gather into fewer rounds (each
-    /// round is five statements and two commits whatever its size) for up
-    /// to this much more latency per hop. 0 (the default) claims again at
-    /// once: measured on this saga, 10 ms bought no throughput and raised
-    /// p99 latency (docs/results/e2e-bench.md).
-    #[arg(long = "relay-linger-ms", env = "RELAY_LINGER_MS", default_value_t = 0)]
-    pub claim_linger_ms: u64,
     /// How long published rows are kept before deletion.
     #[arg(long, env = "OUTBOX_RETENTION_SECS", default_value_t = 3 * 86_400)]
     pub retention_secs: u64,
@@ -121,8 +113,7 @@ impl App {
                 Relay::new(pool.clone(), publisher.clone(), name)
                     .batch(self.config.batch)
                     .in_flight(self.config.in_flight)
-                    .poll_interval(Duration::from_millis(self.config.poll_ms))
-                    .linger(Duration::from_millis(self.config.claim_linger_ms)),
+                    .poll_interval(Duration::from_millis(self.config.poll_ms)),
             );
             let (r, token) = (relay.clone(), tasks.token());
             tasks.spawn(format!("relay {name}"), async move { r.run(token).await });
@@ -149,18 +140,11 @@ impl App {
 #[cfg(test)]
 mod tests {
     /// Every flag and variable has its own id (a second `linger_ms`, the
-    /// relay's beside the producer's, once made the release binary refuse to start).
+    /// relay's beside the producer's, once made the release binary refuse
+    /// to start: clap's debug assertions are what catch it).
     #[test]
     fn the_configuration_is_well_formed() {
         use clap::CommandFactory as _;
         super::Config::command().debug_assert();
-        let ids: Vec<_> = super::Config::command()
-            .get_arguments()
-            .map(|a| a.get_id().to_string())
-            .collect();
-        assert!(
-            ids.iter().any(|id| id == "claim_linger_ms") && ids.iter().any(|id| id == "linger_ms"),
-            "{ids:?}"
-        );
     }
 }

@@ -355,64 +355,6 @@ async fn an_idle_relay_publishes_a_new_row_within_its_poll_interval() {
     db.drop().await;
 }
 
-/// Counts the rounds (publish calls) and accepts everything.
-#[derive(Clone, Default)]
-struct CountingPublisher(std::sync::Arc<std::sync::atomic::AtomicUsize>);
-
-impl Publisher for CountingPublisher {
-    async fn publish(&self, rows: &[PendingRow]) -> Vec<Result<(), PublishError>> {
-        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        rows.iter().map(|_| Ok(())).collect()
-    }
-}
-
-/// Rows trickling in one every 10 ms go out in rounds of one when the relay
-/// claims again at once, in far fewer rounds with a linger — and every row
-/// goes out either way.
-#[tokio::test]
-async fn a_linger_gathers_trickling_rows_into_fewer_rounds() {
-    let _serial = SERIAL.lock().await;
-    let mut rounds = Vec::new();
-    for linger in [Duration::ZERO, Duration::from_millis(100)] {
-        let db = Db::new().await;
-        let publisher = CountingPublisher::default();
-        let relay = Relay::new(db.pool.clone(), publisher.clone(), "t")
-            .poll_interval(Duration::from_millis(2))
-            .linger(linger);
-        let token = tokio_util::sync::CancellationToken::new();
-        let run = tokio::spawn({
-            let token = token.clone();
-            async move { relay.run(token).await }
-        });
-        for i in 0..30 {
-            db.enqueue("t", Uuid::new_v4(), i).await;
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let end = Instant::now() + Duration::from_secs(10);
-        loop {
-            let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NULL")
-                .fetch_one(&db.pool)
-                .await
-                .unwrap();
-            if pending == 0 {
-                break;
-            }
-            assert!(Instant::now() < end, "linger {linger:?}: {pending} rows never went out");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        token.cancel();
-        run.await.unwrap();
-        rounds.push(publisher.0.load(std::sync::atomic::Ordering::SeqCst));
-        db.drop().await;
-    }
-    let (eager, lingered) = (rounds[0], rounds[1]);
-    assert!(
-        lingered * 2 < eager,
-        "30 trickling rows: {eager} rounds claiming at once, {lingered} with a 100 ms linger"
-    );
-}
-
-/// Scenario 18 (its negative control: `tests/relay/no_idempotence.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_whose_ack_is_lost_is_retried_and_the_broker_keeps_one_copy() {
     let outcome = lost_ack::lost_ack_round().await;
