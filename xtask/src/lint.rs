@@ -1,6 +1,8 @@
 //! `cargo xtask lint`: the gates that keep the style — rustfmt, clippy with
-//! warnings denied, rustdoc with broken intra-doc links denied — and the
-//! layout rules of the workspace, read from `cargo metadata`:
+//! warnings denied, rustdoc with broken intra-doc links denied — the
+//! published crates packaged as crates.io would take them (`cargo package`;
+//! the full build of each package is `cargo publish --dry-run`, see the
+//! README), and the layout rules of the workspace, read from `cargo metadata`:
 //!
 //! - no production crate depends on test support (`testkit`, `e2e`, `xtask`);
 //! - no dev-dependency cycle (a crate's dev-dependency that itself depends,
@@ -47,7 +49,7 @@ pub fn run(root: &Path, cargo: impl Fn() -> Command) -> anyhow::Result<()> {
         &'static [&'static str],
         Option<(&'static str, &'static str)>,
     );
-    let steps: [Step; 3] = [
+    let steps: [Step; 4] = [
         ("rustfmt", &["fmt", "--all", "--check"], None),
         (
             "clippy",
@@ -70,6 +72,24 @@ pub fn run(root: &Path, cargo: impl Fn() -> Command) -> anyhow::Result<()> {
                 "RUSTDOCFLAGS",
                 "-D rustdoc::broken_intra_doc_links -D rustdoc::private_intra_doc_links",
             )),
+        ),
+        (
+            "package",
+            &[
+                "package",
+                "--no-verify",
+                "--allow-dirty",
+                "--quiet",
+                "-p",
+                "effectively-once-credentials",
+                "-p",
+                "effectively-once-inbox",
+                "-p",
+                "effectively-once-outbox",
+                "-p",
+                "effectively-once-idempotency",
+            ],
+            None,
         ),
     ];
     for (name, args, env) in steps {

@@ -41,13 +41,19 @@ impl EntryStatus {
     }
 }
 
+/// The largest amount one charge or refund may move, in cents (1,000,000.00):
+/// a sum of an order's movements stays far inside `i64`, and a refund
+/// beyond it is refused before any arithmetic.
+pub const MAX_AMOUNT_CENTS: i64 = 100_000_000;
+
 /// `POST /v1/charges` body.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 pub struct ChargeRequest {
     /// The merchant's order.
     pub order_id: Uuid,
-    /// Amount in cents.
+    /// Amount in cents, 1 to [`MAX_AMOUNT_CENTS`].
+    #[cfg_attr(feature = "server", schema(minimum = 1, maximum = 100_000_000))]
     pub amount_cents: i64,
     /// The card's token from `POST /v1/tokens` (never a card number).
     pub card_token: String,
@@ -59,7 +65,8 @@ pub struct ChargeRequest {
 pub struct RefundRequest {
     /// The merchant's order whose charge is refunded.
     pub order_id: Uuid,
-    /// Amount in cents.
+    /// Amount in cents, 1 to [`MAX_AMOUNT_CENTS`].
+    #[cfg_attr(feature = "server", schema(minimum = 1, maximum = 100_000_000))]
     pub amount_cents: i64,
 }
 

@@ -16,6 +16,7 @@
 
 pub mod consumer;
 pub mod emit;
+pub mod inject;
 pub mod participant;
 pub mod retention;
 

@@ -79,6 +79,24 @@ impl Switch {
         }
     }
 
+    /// The pattern crate whose negative controls this switch needs, when
+    /// this build lacks them (its feature of this crate is off); `None`
+    /// when it has them or the switch is a service's own.
+    pub const fn lacking_crate(self) -> Option<&'static str> {
+        let (krate, compiled) = match self {
+            Switch::NoInbox | Switch::InboxSeparateTx => ("inbox", cfg!(feature = "inbox")),
+            Switch::NoIdempotencyKey => ("idempotency", cfg!(feature = "idempotency")),
+            Switch::OffsetBeforeHandling => ("kafka", cfg!(feature = "kafka")),
+            Switch::NoProducerIdempotence | Switch::EventIdAtPublish => ("outbox", cfg!(feature = "outbox")),
+            Switch::NoPaymentDedup => return None,
+        };
+        if compiled {
+            None
+        } else {
+            Some(krate)
+        }
+    }
+
     const fn bit(self) -> u32 {
         1 << self as u32
     }
@@ -102,6 +120,15 @@ pub enum Refused {
         service: &'static str,
         /// The variables it knows.
         known: String,
+    },
+    /// A switch is on whose layer's crate this build has no negative
+    /// controls of (its feature in `switches` is off).
+    #[error("{var} is set, but this build has no negative controls of {krate} (switches feature `{krate}`)")]
+    NotCompiled {
+        /// The variable that is on.
+        var: &'static str,
+        /// The crate lacking.
+        krate: &'static str,
     },
     /// The process installed another set of switches before.
     #[error("this process installed other switches before: one set per process")]
@@ -185,6 +212,9 @@ impl Switches {
             if !cfg!(feature = "failpoints") {
                 return Err(Refused::NotATestBuild { var: s.var() });
             }
+            if let Some(krate) = s.lacking_crate() {
+                return Err(Refused::NotCompiled { var: s.var(), krate });
+            }
         }
         let bits = set.iter().fold(0, |bits, s| bits | s.bit());
         if bits == 0 {
@@ -199,7 +229,8 @@ impl Switches {
         }
         for s in &set {
             tracing::error!("{} is set: {} (negative control only)", s.var(), s.off());
-            #[cfg(feature = "failpoints")]
+        }
+        for s in &set {
             hand_over(*s);
         }
         Ok(())
@@ -208,18 +239,25 @@ impl Switches {
 
 /// Turns `switch` on where its layer lives: the pattern crates own their
 /// negative controls (each crate's `negative_controls` module, compiled only
-/// with its `negative-controls` feature, which `failpoints` turns on here) and
-/// know nothing of this crate; a service's own switch is read with [`on`].
-#[cfg(feature = "failpoints")]
+/// with its `negative-controls` feature, which this crate's feature of the
+/// same name turns on) and know nothing of this crate; a service's own
+/// switch is read with [`on`]. `install` has refused a switch whose crate
+/// this build lacks ([`Switch::lacking_crate`]), so none is ignored here.
 fn hand_over(switch: Switch) {
     match switch {
+        #[cfg(feature = "inbox")]
         Switch::NoInbox => inbox::negative_controls::turn_off(),
+        #[cfg(feature = "inbox")]
         Switch::InboxSeparateTx => inbox::negative_controls::commit_apart(),
+        #[cfg(feature = "idempotency")]
         Switch::NoIdempotencyKey => idempotency::negative_controls::turn_off(),
+        #[cfg(feature = "kafka")]
         Switch::OffsetBeforeHandling => kafka::negative_controls::ack_first(),
+        #[cfg(feature = "outbox")]
         Switch::NoProducerIdempotence => outbox::negative_controls::no_producer_idempotence(),
+        #[cfg(feature = "outbox")]
         Switch::EventIdAtPublish => outbox::negative_controls::event_id_at_publish(),
-        Switch::NoPaymentDedup => {}
+        _ => {}
     }
 }
 

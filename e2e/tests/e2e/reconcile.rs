@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use e2e::driver::{new_key, Client, OrderRequest, GOOD_CARD};
+use e2e::driver::{new_key, Client, OrderRequest, DECLINED_CARD, GOOD_CARD};
 use e2e::stack::Service;
 use sqlx::Connection as _;
 use uuid::Uuid;
@@ -115,6 +115,102 @@ async fn a_dead_lettered_charge_is_resent_at_its_deadline_and_the_order_ends_cha
     assert_eq!(ledger(&stack, order.id).await, (1, 0), "charged once");
     assert_eq!(inbox_misses(&stack).await, 0);
     stack.shutdown(true).await.unwrap();
+}
+
+/// A participant's reply is lost after it was sent (order-api dead-letters
+/// it: fault point `order_api::dead_letter_reply`), so the order waits in
+/// `waiting`; past its deadline order-api re-sends the command under its
+/// first event id; the participant's inbox absorbs the command and answers
+/// again with the reply it kept, under the reply's first id; the saga
+/// handles that copy and the order ends `expected`. Checked against the
+/// removal: without the stored replies sent again (`saga_kit::consumer::begin`
+/// re-enqueueing nothing) every re-send is absorbed in silence and the
+/// order ends in MANUAL_REVIEW.
+async fn a_lost_reply_is_sent_again(name: &str, reply: &str, card: &str, command: &str, expected: &str) {
+    let mut stack = crate::stack(name).await;
+    short_deadlines(&mut stack).await;
+    let point = order_api::saga::DEAD_LETTER_REPLY;
+    stack.set_env(Service::OrderApi, "FAILPOINTS", &format!("{point}=return({reply})"));
+    stack.restart(Service::OrderApi).await.unwrap();
+    let client = Client::new(&stack, Duration::from_secs(5)).unwrap();
+    client.seed_stock("WIDGET", 10).await.unwrap();
+    let order = client
+        .place_order(
+            &new_key(),
+            &OrderRequest {
+                card: card.into(),
+                ..widget()
+            },
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    let finals = client
+        .wait_terminal(&[order.id], Duration::from_secs(90))
+        .await
+        .unwrap();
+    assert_eq!(
+        finals[&order.id].status,
+        expected,
+        "{:?}",
+        history(&stack, order.id).await
+    );
+    let dead = e2e::Stack::metric(&stack.url(Service::OrderApi), "consumer_dead_lettered_total", &[])
+        .await
+        .unwrap_or(0.0);
+    assert_eq!(dead, 1.0, "the first {reply} went to the dead-letter topic");
+    let again = e2e::Stack::metric(&stack.url(Service::Inventory), "consumer_replies_sent_again_total", &[])
+        .await
+        .unwrap_or(0.0);
+    assert!(
+        again >= 1.0,
+        "inventory answered the re-sent {command} with its kept reply ({again})"
+    );
+    assert_eq!(
+        rescued(&stack).await,
+        BTreeMap::from([(format!("Resent:{command}"), BTreeSet::from([order.id]))]),
+        "the order whose reply was lost, and only it, was rescued by the re-send"
+    );
+    let (status, available): (String, i32) = sqlx::query_as(
+        "SELECT r.status, s.available FROM reservations r JOIN stock s USING (sku) WHERE r.order_id = $1",
+    )
+    .bind(order.id)
+    .fetch_one(&mut db(&stack, "inventory").await)
+    .await
+    .unwrap();
+    let (held, left) = if expected == "CONFIRMED" {
+        ("RESERVED", 9)
+    } else {
+        ("RELEASED", 10)
+    };
+    assert_eq!(
+        (status.as_str(), available),
+        (held, left),
+        "reserved once (and released once when cancelled)"
+    );
+    assert_eq!(inbox_misses(&stack).await, 0);
+    stack.shutdown(true).await.unwrap();
+}
+
+/// Seed 001's lost reply: StockReserved dead-lettered at order-api; the
+/// re-sent ReserveStock is answered with the same StockReserved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_stock_reserved_is_sent_again_for_the_resent_command_and_the_order_is_confirmed() {
+    a_lost_reply_is_sent_again("lost-reserved", "StockReserved", GOOD_CARD, "ReserveStock", "CONFIRMED").await;
+}
+
+/// The same in CANCELLING: a declined card, the StockReleased lost; the
+/// re-sent ReleaseStock is answered with the same StockReleased.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_stock_released_is_sent_again_for_the_resent_command_and_the_order_is_cancelled() {
+    a_lost_reply_is_sent_again(
+        "lost-released",
+        "StockReleased",
+        DECLINED_CARD,
+        "ReleaseStock",
+        "CANCELLED",
+    )
+    .await;
 }
 
 /// payment-service dies after the gateway captured the charge and before

@@ -70,7 +70,7 @@ impl IntoResponse for GatewayError {
     }
 }
 
-pub use gateway_client::api::{ChargeRequest, EntryKind, EntryStatus, Movement, RefundRequest};
+pub use gateway_client::api::{ChargeRequest, EntryKind, EntryStatus, Movement, RefundRequest, MAX_AMOUNT_CENTS};
 
 /// A ledger entry.
 #[derive(Debug, Clone, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
@@ -114,9 +114,7 @@ pub struct LedgerEntry {
 )]
 pub async fn charge(State(state): State<AppState>, request: Idempotent) -> Result<Response, GatewayError> {
     let req: ChargeRequest = parse(&request.body)?;
-    if req.amount_cents <= 0 {
-        return Err(GatewayError::Unprocessable("amount_cents must be positive".into()));
-    }
+    valid_amount(req.amount_cents)?;
     let faults = state.faults.current();
     let mut tx = match begin(&state, &request, &faults).await? {
         Begun::New(tx) => tx,
@@ -176,9 +174,21 @@ pub async fn refund(State(state): State<AppState>, request: Idempotent) -> Resul
     complete(&state, &request, &faults, tx, refunded).await
 }
 
+/// An amount a charge or refund may move: 1 to [`MAX_AMOUNT_CENTS`].
+fn valid_amount(cents: i64) -> Result<(), GatewayError> {
+    if (1..=MAX_AMOUNT_CENTS).contains(&cents) {
+        return Ok(());
+    }
+    Err(GatewayError::Unprocessable(format!(
+        "amount_cents must be 1 to {MAX_AMOUNT_CENTS}, not {cents}"
+    )))
+}
+
 /// The refund of `req` under the request's key, in its transaction, with
 /// the order's ledger rows locked so concurrent refunds cannot overdraw;
-/// more than was captured (or an injected refusal) is refused.
+/// more than the caller captured for the order (or an injected refusal) is
+/// refused. Only the caller's own movements count: another client's
+/// charge of the same order id is not the caller's to refund.
 async fn record_refund(
     conn: &mut PgConnection,
     req: &RefundRequest,
@@ -189,19 +199,25 @@ async fn record_refund(
         telemetry::metrics::incr("gateway_injected_faults_total", &[("fault", "refuse_refund")]);
         return Err(GatewayError::Unprocessable("refund refused by the issuer".into()));
     }
+    valid_amount(req.amount_cents)?;
     let (captured, refunded): (i64, i64) = sqlx::query_as(
         "SELECT COALESCE(sum(amount_cents) FILTER (WHERE kind = 'charge' AND status = 'captured'), 0)::int8,
                 COALESCE(sum(amount_cents) FILTER (WHERE kind = 'refund'), 0)::int8
-         FROM (SELECT * FROM ledger WHERE order_id = $1 FOR UPDATE) l",
+         FROM (SELECT * FROM ledger WHERE order_id = $1 AND client_id = $2 FOR UPDATE) l",
     )
     .bind(req.order_id)
+    .bind(&request.scope)
     .fetch_one(&mut *conn)
     .await?;
-    if req.amount_cents <= 0 || refunded + req.amount_cents > captured {
+    // Checked: no sum of amounts may wrap, whatever the ledger holds.
+    if refunded
+        .checked_add(req.amount_cents)
+        .is_none_or(|total| total > captured)
+    {
         return Err(GatewayError::Unprocessable(format!(
             "refund of {} exceeds the refundable {}",
             req.amount_cents,
-            captured - refunded
+            captured.saturating_sub(refunded)
         )));
     }
     let (client, key) = (&request.scope, &request.key);

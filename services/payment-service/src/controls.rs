@@ -38,25 +38,13 @@ pub(crate) async fn instead(
 }
 
 /// Whether this delivery of `event_id` is refused as a command that cannot
-/// be handled (failpoints builds, [`DEAD_LETTER_COMMAND`]). Refused in a
-/// batch of several, the command stays refused until the lane's
-/// one-at-a-time retry of the batch (`alone`) refuses it again and
-/// dead-letters it — as a command that could never be handled would be; a
-/// later delivery (the saga's re-send) is handled.
+/// be handled (failpoints builds, [`DEAD_LETTER_COMMAND`]): refused until
+/// the lane's one-at-a-time retry refuses it alone and dead-letters it — as
+/// a command that could never be handled would be; a later delivery (the
+/// saga's re-send) is handled.
 fn refused(event_id: Uuid, alone: bool) -> bool {
-    static REFUSED: std::sync::Mutex<Vec<Uuid>> = std::sync::Mutex::new(Vec::new());
-    let mut refused = REFUSED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some(at) = refused.iter().position(|id| *id == event_id) {
-        if alone {
-            refused.swap_remove(at);
-        }
-        return true;
-    }
-    let picked = picked_to_refuse();
-    if picked && !alone {
-        refused.push(event_id);
-    }
-    picked
+    static FAULTS: saga_kit::inject::DeadLetter = saga_kit::inject::DeadLetter::new();
+    FAULTS.refuses(event_id, alone, picked_to_refuse)
 }
 
 /// Whether the fault point [`DEAD_LETTER_COMMAND`] fires for this delivery.

@@ -75,6 +75,21 @@ impl Gateway {
         (status, replayed, r.json().await.unwrap())
     }
 
+    /// POST as caller `someone-else`.
+    async fn post_as(&self, client: &str, path: &str, key: &str, body: &Value) -> (u16, Value) {
+        assert_eq!(client, "someone-else");
+        let r = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(&self.other_key)
+            .header("idempotency-key", key)
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json().await.unwrap())
+    }
+
     /// The vault's token of `card`.
     async fn token(&self, card: &str) -> String {
         let r = self
@@ -190,6 +205,61 @@ async fn declines_by_card_and_refunds_only_what_was_captured() {
         .await;
     assert_eq!((s, replayed), (201, true), "a retried refund is the same refund");
     assert_eq!(gw.ledger().await.len(), 3);
+    gw.stop().await;
+}
+
+/// Money sums are checked, not wrapped: a refund of `i64::MAX` after a
+/// refund of one cent would overflow `refunded + amount` into a negative
+/// total that passes `<= captured`. Every amount is capped, and only the
+/// caller's own movements of an order count.
+#[tokio::test]
+async fn a_refund_that_would_wrap_or_exceed_the_cap_is_refused_and_the_ledger_unchanged() {
+    let gw = Gateway::start(Default::default()).await;
+    let order = Uuid::new_v4();
+    let token = gw.token("4242424242424242").await;
+    assert_eq!(gw.post("/v1/charges", "c-1", &charge(order, 500, &token)).await.0, 201);
+    let refund = |cents: i64| json!({"order_id": order, "amount_cents": cents});
+    assert_eq!(gw.post("/v1/refunds", "r-1", &refund(1)).await.0, 201);
+    let before = gw.ledger().await.len();
+    let (s, _, body) = gw.post("/v1/refunds", "r-2", &refund(i64::MAX)).await;
+    assert_eq!(s, 422, "{body}");
+    let (s, _, body) = gw
+        .post(
+            "/v1/refunds",
+            "r-3",
+            &refund(mock_gateway::ledger::MAX_AMOUNT_CENTS + 1),
+        )
+        .await;
+    assert_eq!(s, 422, "{body}");
+    let (s, _, body) = gw
+        .post("/v1/charges", "c-2", &charge(Uuid::new_v4(), i64::MAX, &token))
+        .await;
+    assert_eq!(s, 422, "{body}");
+    assert_eq!(gw.ledger().await.len(), before, "nothing recorded");
+    // The rest of what was captured can still be refunded, and no more.
+    assert_eq!(gw.post("/v1/refunds", "r-4", &refund(499)).await.0, 201);
+    assert_eq!(gw.post("/v1/refunds", "r-5", &refund(1)).await.0, 422);
+    gw.stop().await;
+}
+
+/// Another client cannot refund a charge it did not make, even under the
+/// same order id: only the caller's own movements count.
+#[tokio::test]
+async fn a_refund_counts_only_the_callers_own_charges() {
+    let gw = Gateway::start(Default::default()).await;
+    let order = Uuid::new_v4();
+    let token = gw.token("4242424242424242").await;
+    assert_eq!(gw.post("/v1/charges", "c-1", &charge(order, 500, &token)).await.0, 201);
+    let (s, body) = gw
+        .post_as(
+            "someone-else",
+            "/v1/refunds",
+            "r-1",
+            &json!({"order_id": order, "amount_cents": 500}),
+        )
+        .await;
+    assert_eq!(s, 422, "nothing captured by someone-else: {body}");
+    assert_eq!(gw.ledger().await.len(), 1, "the charge alone");
     gw.stop().await;
 }
 

@@ -42,8 +42,9 @@ service_kit::problem_response!(
 /// A request under `Idempotency-Key`, refused the way this API refuses.
 pub type Idempotent = idempotency::Idempotent<ApiError>;
 
-/// Largest order total accepted, in cents (one million in currency units).
-pub const MAX_AMOUNT_CENTS: i64 = 100_000_000;
+/// Largest order total accepted, in cents (one million in currency units):
+/// the most the gateway moves in one charge.
+pub const MAX_AMOUNT_CENTS: i64 = gateway_client::api::MAX_AMOUNT_CENTS;
 /// Largest quantity accepted.
 pub const MAX_QUANTITY: i32 = 1_000;
 

@@ -32,6 +32,34 @@ pub enum Error {
     Outbox(#[from] outbox::Error),
 }
 
+/// Fault point (failpoints builds): dead-letter the first delivery of each
+/// reply whose type its argument names
+/// (`order_api::dead_letter_reply=return(StockReserved)`) — a reply lost
+/// after it was sent. The saga's deadline re-sends the command under its
+/// first id, and the participant answers again with the same reply (the
+/// replies its inbox kept), which is then handled.
+pub const DEAD_LETTER_REPLY: &str = "order_api::dead_letter_reply";
+
+/// Refuses a batch holding a reply picked by [`DEAD_LETTER_REPLY`].
+fn injected_loss(batch: &[Traced<Envelope>]) -> Result<(), HandleError> {
+    static FAULTS: saga_kit::inject::DeadLetter = saga_kit::inject::DeadLetter::new();
+    for item in batch {
+        let envelope = &item.message;
+        if FAULTS.refuses(envelope.event_id, batch.len() == 1, || named(&envelope.event_type)) {
+            return Err(HandleError::Permanent(format!("injected: {DEAD_LETTER_REPLY}")));
+        }
+    }
+    Ok(())
+}
+
+/// Whether [`DEAD_LETTER_REPLY`] names `event_type`.
+#[cfg_attr(not(feature = "failpoints"), allow(unused_variables))]
+fn named(event_type: &str) -> bool {
+    fail::fail_point!(DEAD_LETTER_REPLY, |named: Option<String>| named.as_deref()
+        == Some(event_type));
+    false
+}
+
 /// Handles one reply event for the saga.
 pub async fn handle(pool: &PgPool, envelope: Envelope) -> Result<Handled, HandleError> {
     saga_kit::consumer::handle_one(envelope, |one| handle_batch(pool, one)).await
@@ -45,6 +73,9 @@ pub async fn handle(pool: &PgPool, envelope: Envelope) -> Result<Handled, Handle
 /// does (the consumer then retries, or handles the envelopes one by one to
 /// isolate one that can never apply).
 pub async fn handle_batch(pool: &PgPool, batch: Vec<Traced<Envelope>>) -> Result<Vec<Handled>, HandleError> {
+    if cfg!(feature = "failpoints") {
+        injected_loss(&batch)?;
+    }
     let messages = batch
         .iter()
         .map(|t| t.message.message())
