@@ -33,8 +33,9 @@ const fn t(package: &'static str, target: Option<&'static str>, name: &'static s
 }
 
 /// The 21 scenarios of the seeds, then the paths added by deadlines,
-/// reconciliation, tokenisation (22–25) and replies kept with the inbox (26).
-pub const ALL: [Scenario; 26] = [
+/// reconciliation, tokenisation (22–25), replies kept with the inbox (26)
+/// and a provider without keys (27).
+pub const ALL: [Scenario; 27] = [
     Scenario {
         n: 1,
         title: "the relay publishes, the ack is lost (it crashes before marking): the broker holds the event twice",
@@ -246,6 +247,14 @@ pub const ALL: [Scenario; 26] = [
         acts: "the inbox keeps the replies an effect emitted with the event's row (inbox_replies, purged with it); a repeated event is answered again with them, enqueued under their first ids (saga_kit::consumer::begin)",
         checked: "the same reply (same event id) pending again in the outbox, no second reply, the stock reserved once",
         test: t("inventory-service", Some("stock"), "a_repeated_command_is_answered_again_with_its_first_reply"),
+    },
+    Scenario {
+        n: 27,
+        title: "a provider without idempotency keys: the process dies between sending a notice and marking it sent",
+        injected: "order-api aborts after the confirmation notice reached the notifier and before its row is marked SENT",
+        acts: "no layer can: the notifier takes no key and cannot be asked; the intent row (written with the CONFIRMED transition) and the delivery choice decide — at-least-once (NOTICE_DELIVERY, the default) sends again",
+        checked: "the notifier received two notices for the order (one more for the one crash), none lost; an order without a crash gets one",
+        test: t("e2e", Some("e2e"), "at_least_once_a_crash_between_send_and_mark_sends_the_notice_twice"),
     },
 ];
 

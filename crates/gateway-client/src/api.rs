@@ -92,6 +92,18 @@ pub struct Operation {
     pub status: EntryStatus,
 }
 
+/// `POST /v1/notices` body: a message for the customer of an order. The
+/// notifier takes no idempotency key: each request is one more notice.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
+pub struct NoticeRequest {
+    /// The order the notice is about.
+    pub order_id: Uuid,
+    /// What the customer reads.
+    #[cfg_attr(feature = "server", schema(max_length = 1000))]
+    pub text: String,
+}
+
 /// `POST /v1/tokens` body.
 #[derive(Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "server", derive(utoipa::ToSchema))]

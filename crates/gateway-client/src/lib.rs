@@ -22,7 +22,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use tracing::Instrument as _;
 
-use api::{CardToken, ChargeRequest, Movement, Operation, RefundRequest, TokenRequest};
+use api::{CardToken, ChargeRequest, Movement, NoticeRequest, Operation, RefundRequest, TokenRequest};
 
 /// Why a call gave no definite answer.
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +69,19 @@ impl Client {
         let (status, text) = self.send(req, "POST /v1/tokens").await?;
         match status {
             200..=299 => parse(&text),
+            _ => Err(refused(status, &text)),
+        }
+    }
+
+    /// Sends a notice (`POST /v1/notices`). The notifier takes no
+    /// idempotency key: a call that reached it and whose answer was lost
+    /// cannot be told from one that did not, and a second call is a second
+    /// notice.
+    pub async fn notify(&self, body: &NoticeRequest) -> Result<(), Error> {
+        let req = self.http.post(self.url("/v1/notices")).json(body);
+        let (status, text) = self.send(req, "POST /v1/notices").await?;
+        match status {
+            200..=299 => Ok(()),
             _ => Err(refused(status, &text)),
         }
     }

@@ -12,6 +12,7 @@ mod fuzz;
 mod group;
 mod layers;
 mod metrics;
+mod notices;
 mod offsets;
 mod payments;
 mod reconcile;

@@ -1,7 +1,8 @@
 //! mock-gateway: a payment provider that behaves like Stripe where it matters
 //! here — every `POST` needs an `Idempotency-Key`, a retried key returns the
 //! original result, a key reused with other parameters is refused — and whose
-//! ledger is the ground truth for "charged twice?".
+//! ledger is the ground truth for "charged twice?". It also plays a second
+//! provider, a notifier ([`notices`]), that takes no key at all.
 //!
 //! Every `/v1` route authenticates its caller (`Authorization: Bearer`, one
 //! configured secret per calling service, `GATEWAY_CLIENTS`): the caller is
@@ -15,6 +16,7 @@
 
 pub mod faults;
 pub mod ledger;
+pub mod notices;
 pub mod vault;
 
 use std::net::SocketAddr;
@@ -158,11 +160,19 @@ impl std::str::FromStr for Readers {
         title = "mock-gateway",
         description = "A Stripe-like payment provider for the effectively-once saga: every POST needs an Idempotency-Key; errors are RFC 9457 problem+json."
     ),
-    paths(vault::create, ledger::charge, ledger::refund, ledger::operation, ledger::list),
+    paths(
+        vault::create,
+        ledger::charge,
+        ledger::refund,
+        ledger::operation,
+        ledger::list,
+        notices::create
+    ),
     modifiers(&CALLER_SCHEME),
     security(("bearer" = [])),
     components(schemas(
         vault::TokenRequest,
+        notices::NoticeRequest,
         vault::CardToken,
         ledger::ChargeRequest,
         ledger::RefundRequest,
@@ -237,7 +247,8 @@ impl App {
             .route("/v1/refunds", post(ledger::refund))
             .route("/v1/ledger", get(ledger::list))
             .route("/v1/tokens", post(vault::create))
-            .route("/v1/operations/{key}", get(ledger::operation));
+            .route("/v1/operations/{key}", get(ledger::operation))
+            .route("/v1/notices", post(notices::create));
         if self.admin {
             api = api.route("/admin/faults", get(faults::get).put(faults::put));
         }
@@ -326,5 +337,6 @@ pub const METRICS: &[telemetry::metrics::Description] = telemetry::descriptions!
     counter "gateway_refunds_total": "Refunds the mock gateway executed.",
     counter "gateway_injected_faults_total": "Faults the mock gateway injected on purpose.",
     counter "gateway_tokens_issued_total": "Card tokens the vault answered (new or existing).",
+    counter "gateway_notices_received_total": "Notices the notifier received (no key: every request is one more notice).",
     counter "gateway_operation_lookups_total": "Reconciliation lookups of an operation by its key, by whether one was found.",
 ];

@@ -1,7 +1,8 @@
 //! What order-api asks the payment gateway directly: a card's token (so no
 //! card number is ever stored or sent on), and — when an order's payment is
-//! overdue — what the gateway did under the operation's key. Charges and
-//! refunds themselves are payment-service's.
+//! overdue — what the gateway did under the operation's key; and the
+//! notifier beside it, which takes confirmation notices without a key.
+//! Charges and refunds themselves are payment-service's.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -58,6 +59,16 @@ impl Client {
         }
         tokens.insert(digest, token.clone());
         Ok(token)
+    }
+
+    /// Sends the confirmation notice of `order` to the notifier (no key:
+    /// each call is one more notice; `crate::notices` says who calls it when).
+    pub async fn notify(&self, order: uuid::Uuid) -> Result<(), Error> {
+        let notice = gateway_client::api::NoticeRequest {
+            order_id: order,
+            text: format!("Your order {order} is confirmed."),
+        };
+        self.gateway.notify(&notice).await
     }
 
     /// What the gateway committed under payment-service's key `key`

@@ -9,6 +9,7 @@ pub mod admin;
 pub mod auth;
 pub mod gateway;
 pub mod http;
+pub mod notices;
 pub mod orders;
 pub mod saga;
 
@@ -50,6 +51,9 @@ pub struct Config {
     /// Deadlines per saga state and the reconciler.
     #[command(flatten)]
     pub deadlines: saga::reconcile::DeadlineArgs,
+    /// Confirmation notices: at-least-once or at-most-once, and how often.
+    #[command(flatten)]
+    pub notices: notices::NoticeArgs,
     /// API keys and per-client limits.
     #[command(flatten)]
     pub auth: auth::AuthArgs,
@@ -190,6 +194,15 @@ impl App {
                 async move { saga::reconcile::scan(&pool, &gateway, &deadlines).await }
             },
         );
+        let (pool, gateway, delivery) = (
+            self.state.pool.clone(),
+            self.state.gateway.clone(),
+            config.notices.delivery,
+        );
+        tasks.spawn_every("notices", config.notices.interval(), move || {
+            let (pool, gateway) = (pool.clone(), gateway.clone());
+            async move { notices::send_pending(&pool, &gateway, delivery).await.map(|_| ()) }
+        });
         tasks.spawn(
             "card backfill",
             orders::run_legacy_card_backfill(self.state.pool.clone(), self.state.gateway.clone(), tasks.token()),
@@ -214,4 +227,6 @@ pub const METRICS: &[telemetry::metrics::Description] = telemetry::descriptions!
     counter "api_refusals_total": "Requests refused before a handler: unauthenticated, lookup_limited, key_check_unavailable, too_large or rate_limited.",
     counter "api_key_lookups_total": "API-key lookups that reached the database (a key neither cached nor known bad).",
     counter "api_key_lookups_avoided_total": "API-key lookups skipped: a key known not to exist, its lookup failed under a second ago, or the caller's address over its lookup limit.",
+    counter "notices_sent_total": "Confirmation notices the notifier accepted, by delivery choice (a repeat after a crash counts again).",
+    counter "notices_lost_total": "Confirmation notices marked sent whose send then failed (at-most-once only).",
 ];

@@ -249,6 +249,14 @@ impl Plan {
     async fn write(self, conn: &mut sqlx::PgConnection) -> Result<(), Error> {
         saga_kit::emit::emit_all(conn, &self.commands).await?;
         orders::write_transitions(conn, &self.moves, &self.history).await?;
+        // A confirmed order's notice, intended in the transaction that confirms it.
+        let confirmed: Vec<Uuid> = self
+            .moves
+            .iter()
+            .filter(|m| m.status == orders::Status::Confirmed)
+            .map(|m| m.id)
+            .collect();
+        crate::notices::intend(conn, &confirmed).await?;
         orders::mark_reconciled(conn, &self.reconciled).await?;
         for (event_id, order_id) in self.misses {
             saga_kit::consumer::note_miss(conn, ORDER_SAGA.name, event_id, order_id, "saga state machine").await?;
