@@ -22,6 +22,10 @@ pub fn regenerate() -> anyhow::Result<Vec<PathBuf>> {
         let path = contract.join("schemas").join(format!("{event_type}.json"));
         written.push(write(&path, &contract::schema::document_text(&schema))?);
     }
+    for (event_type, schema) in contract::schema::reader_schemas() {
+        let path = contract.join("schemas/reader").join(format!("{event_type}.json"));
+        written.push(write(&path, &contract::schema::document_text(&schema))?);
+    }
     let asyncapi = contract::schema::document_text(&contract::schema::asyncapi());
     written.push(write(&contract.join("asyncapi.json"), &asyncapi)?);
     let design = docs.join("design.md");

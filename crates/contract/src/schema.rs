@@ -1,7 +1,15 @@
 //! JSON Schemas of the wire format, generated from the Rust types
 //! (`schemars`): one per message type — the envelope with that type's
-//! `event_type` and `payload` — committed under docs/contract/schemas and
-//! referenced by docs/contract/asyncapi.json.
+//! `event_type` and `payload` — in two kinds, both committed:
+//!
+//! - the **audit** schemas (docs/contract/schemas, referenced by
+//!   docs/contract/asyncapi.json): closed, every field of this version and
+//!   no other — what the test suite checks every message on the topics
+//!   against, so a field produced by mistake is caught;
+//! - the **reader** schemas (docs/contract/schemas/reader): open to unknown
+//!   fields and to any minor version of this major — what a consumer that
+//!   validates its input should use, so that the next minor (which only
+//!   adds optional fields) still passes, and another major does not.
 
 use std::collections::BTreeMap;
 
@@ -15,8 +23,33 @@ pub fn document_text(doc: &Value) -> String {
     serde_json::to_string_pretty(doc).expect("a JSON value serializes") + "\n"
 }
 
-/// `event_type` → the JSON Schema of an envelope carrying that message.
+/// `event_type` → the audit schema of an envelope carrying that message:
+/// closed ([`reader_schemas`] are the open ones).
 pub fn message_schemas() -> BTreeMap<String, Value> {
+    let mut out = open_schemas();
+    for schema in out.values_mut() {
+        close(schema);
+    }
+    out
+}
+
+/// `event_type` → the reader schema of an envelope carrying that message:
+/// unknown fields allowed anywhere, `version` any minor of [`crate::envelope::MAJOR`]
+/// (or absent: 1.0).
+pub fn reader_schemas() -> BTreeMap<String, Value> {
+    let mut out = open_schemas();
+    for schema in out.values_mut() {
+        schema["description"] = json!(format!(
+            "{} Reader schema: open to fields a later minor version adds.",
+            schema["description"].as_str().unwrap_or_default()
+        ));
+        schema["properties"]["version"]["pattern"] = json!(format!("^{}\\.[0-9]+$", crate::envelope::MAJOR));
+    }
+    out
+}
+
+/// The schemas before either kind's finish.
+fn open_schemas() -> BTreeMap<String, Value> {
     let envelope = serde_json::to_value(schemars::schema_for!(Envelope)).expect("schema is JSON");
     let messages = serde_json::to_value(schemars::schema_for!(Message)).expect("schema is JSON");
     let variants = messages["oneOf"].as_array().cloned().unwrap_or_default();
@@ -41,7 +74,6 @@ pub fn message_schemas() -> BTreeMap<String, Value> {
         if !required.contains(&json!("payload")) {
             required.push(json!("payload"));
         }
-        close(&mut schema);
         out.insert(event_type.to_owned(), schema);
     }
     out

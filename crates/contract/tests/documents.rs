@@ -26,6 +26,15 @@ fn the_committed_contract_documents_are_current() {
     for (event_type, schema) in &schemas {
         check(docs().join("schemas").join(format!("{event_type}.json")), schema);
     }
+    let readers = contract::schema::reader_schemas();
+    assert_eq!(readers.keys().collect::<Vec<_>>(), schemas.keys().collect::<Vec<_>>());
+    for (event_type, schema) in &readers {
+        assert!(
+            !contract::schema::document_text(schema).contains("additionalProperties\": false"),
+            "{event_type}'s reader schema refuses unknown fields"
+        );
+        check(docs().join("schemas/reader").join(format!("{event_type}.json")), schema);
+    }
     let asyncapi = contract::schema::asyncapi();
     assert_eq!(asyncapi["asyncapi"], "3.0.0");
     for topic in contract::topics::ALL {

@@ -43,6 +43,38 @@ pub async fn check_topics(stack: &e2e::Stack) -> usize {
     checked
 }
 
+/// A reader that validates its input uses the reader schemas: a message of
+/// the next minor version (a new optional field in the envelope and in the
+/// payload) passes them, while the audit schemas refuse it; another major
+/// is refused by both.
+#[test]
+fn a_next_minor_message_passes_the_reader_schemas_and_another_major_does_not() {
+    let message = contract::Message::ReserveStock {
+        sku: "WIDGET".into(),
+        quantity: 2,
+    };
+    let mut next_minor = serde_json::to_value(contract::Envelope::new(uuid::Uuid::now_v7(), &message, None)).unwrap();
+    let (major, minor) = contract::envelope::VERSION.split_once('.').unwrap();
+    next_minor["version"] = format!("{major}.{}", minor.parse::<u32>().unwrap() + 1).into();
+    next_minor["tenant"] = "acme".into();
+    next_minor["payload"]["warehouse"] = "north".into();
+    let (audit, reader) = (Path::new(DOCS).join("schemas"), Path::new(DOCS).join("schemas/reader"));
+    assert_eq!(
+        testkit::jsonschema::validate_envelopes(&reader, std::slice::from_ref(&next_minor)).unwrap(),
+        1
+    );
+    assert!(
+        testkit::jsonschema::validate_envelopes(&audit, std::slice::from_ref(&next_minor)).is_err(),
+        "the audit schema names every field of this version"
+    );
+    let mut next_major = next_minor.clone();
+    next_major["version"] = format!("{}.0", major.parse::<u32>().unwrap() + 1).into();
+    assert!(
+        testkit::jsonschema::validate_envelopes(&reader, &[next_major]).is_err(),
+        "another major is refused"
+    );
+}
+
 #[test]
 fn a_message_with_an_undocumented_field_or_a_malformed_value_is_refused() {
     let message = contract::Message::ReserveStock {
