@@ -130,7 +130,7 @@ pub fn asyncapi() -> Value {
             "type": "object",
             "description": "Kafka headers of every saga message.",
             "properties": {
-                "event_id": {"type": "string", "format": "uuid", "description": "the envelope's event_id"},
+                "event_id": {"type": "string", "format": "uuid", "description": "the envelope's event_id: unique across the whole system (every topic, order and producer), the same on every copy of one event"},
                 "event_type": {"type": "string", "description": "the envelope's event_type"},
                 "traceparent": {"type": "string", "description": "W3C trace context of the relay's publish span"}
             },
@@ -238,7 +238,7 @@ pub fn asyncapi() -> Value {
         "info": {
             "title": "effectively-once saga",
             "version": crate::envelope::VERSION,
-            "description": "The messages between order-api, inventory-service and payment-service. Every message travels in the envelope (docs/contract.md); its event_id is fixed when the sender writes its outbox row, and every consumer deduplicates on it."
+            "description": "The messages between order-api, inventory-service and payment-service. Every message travels in the envelope (docs/contract.md); its event_id is fixed when the sender writes its outbox row, is unique across the whole system (every topic, order and producer: a UUIDv7), and every consumer deduplicates on it."
         },
         "defaultContentType": "application/json",
         "servers": {
