@@ -47,12 +47,7 @@ mod tests {
         // first poll of `unless_interrupted`).
         tokio::spawn(async {
             tokio::time::sleep(Duration::from_millis(300)).await;
-            let pid = std::process::id().to_string();
-            let status = tokio::process::Command::new("kill")
-                .args(["-TERM", &pid])
-                .status()
-                .await;
-            assert!(status.expect("kill runs").success());
+            crate::signal(std::process::id(), nix::sys::signal::Signal::SIGTERM).expect("the signal is sent");
         });
         let result = tokio::time::timeout(Duration::from_secs(10), unless_interrupted(work))
             .await

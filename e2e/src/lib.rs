@@ -20,3 +20,10 @@ pub use testkit::proxy;
 pub mod stack;
 
 pub use stack::{Service, Stack, StackOptions};
+
+/// Sends `signal` to the process `pid` (one this harness started, or
+/// itself): SIGTERM or SIGINT for a graceful stop, SIGKILL for a crash.
+pub fn signal(pid: u32, signal: nix::sys::signal::Signal) -> nix::Result<()> {
+    let pid = i32::try_from(pid).map_err(|_| nix::errno::Errno::ESRCH)?;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal)
+}

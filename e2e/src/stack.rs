@@ -515,7 +515,7 @@ impl Stack {
 
 async fn terminate(child: &mut Child) {
     if let Some(pid) = child.id() {
-        let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status().await;
+        let _ = crate::signal(pid, nix::sys::signal::Signal::SIGTERM);
         if tokio::time::timeout(Duration::from_secs(10), child.wait())
             .await
             .is_ok()

@@ -60,10 +60,7 @@ impl Stack {
                 continue;
             };
             let Some(pid) = child.id() else { continue };
-            let _ = tokio::process::Command::new("kill")
-                .args(["-INT", &pid.to_string()])
-                .status()
-                .await;
+            let _ = crate::signal(pid, nix::sys::signal::Signal::SIGINT);
             let status = match tokio::time::timeout(std::time::Duration::from_secs(30), child.wait()).await {
                 Ok(Ok(status)) => Some(status),
                 _ => {

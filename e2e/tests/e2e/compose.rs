@@ -23,10 +23,10 @@ fn required<C: CommandFactory>() -> BTreeSet<String> {
         .collect()
 }
 
-fn compose() -> serde_yaml::Value {
+fn compose() -> serde_yaml_ng::Value {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docker-compose.yml");
     let text = std::fs::read_to_string(path).expect("docker-compose.yml exists");
-    let mut doc: serde_yaml::Value = serde_yaml::from_str(&text).expect("docker-compose.yml is valid YAML");
+    let mut doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("docker-compose.yml is valid YAML");
     doc.apply_merge().expect("YAML merge keys resolve");
     doc
 }
@@ -64,7 +64,7 @@ fn compose_services_use_exactly_the_variables_their_config_reads() {
     ];
     let secrets = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docker/gen-env.sh")).unwrap();
     for (name, vars, needed) in &configs {
-        let svc = &services[&serde_yaml::Value::from(*name)];
+        let svc = &services[&serde_yaml_ng::Value::from(*name)];
         assert!(svc.is_mapping(), "{name} missing from docker-compose.yml");
         let env: BTreeSet<String> = svc["environment"]
             .as_mapping()
@@ -204,7 +204,7 @@ fn compose_sends_traces_to_jaeger_and_prometheus_scrapes_every_service() {
         .filter_map(|p| p.as_str())
         .collect();
     assert_eq!(ports, ["127.0.0.1:16686:16686"], "the UI only, on loopback");
-    let prometheus_yml: serde_yaml::Value = serde_yaml::from_str(
+    let prometheus_yml: serde_yaml_ng::Value = serde_yaml_ng::from_str(
         &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docker/prometheus.yml")).unwrap(),
     )
     .expect("docker/prometheus.yml is YAML");
