@@ -60,7 +60,9 @@ impl<E: Into<anyhow::Error>> TaskExit for Result<(), E> {
 /// The tasks of one service process.
 pub struct Supervisor {
     shutdown: CancellationToken,
-    tasks: JoinSet<(String, anyhow::Result<()>)>,
+    /// Each task's name, whether it may end before shutdown (a one-shot
+    /// job), and how it ended.
+    tasks: JoinSet<(String, bool, anyhow::Result<()>)>,
     health: Health,
     grace: Duration,
 }
@@ -101,7 +103,20 @@ impl Supervisor {
         F::Output: TaskExit,
     {
         let name = name.into();
-        self.tasks.spawn(async move { (name, task.await.into_result()) });
+        self.tasks.spawn(async move { (name, false, task.await.into_result()) });
+    }
+
+    /// Runs a one-shot job under supervision (a backfill, say): unlike a
+    /// [`Supervisor::spawn`]ed task it may end before shutdown — its clean
+    /// end is logged and the service runs on — but its failure or panic
+    /// stops the service as any task's does.
+    pub fn spawn_once<F>(&mut self, name: impl Into<String>, job: F)
+    where
+        F: Future + Send + 'static,
+        F::Output: TaskExit,
+    {
+        let name = name.into();
+        self.tasks.spawn(async move { (name, true, job.await.into_result()) });
     }
 
     /// Serves `app` on `listener` as the task `http` until shutdown.
@@ -128,19 +143,26 @@ impl Supervisor {
     /// failure too), or `Ok` after a clean shutdown.
     pub async fn wait(mut self) -> anyhow::Result<()> {
         let mut first: Option<anyhow::Error> = None;
-        tokio::select! {
-            biased;
-            _ = self.shutdown.cancelled() => {}
-            Some(joined) = self.tasks.join_next() => {
-                // A task that ended cleanly because shutdown was asked (its
-                // token fired before this select saw the signal) is a clean end.
-                let asked = self.shutdown.is_cancelled() && matches!(&joined, Ok((_, Ok(()))));
-                if !asked {
-                    let error = died(joined);
-                    tracing::error!(error = format!("{error:#}"), "task died: stopping the service");
-                    self.health.fail(format!("{error:#}"));
-                    first = Some(error);
-                    self.shutdown.cancel();
+        loop {
+            tokio::select! {
+                biased;
+                _ = self.shutdown.cancelled() => break,
+                Some(joined) = self.tasks.join_next() => {
+                    if let Ok((name, true, Ok(()))) = &joined {
+                        tracing::info!(task = name.as_str(), "one-shot job done");
+                        continue;
+                    }
+                    // A task that ended cleanly because shutdown was asked (its
+                    // token fired before this select saw the signal) is a clean end.
+                    let asked = self.shutdown.is_cancelled() && matches!(&joined, Ok((_, _, Ok(()))));
+                    if !asked {
+                        let error = died(joined);
+                        tracing::error!(error = format!("{error:#}"), "task died: stopping the service");
+                        self.health.fail(format!("{error:#}"));
+                        first = Some(error);
+                        self.shutdown.cancel();
+                    }
+                    break;
                 }
             }
         }
@@ -150,7 +172,7 @@ impl Supervisor {
             tokio::select! {
                 joined = self.tasks.join_next() => match joined {
                     None => break,
-                    Some(Ok((_, Ok(())))) => {}
+                    Some(Ok((_, _, Ok(())))) => {}
                     Some(other) => {
                         let error = stopped_with_error(other);
                         tracing::error!(error = format!("{error:#}"), "task failed while stopping");
@@ -172,13 +194,13 @@ impl Supervisor {
     }
 }
 
-type Joined = Result<(String, anyhow::Result<()>), tokio::task::JoinError>;
+type Joined = Result<(String, bool, anyhow::Result<()>), tokio::task::JoinError>;
 
 /// A task that ended before shutdown: why.
 fn died(joined: Joined) -> anyhow::Error {
     match joined {
-        Ok((name, Ok(()))) => anyhow::anyhow!("task {name} ended before shutdown"),
-        Ok((name, Err(e))) => e.context(format!("task {name} failed")),
+        Ok((name, _, Ok(()))) => anyhow::anyhow!("task {name} ended before shutdown"),
+        Ok((name, _, Err(e))) => e.context(format!("task {name} failed")),
         Err(e) => anyhow::anyhow!("a task panicked: {e}"),
     }
 }
@@ -186,8 +208,8 @@ fn died(joined: Joined) -> anyhow::Error {
 /// A task that failed while the service was stopping: why.
 fn stopped_with_error(joined: Joined) -> anyhow::Error {
     match joined {
-        Ok((name, Err(e))) => e.context(format!("task {name} failed")),
-        Ok((name, Ok(()))) => anyhow::anyhow!("task {name} stopped"),
+        Ok((name, _, Err(e))) => e.context(format!("task {name} failed")),
+        Ok((name, _, Ok(()))) => anyhow::anyhow!("task {name} stopped"),
         Err(e) => anyhow::anyhow!("a task panicked: {e}"),
     }
 }
@@ -195,6 +217,35 @@ fn stopped_with_error(joined: Joined) -> anyhow::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_one_shot_job_may_end_early_but_its_failure_stops_the_service() {
+        let token = CancellationToken::new();
+        let mut sup = Supervisor::new(token.clone());
+        sup.spawn_once("backfill", async { anyhow::Ok(()) });
+        let t = token.clone();
+        sup.spawn("server", async move {
+            t.cancelled().await;
+            anyhow::Ok(())
+        });
+        let stop = token.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            stop.cancel();
+        });
+        sup.wait().await.expect("a finished job is no death");
+
+        let token = CancellationToken::new();
+        let mut sup = Supervisor::new(token.clone());
+        sup.spawn_once("backfill", async { anyhow::bail!("gateway refused") });
+        let t = token.clone();
+        sup.spawn("server", async move {
+            t.cancelled().await;
+            anyhow::Ok(())
+        });
+        let err = sup.wait().await.unwrap_err();
+        assert!(format!("{err:#}").contains("gateway refused"), "{err:#}");
+    }
 
     #[tokio::test]
     async fn a_clean_shutdown_waits_for_every_task() {

@@ -203,7 +203,7 @@ impl App {
             let (pool, gateway) = (pool.clone(), gateway.clone());
             async move { notices::send_pending(&pool, &gateway, delivery).await.map(|_| ()) }
         });
-        tasks.spawn(
+        tasks.spawn_once(
             "card backfill",
             orders::run_legacy_card_backfill(self.state.pool.clone(), self.state.gateway.clone(), tasks.token()),
         );

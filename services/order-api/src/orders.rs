@@ -385,8 +385,8 @@ pub async fn tokenise_legacy_cards(
 }
 
 /// Runs [`tokenise_legacy_cards`] until it succeeds (every 5 s while the
-/// gateway is unavailable), then idles until `shutdown` (a supervised task
-/// must not end early).
+/// gateway is unavailable), then ends: a one-shot job
+/// (`service_kit::supervisor::Supervisor::spawn_once`).
 pub async fn run_legacy_card_backfill(
     pool: sqlx::PgPool,
     gateway: crate::gateway::Client,
@@ -398,7 +398,7 @@ pub async fn run_legacy_card_backfill(
                 if n > 0 || parked > 0 {
                     tracing::info!(rows = n, parked, "card numbers of earlier orders replaced by tokens");
                 }
-                return shutdown.cancelled().await;
+                return;
             }
             Err(e) => tracing::warn!(error = %e, "card backfill failed; retrying"),
         }
