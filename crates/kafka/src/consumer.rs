@@ -81,37 +81,63 @@ pub enum Handled {
     Duplicate,
 }
 
-/// Why a handler failed.
+/// The cause a [`HandleError`] keeps: any error (its own chain of sources
+/// kept), or a message.
+pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Why a handler failed: the kind of failure, which decides what the
+/// consumer does, and its cause, kept whole as the error's source
+/// ([`HandleError::report`] writes the kind and every cause in one line:
+/// the dead-letter header and the logs).
 #[derive(Debug, thiserror::Error)]
 pub enum HandleError {
     /// A dependency is down (no connection to the database, the gateway
     /// unreachable): retry the same message, without limit.
-    #[error("unavailable: {0}")]
-    Unavailable(String),
+    #[error("unavailable")]
+    Unavailable(#[source] Cause),
     /// May succeed on another attempt (a serialisation failure, a deadlock,
     /// a timeout): retry the same message, up to the consumer's attempts.
-    #[error("transient: {0}")]
-    Transient(String),
+    #[error("transient")]
+    Transient(#[source] Cause),
     /// Can never succeed (unknown type, invalid payload, a constraint it
     /// violates): dead-letter it.
-    #[error("permanent: {0}")]
-    Permanent(String),
+    #[error("permanent")]
+    Permanent(#[source] Cause),
 }
 
 impl HandleError {
-    /// A transient error from anything displayable.
-    pub fn transient(e: impl std::fmt::Display) -> Self {
-        Self::Transient(e.to_string())
+    /// A transient error, from an error (its chain kept) or a message.
+    pub fn transient(e: impl Into<Cause>) -> Self {
+        Self::Transient(e.into())
     }
 
-    /// A dependency down, from anything displayable.
-    pub fn unavailable(e: impl std::fmt::Display) -> Self {
-        Self::Unavailable(e.to_string())
+    /// A dependency down, from an error or a message.
+    pub fn unavailable(e: impl Into<Cause>) -> Self {
+        Self::Unavailable(e.into())
     }
 
-    /// A permanent error from anything displayable (decoding, validation).
-    pub fn permanent(e: impl std::fmt::Display) -> Self {
-        Self::Permanent(e.to_string())
+    /// A permanent error (decoding, validation), from an error or a message.
+    pub fn permanent(e: impl Into<Cause>) -> Self {
+        Self::Permanent(e.into())
+    }
+
+    /// The cause, whatever the kind.
+    pub fn cause(&self) -> &Cause {
+        match self {
+            Self::Unavailable(c) | Self::Transient(c) | Self::Permanent(c) => c,
+        }
+    }
+
+    /// The kind and every cause, outermost first: `permanent: a: b`.
+    pub fn report(&self) -> String {
+        let mut out = self.to_string();
+        let mut next: Option<&(dyn std::error::Error + 'static)> = Some(self.cause().as_ref());
+        while let Some(e) = next {
+            out.push_str(": ");
+            out.push_str(&e.to_string());
+            next = e.source();
+        }
+        out
     }
 }
 
@@ -501,12 +527,17 @@ where
             Ok(Some(outcomes)) => return Some(self.count(&sources, &outcomes)),
             Ok(None) => return None,
             Err(e) if single => {
-                return crate::dlq::dead_letter(&self.dlq, sources[0], name, &e.to_string(), &self.shutdown)
+                return crate::dlq::dead_letter(&self.dlq, sources[0], name, &e.report(), &self.shutdown)
                     .await
                     .then_some(0)
             }
             Err(e) => {
-                tracing::warn!(consumer = name, error = %e, size = decoded.len(), "batch refused; handling its messages one by one");
+                tracing::warn!(
+                    consumer = name,
+                    error = e.report(),
+                    size = decoded.len(),
+                    "batch refused; handling its messages one by one"
+                );
             }
         }
         let mut applied = 0;
@@ -515,7 +546,7 @@ where
                 Ok(Some(outcomes)) => applied += self.count(&[msg], &outcomes),
                 Ok(None) => return None,
                 Err(e) => {
-                    if !crate::dlq::dead_letter(&self.dlq, msg, name, &e.to_string(), &self.shutdown).await {
+                    if !crate::dlq::dead_letter(&self.dlq, msg, name, &e.report(), &self.shutdown).await {
                         return None;
                     }
                 }

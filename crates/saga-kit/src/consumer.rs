@@ -148,28 +148,24 @@ pub async fn note_miss(
 ///   error with no database error behind it): **transient**, retried up to
 ///   the consumer's attempts.
 ///
-/// The message names the whole chain of causes.
+/// The error is kept whole, as the cause (its chain of sources with it).
 pub fn classify(e: impl Into<anyhow::Error>) -> HandleError {
     let e: anyhow::Error = e.into();
-    let chain = format!("{e:#}");
-    let sql = e.chain().find_map(|c| c.downcast_ref::<sqlx::Error>());
-    let class = |code: &str| match code {
-        c if c.starts_with("22") || c.starts_with("23") => HandleError::Permanent(chain.clone()),
-        c if c.starts_with("08") || c.starts_with("53") || c.starts_with("57P0") => {
-            HandleError::Unavailable(chain.clone())
-        }
-        _ => HandleError::Transient(chain.clone()),
-    };
-    match sql {
-        Some(sqlx::Error::Database(db)) => class(db.code().as_deref().unwrap_or("")),
+    let code = match e.chain().find_map(|c| c.downcast_ref::<sqlx::Error>()) {
+        Some(sqlx::Error::Database(db)) => db.code().map(|c| c.into_owned()),
         Some(
             sqlx::Error::Io(_)
             | sqlx::Error::Tls(_)
             | sqlx::Error::PoolTimedOut
             | sqlx::Error::PoolClosed
             | sqlx::Error::WorkerCrashed,
-        ) => HandleError::Unavailable(chain),
-        _ => HandleError::Transient(chain),
+        ) => return HandleError::unavailable(e),
+        _ => None,
+    };
+    match code.as_deref().unwrap_or("") {
+        c if c.starts_with("22") || c.starts_with("23") => HandleError::permanent(e),
+        c if c.starts_with("08") || c.starts_with("53") || c.starts_with("57P0") => HandleError::unavailable(e),
+        _ => HandleError::transient(e),
     }
 }
 

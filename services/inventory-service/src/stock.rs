@@ -48,7 +48,7 @@ pub async fn handle_batch(pool: &PgPool, batch: Vec<Traced<Envelope>>) -> Result
                 quantity: *quantity,
             }),
             Message::ReleaseStock => Ok(Command::Release),
-            other => Err(HandleError::Permanent(format!(
+            other => Err(HandleError::permanent(format!(
                 "unexpected message {other:?} on inventory.commands"
             ))),
         })

@@ -23,7 +23,7 @@ pub(crate) async fn instead(
 ) -> Result<Option<Vec<Handled>>, HandleError> {
     for item in batch {
         if refused(item.message.event_id, batch.len() == 1) {
-            return Err(HandleError::Permanent(format!("injected: {DEAD_LETTER_COMMAND}")));
+            return Err(HandleError::permanent(format!("injected: {DEAD_LETTER_COMMAND}")));
         }
     }
     if !switches::on(switches::Switch::NoPaymentDedup) {

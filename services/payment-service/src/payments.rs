@@ -83,7 +83,7 @@ impl Operation {
                 amount_cents,
                 attempt: attempt.max(1),
             }),
-            other => Err(HandleError::Permanent(format!(
+            other => Err(HandleError::permanent(format!(
                 "unexpected message {other:?} on payment.commands"
             ))),
         }
@@ -324,7 +324,7 @@ async fn call_all(
             let operation = &operations[i];
             let key = operation.key(order_id);
             let call = call_gateway(deps, operation, &key, order_id).instrument(batch[i].span.clone());
-            let reply = Reply::from_call(call.await).map_err(HandleError::Unavailable)?;
+            let reply = Reply::from_call(call.await).map_err(HandleError::unavailable)?;
             // A refusal is as definite as a decline: the same key always gets it.
             done.push((i, outcome(operation.kind(), reply)?));
         }

@@ -43,24 +43,41 @@ where
         );
         let e = match outcome {
             Ok(h) => return Ok(Some(h)),
-            Err(HandleError::Permanent(e)) => return Err(HandleError::Permanent(e)),
-            Err(HandleError::Transient(e)) => {
+            Err(e @ HandleError::Permanent(_)) => return Err(e),
+            Err(e @ HandleError::Transient(_)) => {
                 failed += 1;
                 if failed >= retry.max_attempts {
-                    return Err(HandleError::Permanent(format!(
-                        "{failed} attempts in a row failed, the last: {e}"
-                    )));
+                    return Err(HandleError::permanent(Exhausted {
+                        attempts: failed,
+                        last: e,
+                    }));
                 }
                 e
             }
-            Err(HandleError::Unavailable(e)) => e,
+            Err(e @ HandleError::Unavailable(_)) => e,
         };
         telemetry::metrics::incr("consumer_transient_errors_total", &[("consumer", name)]);
-        tracing::warn!(consumer = name, error = %e, ?delay, failed, "handler failed, retrying");
+        tracing::warn!(
+            consumer = name,
+            error = e.report(),
+            ?delay,
+            failed,
+            "handler failed, retrying"
+        );
         tokio::select! {
             _ = retry.shutdown.cancelled() => return Ok(None),
             _ = tokio::time::sleep(delay) => {}
         }
         delay = (delay * 2).min(Duration::from_secs(5));
     }
+}
+
+/// A transient failure that came back every attempt: permanent now, the
+/// last failure kept as the cause.
+#[derive(Debug, thiserror::Error)]
+#[error("{attempts} attempts in a row failed, the last")]
+struct Exhausted {
+    attempts: u32,
+    #[source]
+    last: HandleError,
 }

@@ -283,7 +283,7 @@ async fn transient_errors_retry_the_same_message_without_skipping_it() {
         async move {
             if f.load(Ordering::SeqCst) > 0 {
                 f.fetch_sub(1, Ordering::SeqCst);
-                return Err(HandleError::Transient("database restarting".into()));
+                return Err(HandleError::transient("database restarting"));
             }
             apply(&pool, "flaky", env).await
         }
@@ -328,11 +328,11 @@ async fn a_message_that_keeps_failing_is_dead_lettered_after_its_attempts_but_a_
         let (pool, c, d) = (pool.clone(), c.clone(), d.clone());
         async move {
             if c.fetch_add(1, Ordering::SeqCst) < 6 {
-                return Err(HandleError::Unavailable("connection refused".into()));
+                return Err(HandleError::unavailable("connection refused"));
             }
             if env.event_id == doomed_id {
                 d.fetch_add(1, Ordering::SeqCst);
-                return Err(HandleError::Transient("deadlock detected, every time".into()));
+                return Err(HandleError::transient("deadlock detected, every time"));
             }
             apply(&pool, "capped", env).await
         }
@@ -431,7 +431,7 @@ async fn dead_letters_can_be_replayed_once_the_cause_is_fixed() {
 /// that holds a `ChargePayment`, as a handler would a message it can never apply.
 async fn apply_batch(pool: &PgPool, consumer: &str, batch: Vec<Envelope>) -> Result<Vec<Handled>, HandleError> {
     if let Some(poison) = batch.iter().find(|e| e.event_type == "ChargePayment") {
-        return Err(HandleError::Permanent(format!("cannot apply {}", poison.event_id)));
+        return Err(HandleError::permanent(format!("cannot apply {}", poison.event_id)));
     }
     let mut tx = pool.begin().await.map_err(HandleError::transient)?;
     let ids: Vec<inbox::Delivery> = batch.iter().map(|e| e.event_id.into()).collect();

@@ -286,12 +286,19 @@ async fn a_handler_error_is_classified_by_the_database_error_behind_it() {
         .execute(&pool)
         .await
         .unwrap_err();
-    match classify(Effect(unique)) {
-        HandleError::Permanent(chain) => {
-            assert!(chain.contains("the effect failed") && chain.contains("once"), "{chain}")
-        }
-        other => panic!("{other:?}"),
-    }
+    // The whole chain is kept, as the cause: the service's error, then sqlx's.
+    let permanent = classify(Effect(unique));
+    assert!(matches!(permanent, HandleError::Permanent(_)), "{permanent:?}");
+    let report = permanent.report();
+    assert!(
+        report.starts_with("permanent: the effect failed: ") && report.contains("once"),
+        "{report}"
+    );
+    let source = std::error::Error::source(&permanent).expect("the cause is the source");
+    assert!(
+        source.source().is_some(),
+        "and the cause keeps its own source: {report}"
+    );
     // 22P02 invalid text for an integer: permanent.
     let data = sqlx::query("SELECT 'x'::int").execute(&pool).await.unwrap_err();
     assert!(matches!(classify(data), HandleError::Permanent(_)));

@@ -46,7 +46,7 @@ fn injected_loss(batch: &[Traced<Envelope>]) -> Result<(), HandleError> {
     for item in batch {
         let envelope = &item.message;
         if FAULTS.refuses(envelope.event_id, batch.len() == 1, || named(&envelope.event_type)) {
-            return Err(HandleError::Permanent(format!("injected: {DEAD_LETTER_REPLY}")));
+            return Err(HandleError::permanent(format!("injected: {DEAD_LETTER_REPLY}")));
         }
     }
     Ok(())
