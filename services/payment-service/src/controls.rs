@@ -4,25 +4,21 @@
 //! them takes over.
 
 use contract::Envelope;
-use kafka::consumer::{HandleError, Handled, Traced};
+use kafka::consumer::{HandleError, Handled};
 use tracing::Instrument as _;
 use uuid::Uuid;
 
 use crate::gateway::Reply;
-use crate::payments::{call_gateway, outcome, Operation, DEAD_LETTER_COMMAND};
+use crate::payments::{call_gateway, outcome, Command, Operation, DEAD_LETTER_COMMAND};
 use crate::Deps;
 
 /// What replaces the real handling of `batch`, if anything: an injected
 /// dead letter ([`DEAD_LETTER_COMMAND`]) refuses it; the negative control
 /// without deduplication (`UNSAFE_NO_PAYMENT_DEDUP`) handles it with no
 /// inbox and a new gateway key per delivery. `None`: handle it for real.
-pub(crate) async fn instead(
-    deps: &Deps,
-    batch: &[Traced<Envelope>],
-    operations: &[Operation],
-) -> Result<Option<Vec<Handled>>, HandleError> {
-    for item in batch {
-        if refused(item.message.event_id, batch.len() == 1) {
+pub(crate) async fn instead(deps: &Deps, batch: &[Command<'_>]) -> Result<Option<Vec<Handled>>, HandleError> {
+    for command in batch {
+        if refused(command.item.message.event_id, batch.len() == 1) {
             return Err(HandleError::permanent(format!("injected: {DEAD_LETTER_COMMAND}")));
         }
     }
@@ -30,9 +26,9 @@ pub(crate) async fn instead(
         return Ok(None);
     }
     let mut handled = Vec::with_capacity(batch.len());
-    for (item, operation) in batch.iter().zip(operations) {
-        let one = handle_without_dedup(deps, &item.message, operation);
-        handled.push(one.instrument(item.span.clone()).await?);
+    for command in batch {
+        let one = handle_without_dedup(deps, &command.item.message, &command.operation);
+        handled.push(one.instrument(command.item.span.clone()).await?);
     }
     Ok(Some(handled))
 }

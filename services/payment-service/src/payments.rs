@@ -124,6 +124,34 @@ impl Operation {
     }
 }
 
+/// One command of a batch: its delivery, the operation it names, and the
+/// gateway's result once this batch asked for it.
+pub(crate) struct Command<'a> {
+    pub(crate) item: &'a Traced<Envelope>,
+    pub(crate) operation: Operation,
+    result: Option<(Status, Message)>,
+}
+
+impl<'a> Command<'a> {
+    fn of(item: &'a Traced<Envelope>) -> Result<Self, HandleError> {
+        let message = item.message.message().map_err(HandleError::permanent)?;
+        Ok(Self {
+            item,
+            operation: Operation::from_message(message)?,
+            result: None,
+        })
+    }
+
+    fn order_id(&self) -> Uuid {
+        self.item.message.order_id
+    }
+
+    /// The payment row it names: `(order, kind)`.
+    fn payment(&self) -> (Uuid, PaymentKind) {
+        (self.order_id(), self.operation.kind())
+    }
+}
+
 /// Gateway calls in flight at once per partition lane (each order's own
 /// calls stay in order; different orders' calls overlap).
 pub const GATEWAY_CALLS_PER_LANE: usize = 16;
@@ -141,16 +169,11 @@ pub async fn handle(deps: &Deps, envelope: Envelope) -> Result<Handled, HandleEr
 /// nothing: an error leaves every offset for redelivery, and the redelivery
 /// asks the gateway again under the same keys and gets the same answers.
 pub async fn handle_batch(deps: &Deps, batch: Vec<Traced<Envelope>>) -> Result<Vec<Handled>, HandleError> {
-    let mut operations = Vec::with_capacity(batch.len());
-    for item in &batch {
-        operations.push(Operation::from_message(
-            item.message.message().map_err(HandleError::permanent)?,
-        )?);
-    }
+    let mut commands = batch.iter().map(Command::of).collect::<Result<Vec<_>, _>>()?;
     // Test builds only: the injected dead letter and the negative control
     // without deduplication (crate::controls), swapped in before the real path.
     #[cfg(feature = "failpoints")]
-    if let Some(handled) = crate::controls::instead(deps, &batch, &operations).await? {
+    if let Some(handled) = crate::controls::instead(deps, &commands).await? {
         return Ok(handled);
     }
 
@@ -168,12 +191,11 @@ pub async fn handle_batch(deps: &Deps, batch: Vec<Traced<Envelope>>) -> Result<V
     // Step 1: every operation, recorded before money moves, in one commit.
     // Which of them this batch must take to the gateway: those left PENDING
     // at their own attempt, each operation once.
-    let to_call = open(deps, &batch, &operations, &unseen).await?;
+    let to_call = open(deps, &commands, &unseen).await?;
 
     // Step 2: the external effects, made safe to repeat by their keys.
-    let mut results: Vec<Option<(Status, Message)>> = vec![None; batch.len()];
-    for (i, result) in call_all(deps, &batch, &operations, &to_call).await? {
-        results[i] = Some(result);
+    for (i, result) in call_all(deps, &commands, &to_call).await? {
+        commands[i].result = Some(result);
     }
     // Only where money may have moved: a batch that called nobody has
     // nothing to record.
@@ -184,13 +206,9 @@ pub async fn handle_batch(deps: &Deps, batch: Vec<Traced<Envelope>>) -> Result<V
     }
 
     // Step 3: every result and reply, atomically with the inbox rows.
-    let ctx: Vec<_> = results
-        .into_iter()
-        .zip(operations.iter().map(Operation::kind))
-        .collect();
     let (mut tx, fresh) = saga_kit::consumer::begin(&deps.pool, PAYMENT.name, &batch).await?;
     if !fresh.is_empty() {
-        settle(&mut tx, &batch, &ctx, &fresh.indices())
+        settle(&mut tx, &commands, &fresh.indices())
             .await
             .map_err(saga_kit::consumer::classify)?;
     }
@@ -208,12 +226,7 @@ pub async fn handle_batch(deps: &Deps, batch: Vec<Traced<Envelope>>) -> Result<V
 /// command names an operation already in it — one upsert cannot touch a
 /// row twice: the rest go in the next statement, in batch order, so each
 /// command sees its row as the commands before it left it.
-async fn open(
-    deps: &Deps,
-    batch: &[Traced<Envelope>],
-    operations: &[Operation],
-    fresh: &[usize],
-) -> Result<Vec<usize>, HandleError> {
+async fn open(deps: &Deps, commands: &[Command<'_>], fresh: &[usize]) -> Result<Vec<usize>, HandleError> {
     let mut tx = deps.pool.begin().await.map_err(saga_kit::consumer::classify)?;
     let mut to_call = Vec::with_capacity(fresh.len());
     let mut opened = std::collections::HashSet::new();
@@ -222,23 +235,23 @@ async fn open(
         let mut named = std::collections::HashSet::new();
         let split = rest
             .iter()
-            .position(|&i| !named.insert((batch[i].message.order_id, operations[i].kind())))
+            .position(|&i| !named.insert(commands[i].payment()))
             .unwrap_or(rest.len());
         let (now, later) = rest.split_at(split);
         rest = later;
-        let rows = upsert_operations(&mut tx, batch, operations, now)
+        let rows = upsert_operations(&mut tx, commands, now)
             .await
             .map_err(saga_kit::consumer::classify)?;
         for (&i, (status, attempt)) in now.iter().zip(rows) {
-            let (order_id, operation) = (batch[i].message.order_id, &operations[i]);
+            let (command, operation) = (&commands[i], &commands[i].operation);
             let kind = operation.kind();
-            let first = opened.insert((order_id, kind, operation.attempt()));
+            let first = opened.insert((command.order_id(), kind, operation.attempt()));
             if first && status == Status::Pending && attempt == operation.attempt() as i32 {
                 to_call.push(i);
             } else {
                 // Settled by an earlier command for the same operation (a new
                 // event id for the same charge): its reply was sent then.
-                let _span = batch[i].span.enter();
+                let _span = command.item.span.enter();
                 tracing::info!(status = status.as_str(), "payment already settled; command is a no-op");
                 telemetry::metrics::incr("payment_repeat_commands_total", &[("kind", kind.as_str())]);
             }
@@ -253,12 +266,12 @@ async fn open(
 /// one's status and attempt after it, in the order of `at`.
 async fn upsert_operations(
     tx: &mut sqlx::PgConnection,
-    batch: &[Traced<Envelope>],
-    operations: &[Operation],
+    commands: &[Command<'_>],
     at: &[usize],
 ) -> sqlx::Result<Vec<(Status, i32)>> {
-    let order_ids: Vec<Uuid> = at.iter().map(|&i| batch[i].message.order_id).collect();
-    let kinds: Vec<&str> = at.iter().map(|&i| operations[i].kind().as_str()).collect();
+    let operations: Vec<&Operation> = at.iter().map(|&i| &commands[i].operation).collect();
+    let order_ids: Vec<Uuid> = at.iter().map(|&i| commands[i].order_id()).collect();
+    let kinds: Vec<&str> = operations.iter().map(|o| o.kind().as_str()).collect();
     // The SET expressions all read the row as it was, so `reopen` is one
     // decision for every column.
     let rows: Vec<(Uuid, String, Status, i32)> = sqlx::query_as(
@@ -278,24 +291,26 @@ async fn upsert_operations(
     .bind(&order_ids)
     .bind(&kinds)
     .bind(
-        at.iter()
-            .map(|&i| operations[i].key(batch[i].message.order_id))
+        operations
+            .iter()
+            .zip(&order_ids)
+            .map(|(o, id)| o.key(*id))
             .collect::<Vec<_>>(),
     )
-    .bind(at.iter().map(|&i| operations[i].amount_cents()).collect::<Vec<_>>())
+    .bind(operations.iter().map(|o| o.amount_cents()).collect::<Vec<_>>())
     .bind(Status::Pending)
-    .bind(at.iter().map(|&i| operations[i].attempt() as i32).collect::<Vec<_>>())
+    .bind(operations.iter().map(|o| o.attempt() as i32).collect::<Vec<_>>())
     .fetch_all(&mut *tx)
     .await?;
+    // RETURNING has no order: find each command's row by its key.
+    let rows: std::collections::HashMap<(Uuid, String), (Status, i32)> = rows
+        .into_iter()
+        .map(|(o, k, status, attempt)| ((o, k), (status, attempt)))
+        .collect();
     Ok(order_ids
         .iter()
         .zip(&kinds)
-        .map(|(o, k)| {
-            rows.iter()
-                .find(|r| r.0 == *o && r.1 == *k)
-                .map(|r| (r.2, r.3))
-                .expect("an upsert returns every row it inserts or updates")
-        })
+        .map(|(o, k)| rows[&(*o, (*k).to_owned())])
         .collect())
 }
 
@@ -305,25 +320,27 @@ async fn upsert_operations(
 /// same keys).
 async fn call_all(
     deps: &Deps,
-    batch: &[Traced<Envelope>],
-    operations: &[Operation],
+    commands: &[Command<'_>],
     to_call: &[usize],
 ) -> Result<Vec<(usize, (Status, Message))>, HandleError> {
     use futures::{StreamExt as _, TryStreamExt as _};
+    // Each order's calls, in batch order; the orders in the order they came.
     let mut by_order: Vec<(Uuid, Vec<usize>)> = Vec::new();
+    let mut lane_of = std::collections::HashMap::new();
     for &i in to_call {
-        let order_id = batch[i].message.order_id;
-        match by_order.iter_mut().find(|(o, _)| *o == order_id) {
-            Some((_, calls)) => calls.push(i),
-            None => by_order.push((order_id, vec![i])),
-        }
+        let order_id = commands[i].order_id();
+        let lane = *lane_of.entry(order_id).or_insert_with(|| {
+            by_order.push((order_id, Vec::new()));
+            by_order.len() - 1
+        });
+        by_order[lane].1.push(i);
     }
     let chains = by_order.into_iter().map(|(order_id, calls)| async move {
         let mut done = Vec::with_capacity(calls.len());
         for i in calls {
-            let operation = &operations[i];
+            let operation = &commands[i].operation;
             let key = operation.key(order_id);
-            let call = call_gateway(deps, operation, &key, order_id).instrument(batch[i].span.clone());
+            let call = call_gateway(deps, operation, &key, order_id).instrument(commands[i].item.span.clone());
             let reply = Reply::from_call(call.await).map_err(HandleError::unavailable)?;
             // A refusal is as definite as a decline: the same key always gets it.
             done.push((i, outcome(operation.kind(), reply)?));
@@ -342,33 +359,33 @@ async fn call_all(
 /// their replies ([`record_all`], one statement each); a new command whose
 /// payment was settled already is a miss the business key caught, and
 /// counted as one.
-async fn settle(
-    tx: &mut sqlx::PgConnection,
-    batch: &[Traced<Envelope>],
-    ctx: &[(Option<(Status, Message)>, PaymentKind)],
-    fresh: &[usize],
-) -> outbox::Result<()> {
-    let with_result: Vec<usize> = fresh.iter().copied().filter(|&i| ctx[i].0.is_some()).collect();
-    let settlements: Vec<Settlement<'_>> = with_result
+async fn settle(tx: &mut sqlx::PgConnection, commands: &[Command<'_>], fresh: &[usize]) -> outbox::Result<()> {
+    let (with_result, settlements): (Vec<usize>, Vec<Settlement<'_>>) = fresh
         .iter()
-        .map(|&i| {
-            let (status, reply) = ctx[i].0.as_ref().expect("filtered on a result");
-            Settlement {
-                order_id: batch[i].message.order_id,
-                kind: ctx[i].1,
+        .filter_map(|&i| {
+            let command = &commands[i];
+            let (status, reply) = command.result.as_ref()?;
+            let settlement = Settlement {
+                order_id: command.order_id(),
+                kind: command.operation.kind(),
                 status: *status,
                 reply,
-                cause: Some(&batch[i].message),
-                span: &batch[i].span,
-            }
+                cause: Some(&command.item.message),
+                span: &command.item.span,
+            };
+            Some((i, settlement))
         })
-        .collect();
+        .unzip();
     let moved = record_all(tx, &settlements).await?;
+    // The deliveries that settled their payment.
+    let settled_here: std::collections::HashSet<usize> = with_result
+        .iter()
+        .zip(moved)
+        .filter_map(|(&i, moved)| moved.then_some(i))
+        .collect();
     for &i in fresh {
-        // Whether this delivery settled the payment.
-        let settled_here = with_result.iter().position(|&j| j == i).is_some_and(|at| moved[at]);
-        let envelope = &batch[i].message;
-        if !settled_here && !settled_by_reconciliation(tx, envelope.order_id, ctx[i].1).await? {
+        let (envelope, kind) = (&commands[i].item.message, commands[i].operation.kind());
+        if !settled_here.contains(&i) && !settled_by_reconciliation(tx, envelope.order_id, kind).await? {
             saga_kit::consumer::note_miss(
                 tx,
                 PAYMENT.name,
@@ -423,9 +440,10 @@ pub(crate) async fn record_all(
     .bind(Status::Pending)
     .fetch_all(&mut *tx)
     .await?;
+    let moved: std::collections::HashSet<(Uuid, String)> = moved.into_iter().collect();
     let moved: Vec<bool> = settlements
         .iter()
-        .map(|s| moved.iter().any(|(o, k)| *o == s.order_id && k == s.kind.as_str()))
+        .map(|s| moved.contains(&(s.order_id, s.kind.as_str().to_owned())))
         .collect();
     let mut replies = Vec::new();
     for (s, _) in settlements.iter().zip(&moved).filter(|(_, moved)| **moved) {
