@@ -39,7 +39,7 @@ use std::time::Duration;
 
 use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Headers, OwnedMessage};
+use rdkafka::message::OwnedMessage;
 use rdkafka::producer::FutureProducer;
 use rdkafka::Message as _;
 use serde::de::DeserializeOwned;
@@ -50,7 +50,9 @@ use tracing::Instrument as _;
 
 use crate::{KafkaArgs, Result};
 
+mod dispatch;
 mod retry;
+use dispatch::consume_span;
 use retry::{handle_with_retry, Retry};
 
 /// Crash point (failpoints builds): abort after the handler's transaction
@@ -290,11 +292,7 @@ where
                 continue;
             }
             // A lane stops when its partition is revoked; assigned again, it gets a new one.
-            if lanes
-                .get(&key)
-                .is_none_or(|q: &mpsc::Sender<OwnedMessage>| q.is_closed())
-                || !m.lanes.contains_key(&key)
-            {
+            if dispatch::needs_new_lane(lanes.get(&key), m.lanes.contains_key(&key)) {
                 let (tx, rx) = mpsc::channel(LANE_QUEUE);
                 let (done_tx, done) = std::sync::mpsc::channel();
                 let revoked = CancellationToken::new();
@@ -354,28 +352,6 @@ pub struct Position {
     pub partition: i32,
     /// Offset within the partition.
     pub offset: i64,
-}
-
-fn consume_span(consumer: &str, msg: &OwnedMessage) -> tracing::Span {
-    let span = tracing::info_span!(
-        "consume",
-        otel.name = %format_args!("{} process", msg.topic()),
-        otel.kind = "consumer",
-        messaging.system = "kafka",
-        messaging.destination.name = %msg.topic(),
-        messaging.consumer.group.name = %consumer,
-        messaging.destination.partition.id = msg.partition(),
-        messaging.kafka.offset = msg.offset(),
-    );
-    let traceparent = msg.headers().and_then(|headers| {
-        headers
-            .iter()
-            .find(|h| h.key == telemetry::propagation::TRACEPARENT)
-            .and_then(|h| h.value)
-            .and_then(|v| std::str::from_utf8(v).ok())
-    });
-    telemetry::propagation::follow(&span, traceparent);
-    span
 }
 
 /// What one partition's lane needs.
