@@ -40,16 +40,15 @@ where
     S: Subscriber + for<'a> LookupSpan<'a>,
     N: for<'a> FormatFields<'a> + 'static,
 {
+    use opentelemetry::trace::TraceContextExt as _;
     let span = ctx.lookup_current()?;
-    for span in span.scope() {
-        let ext = span.extensions();
-        if let Some(data) = ext.get::<tracing_opentelemetry::OtelData>() {
-            if let (Some(t), Some(s)) = (data.trace_id(), data.span_id()) {
-                return Some((t.to_string(), s.to_string()));
-            }
-        }
-    }
-    None
+    // No span extensions may be held here: the lookup takes them itself.
+    let dispatch = tracing::dispatcher::get_default(Clone::clone);
+    let cx = tracing_opentelemetry::get_otel_context(&span.id(), &dispatch)?;
+    let span_context = cx.span().span_context().clone();
+    span_context
+        .is_valid()
+        .then(|| (span_context.trace_id().to_string(), span_context.span_id().to_string()))
 }
 
 impl<S, N, F> FormatEvent<S, N> for WithTraceIds<F>
