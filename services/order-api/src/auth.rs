@@ -26,9 +26,8 @@
 //! nor spends the address's allowance (which would turn a good client's
 //! retries into 429s).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -78,24 +77,40 @@ impl Default for AuthArgs {
     }
 }
 
+/// A token bucket per key (governor's GCRA): a rate and a burst above it.
+type Limiter<K> =
+    governor::RateLimiter<K, governor::state::keyed::DefaultKeyedStateStore<K>, governor::clock::DefaultClock>;
+
+/// Keys of one kind remembered before the least recently used go.
+const REMEMBERED: u64 = 100_000;
+
 /// The authentication state shared by every request.
 pub struct Auth {
     pool: PgPool,
     args: AuthArgs,
-    /// key hash → (client, looked up at)
-    keys: Mutex<HashMap<String, (String, Instant)>>,
-    /// client → (tokens, last refill)
-    buckets: Mutex<HashMap<String, (f64, Instant)>>,
-    /// key hash → when it was found unknown
-    unknown: Mutex<HashMap<String, Instant>>,
-    /// key hash → when its lookup failed (the database, not the key)
-    failed: Mutex<HashMap<String, Instant>>,
-    /// remote address → lookup tokens
-    lookups: Mutex<HashMap<std::net::IpAddr, (f64, Instant)>>,
-    /// key hash → the lookup of it in progress (one at a time per key)
-    in_flight: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// key hash → its client, or `None` when found unknown; for
+    /// `API_KEY_CACHE_SECS`. Concurrent lookups of one key are one lookup
+    /// (moka's `try_get_with`): whoever waited gets its answer.
+    keys: moka::future::Cache<String, Option<String>>,
+    /// key hash → its lookup failed (the database, not the key), for
+    /// [`FAILED_LOOKUP_TTL`].
+    failed: moka::sync::Cache<String, ()>,
+    /// Requests per client.
+    requests: Limiter<String>,
+    /// Key lookups per remote address.
+    lookups: Limiter<std::net::IpAddr>,
     /// Database lookups made (tests and benches read it).
     lookups_made: std::sync::atomic::AtomicU64,
+}
+
+/// A limiter of `rate` per second per key, bursting to `burst`.
+fn limiter<K: std::hash::Hash + Eq + Clone>(rate: f64, burst: f64) -> Limiter<K> {
+    let period = Duration::from_secs_f64(1.0 / rate.max(1e-3));
+    let burst = std::num::NonZeroU32::new(burst.clamp(1.0, f64::from(u32::MAX)) as u32).expect("at least 1");
+    let quota = governor::Quota::with_period(period)
+        .expect("a positive period")
+        .allow_burst(burst);
+    governor::RateLimiter::keyed(quota)
 }
 
 /// Why a request is refused before it reaches a handler.
@@ -161,15 +176,20 @@ pub fn hash(key: &str) -> String {
 impl Auth {
     /// Authentication over `pool`'s `api_keys`.
     pub fn new(pool: PgPool, args: AuthArgs) -> Arc<Self> {
+        let lookups = args.lookups_per_sec;
         Arc::new(Self {
             pool,
+            keys: moka::future::Cache::builder()
+                .max_capacity(REMEMBERED)
+                .time_to_live(Duration::from_secs(args.key_cache_secs))
+                .build(),
+            failed: moka::sync::Cache::builder()
+                .max_capacity(REMEMBERED)
+                .time_to_live(FAILED_LOOKUP_TTL)
+                .build(),
+            requests: limiter(args.rate_per_sec, args.burst),
+            lookups: limiter(lookups, (lookups * 4.0).max(1.0)),
             args,
-            keys: Mutex::default(),
-            buckets: Mutex::default(),
-            unknown: Mutex::default(),
-            failed: Mutex::default(),
-            lookups: Mutex::default(),
-            in_flight: Mutex::default(),
             lookups_made: Default::default(),
         })
     }
@@ -186,131 +206,63 @@ impl Auth {
             "an API key is required: Authorization: Bearer <key>",
         ))?;
         let digest = hash(key);
-        let ttl = Duration::from_secs(self.args.key_cache_secs);
-        if let Some(known) = self.remembered(&digest, ttl) {
-            return known;
-        }
-        // One lookup per key at a time; whoever waited finds its result in
-        // a cache.
-        let gate = self
-            .in_flight
-            .lock()
-            .expect("in-flight lock")
-            .entry(digest.clone())
-            .or_default()
-            .clone();
-        let _turn = gate.lock().await;
-        let result = match self.remembered(&digest, ttl) {
-            Some(known) => known,
-            None => self.look_up(digest.clone(), ttl, peer).await,
-        };
-        self.in_flight.lock().expect("in-flight lock").remove(&digest);
-        result
-    }
-
-    /// What the caches say about the key with `digest`: its client, a
-    /// refusal if it is known not to exist or its lookup failed moments
-    /// ago, or None if it must be looked up.
-    fn remembered(&self, digest: &str, ttl: Duration) -> Option<Result<String, Refusal>> {
-        if let Some((client, at)) = self.keys.lock().expect("keys lock").get(digest) {
-            if at.elapsed() < ttl {
-                return Some(Ok(client.clone()));
-            }
-        }
-        if recent(&self.unknown, digest, ttl) {
-            telemetry::metrics::incr("api_key_lookups_avoided_total", &[("reason", "known_unknown")]);
-            return Some(Err(Refusal::Unauthenticated("unknown or revoked API key")));
-        }
-        if recent(&self.failed, digest, FAILED_LOOKUP_TTL) {
+        if self.failed.contains_key(&digest) {
             telemetry::metrics::incr("api_key_lookups_avoided_total", &[("reason", "failed_recently")]);
-            return Some(Err(Refusal::Unavailable));
+            return Err(Refusal::Unavailable);
         }
-        None
+        if let Some(known) = self.keys.get(&digest).await {
+            return known_client(known, "known_unknown");
+        }
+        // One lookup per key at a time: who came meanwhile gets its answer.
+        let answer = self
+            .keys
+            .try_get_with(digest.clone(), self.look_up(digest, peer))
+            .await
+            .map_err(|refusal| (*refusal).clone())?;
+        answer.ok_or(Refusal::Unauthenticated("unknown or revoked API key"))
     }
 
     /// Looks the key with `digest` up in the database, if `peer` has
-    /// lookups left, and remembers the answer.
-    async fn look_up(&self, digest: String, ttl: Duration, peer: Option<std::net::IpAddr>) -> Result<String, Refusal> {
+    /// lookups left: its client, or `None` when no live key has it.
+    async fn look_up(&self, digest: String, peer: Option<std::net::IpAddr>) -> Result<Option<String>, Refusal> {
         if let Some(peer) = peer {
-            let rate = self.args.lookups_per_sec;
-            if !take(&self.lookups, peer, rate, (rate * 4.0).max(1.0)) {
+            if self.lookups.check_key(&peer).is_err() {
                 telemetry::metrics::incr("api_key_lookups_avoided_total", &[("reason", "address_limit")]);
-                return Err(Refusal::TooManyLookups(rate));
+                return Err(Refusal::TooManyLookups(self.args.lookups_per_sec));
             }
         }
         telemetry::metrics::incr("api_key_lookups_total", &[]);
         self.lookups_made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let client: Option<String> =
-            sqlx::query_scalar("SELECT client_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL")
-                .bind(&digest)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(|e| {
-                    tracing::error!(error = %e, "API key lookup failed");
-                    remember(&self.failed, digest.clone(), FAILED_LOOKUP_TTL);
-                    Refusal::Unavailable
-                })?;
-        let Some(client) = client else {
-            remember(&self.unknown, digest, ttl);
-            return Err(Refusal::Unauthenticated("unknown or revoked API key"));
-        };
-        let mut keys = self.keys.lock().expect("keys lock");
-        if keys.len() > 10_000 {
-            keys.retain(|_, (_, at)| at.elapsed() < ttl);
-        }
-        keys.insert(digest, (client.clone(), Instant::now()));
-        Ok(client)
+        sqlx::query_scalar("SELECT client_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL")
+            .bind(&digest)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| {
+                tracing::error!(error = %e, "API key lookup failed");
+                self.failed.insert(digest, ());
+                Refusal::Unavailable
+            })
     }
 
     /// Takes one request from `client`'s token bucket.
     fn admit(&self, client: &str) -> Result<(), Refusal> {
-        let (rate, burst) = (self.args.rate_per_sec, self.args.burst.max(1.0));
-        if take(&self.buckets, client.to_owned(), rate, burst) {
-            Ok(())
-        } else {
-            Err(Refusal::TooMany(rate))
+        if self.requests.len() > REMEMBERED as usize {
+            self.requests.retain_recent();
+            self.lookups.retain_recent();
         }
+        self.requests
+            .check_key(&client.to_owned())
+            .map_err(|_| Refusal::TooMany(self.args.rate_per_sec))
     }
 }
 
-/// Notes when `digest` was found unknown (or its lookup failed), in a map
-/// kept under 100,000 entries: those older than `ttl` go first, then all.
-fn remember(at: &Mutex<HashMap<String, Instant>>, digest: String, ttl: Duration) {
-    let mut at = at.lock().expect("remembered lock");
-    if at.len() > 100_000 {
-        at.retain(|_, when| when.elapsed() < ttl);
-        if at.len() > 100_000 {
-            at.clear();
-        }
-    }
-    at.insert(digest, Instant::now());
-}
-
-/// Whether `remember` noted `digest` less than `ttl` ago.
-fn recent(at: &Mutex<HashMap<String, Instant>>, digest: &str, ttl: Duration) -> bool {
-    at.lock()
-        .expect("remembered lock")
-        .get(digest)
-        .is_some_and(|when| when.elapsed() < ttl)
-}
-
-/// Takes one token from `key`'s bucket (refilled at `rate`/s up to
-/// `burst`); false when it is empty. Buckets full again are forgotten when
-/// the map grows large.
-fn take<K: std::hash::Hash + Eq>(buckets: &Mutex<HashMap<K, (f64, Instant)>>, key: K, rate: f64, burst: f64) -> bool {
-    let mut buckets = buckets.lock().expect("buckets lock");
-    let now = Instant::now();
-    if buckets.len() > 100_000 {
-        buckets.retain(|_, (tokens, last)| *tokens + now.duration_since(*last).as_secs_f64() * rate < burst);
-    }
-    let (tokens, last) = buckets.entry(key).or_insert((burst, now));
-    *tokens = (*tokens + now.duration_since(*last).as_secs_f64() * rate).min(burst);
-    *last = now;
-    if *tokens < 1.0 {
-        return false;
-    }
-    *tokens -= 1.0;
-    true
+/// A key's remembered answer: its client, or 401 for a key with none (the
+/// lookup avoided is counted under `avoided`).
+fn known_client(answer: Option<String>, avoided: &'static str) -> Result<String, Refusal> {
+    answer.ok_or_else(|| {
+        telemetry::metrics::incr("api_key_lookups_avoided_total", &[("reason", avoided)]);
+        Refusal::Unauthenticated("unknown or revoked API key")
+    })
 }
 
 /// The middleware: authenticate, apply the client's limits, and hand the

@@ -4,8 +4,6 @@
 //! notifier beside it, which takes confirmation notices without a key.
 //! Charges and refunds themselves are payment-service's.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sha2::{Digest as _, Sha256};
@@ -21,11 +19,11 @@ pub use gateway_client::Error;
 /// Cards this process has tokenised, by the SHA-256 of the number: the
 /// vault gives a card the same token every time, so a repeat card needs no
 /// call (and `POST /orders` for it works while the vault is down). In memory
-/// only, never stored; bounded by [`TOKEN_CACHE_SIZE`].
-type TokenCache = Arc<Mutex<HashMap<[u8; 32], CardToken>>>;
+/// only, never stored; bounded by [`TOKEN_CACHE_SIZE`] (the least used go).
+type TokenCache = moka::sync::Cache<[u8; 32], CardToken>;
 
-/// Cards remembered per process before the cache starts over.
-pub const TOKEN_CACHE_SIZE: usize = 10_000;
+/// Cards remembered per process.
+pub const TOKEN_CACHE_SIZE: u64 = 10_000;
 
 /// The gateway client (`gateway_client::Client`, the one payment-service
 /// uses too), with this process's token cache.
@@ -41,7 +39,7 @@ impl Client {
     pub fn new(base: &str, key: &service_kit::Secret, timeout: Duration) -> anyhow::Result<Self> {
         Ok(Self {
             gateway: gateway_client::Client::new(base, key.expose(), timeout)?,
-            tokens: TokenCache::default(),
+            tokens: TokenCache::new(TOKEN_CACHE_SIZE),
         })
     }
 
@@ -49,15 +47,11 @@ impl Client {
     /// tokenised the card before).
     pub async fn tokenise(&self, card: &str) -> Result<CardToken, Error> {
         let digest: [u8; 32] = Sha256::digest(card.as_bytes()).into();
-        if let Some(known) = self.tokens.lock().expect("token cache").get(&digest) {
-            return Ok(known.clone());
+        if let Some(known) = self.tokens.get(&digest) {
+            return Ok(known);
         }
         let token = self.gateway.tokenise(card).await?;
-        let mut tokens = self.tokens.lock().expect("token cache");
-        if tokens.len() >= TOKEN_CACHE_SIZE {
-            tokens.clear();
-        }
-        tokens.insert(digest, token.clone());
+        self.tokens.insert(digest, token.clone());
         Ok(token)
     }
 
