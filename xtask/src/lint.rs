@@ -263,7 +263,9 @@ pub fn readme_problems(readme: &str, members: &[Member]) -> Vec<String> {
         .filter(|l| l.starts_with("| `"))
         .filter_map(|l| l.split('`').nth(1))
         .map(|p| p.trim_end_matches('/').to_owned())
-        .filter(|p| p.starts_with("crates/") || p.starts_with("services/") || p == "e2e" || p == "xtask")
+        .filter(|p| {
+            ["crates/", "services/", "examples/"].iter().any(|d| p.starts_with(d)) || p == "e2e" || p == "xtask"
+        })
         .collect();
     let dirs: BTreeSet<String> = members.iter().map(|m| m.dir.clone()).collect();
     let mut out = Vec::new();
