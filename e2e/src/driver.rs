@@ -155,6 +155,18 @@ impl Client {
             .await?)
     }
 
+    /// Waits until order `id` is terminal; its status (CONFIRMED or CANCELLED).
+    pub async fn final_status(&self, id: Uuid, timeout: Duration) -> anyhow::Result<String> {
+        let mut finals = self.wait_terminal(&[id], timeout).await?;
+        Ok(finals.remove(&id).expect("waited for it").status)
+    }
+
+    /// Places `order` under a new key and waits until it is terminal: its id and status.
+    pub async fn place_and_finish(&self, order: &OrderRequest, timeout: Duration) -> anyhow::Result<(Uuid, String)> {
+        let placed = self.place_order(&new_key(), order, Duration::from_secs(10)).await?;
+        Ok((placed.id, self.final_status(placed.id, timeout).await?))
+    }
+
     /// Waits until every order in `ids` is terminal (CONFIRMED or CANCELLED,
     /// and not mid-cancel); returns them, or the stragglers' states on timeout.
     pub async fn wait_terminal(&self, ids: &[Uuid], timeout: Duration) -> anyhow::Result<BTreeMap<Uuid, OrderView>> {

@@ -49,16 +49,12 @@ async fn marked(stack: &e2e::Stack, order: Uuid) -> String {
 
 /// Places one order and waits until it is confirmed.
 async fn confirmed_order(client: &Client) -> Uuid {
-    let order = client
-        .place_order(&new_key(), &widget(), Duration::from_secs(10))
+    let (order, status) = client
+        .place_and_finish(&widget(), Duration::from_secs(60))
         .await
         .unwrap();
-    let finals = client
-        .wait_terminal(&[order.id], Duration::from_secs(60))
-        .await
-        .unwrap();
-    assert_eq!(finals[&order.id].status, "CONFIRMED");
-    order.id
+    assert_eq!(status, "CONFIRMED");
+    order
 }
 
 /// Runs one order through `delivery` with order-api crashing at `point`

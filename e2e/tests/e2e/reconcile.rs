@@ -92,27 +92,23 @@ async fn a_dead_lettered_charge_is_resent_at_its_deadline_and_the_order_ends_cha
     stack.restart(Service::Payment).await.unwrap();
     let client = Client::new(&stack, Duration::from_secs(5)).unwrap();
     client.seed_stock("WIDGET", 10).await.unwrap();
-    let order = client
-        .place_order(&new_key(), &widget(), Duration::from_secs(10))
+    let (order, status) = client
+        .place_and_finish(&widget(), Duration::from_secs(60))
         .await
         .unwrap();
-    let finals = client
-        .wait_terminal(&[order.id], Duration::from_secs(60))
-        .await
-        .unwrap();
-    assert_eq!(finals[&order.id].status, "CONFIRMED");
+    assert_eq!(status, "CONFIRMED");
     let dead = e2e::Stack::metric(&stack.url(Service::Payment), "consumer_dead_lettered_total", &[])
         .await
         .unwrap_or(0.0);
     assert_eq!(dead, 1.0, "the first ChargePayment went to the dead-letter topic");
-    let steps = history(&stack, order.id).await;
+    let steps = history(&stack, order).await;
     assert!(steps.iter().any(|c| c == "Resent:ChargePayment"), "{steps:?}");
     assert_eq!(
         rescued(&stack).await,
-        BTreeMap::from([("Resent:ChargePayment".to_owned(), BTreeSet::from([order.id]))]),
+        BTreeMap::from([("Resent:ChargePayment".to_owned(), BTreeSet::from([order]))]),
         "the dead-lettered order, and only it, was rescued"
     );
-    assert_eq!(ledger(&stack, order.id).await, (1, 0), "charged once");
+    assert_eq!(ledger(&stack, order).await, (1, 0), "charged once");
     assert_eq!(inbox_misses(&stack).await, 0);
     stack.shutdown(true).await.unwrap();
 }
@@ -240,11 +236,10 @@ async fn the_gateway_charged_and_payment_service_stayed_down_the_order_is_reconc
         .unwrap();
     assert_eq!(stack.crash_point_reports(Service::Payment, point), 1);
     // payment-service is down: only reconciliation can end the order.
-    let finals = client
-        .wait_terminal(&[order.id], Duration::from_secs(30))
-        .await
-        .unwrap();
-    assert_eq!(finals[&order.id].status, "CONFIRMED");
+    assert_eq!(
+        client.final_status(order.id, Duration::from_secs(30)).await.unwrap(),
+        "CONFIRMED"
+    );
     assert!(history(&stack, order.id)
         .await
         .contains(&"Reconciled:PaymentCaptured".to_owned()));
@@ -349,11 +344,10 @@ async fn a_refused_refund_goes_to_manual_review_and_the_operators_retry_ends_it(
         .output()
         .unwrap();
     assert!(retried.status.success(), "{}", String::from_utf8_lossy(&retried.stderr));
-    let finals = client
-        .wait_terminal(&[order.id], Duration::from_secs(30))
-        .await
-        .unwrap();
-    assert_eq!(finals[&order.id].status, "CANCELLED");
+    assert_eq!(
+        client.final_status(order.id, Duration::from_secs(30)).await.unwrap(),
+        "CANCELLED"
+    );
     assert_eq!(
         ledger(&stack, order.id).await,
         (1, 1),

@@ -56,11 +56,10 @@ async fn one_order_is_one_trace_across_all_five_services() {
         .unwrap();
     assert_eq!(response.status(), 201);
     let order: e2e::driver::OrderView = response.json().await.unwrap();
-    let finals = client
-        .wait_terminal(&[order.id], Duration::from_secs(30))
-        .await
-        .unwrap();
-    assert_eq!(finals[&order.id].status, "CONFIRMED");
+    assert_eq!(
+        client.final_status(order.id, Duration::from_secs(30)).await.unwrap(),
+        "CONFIRMED"
+    );
 
     // Spans arrive in batches every 100 ms; wait for the confirming step and
     // for spans from every service.
