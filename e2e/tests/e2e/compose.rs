@@ -255,7 +255,7 @@ fn compose_sends_traces_to_jaeger_and_prometheus_scrapes_every_service() {
 /// UI, Prometheus. PostgreSQL, Kafka and the internal services are on the
 /// compose network alone; PostgreSQL's password comes from .env.
 #[test]
-fn compose_publishes_only_the_api_and_the_uis_on_loopback() {
+fn compose_publishes_only_the_api_the_uis_and_kafkas_host_listener_on_loopback() {
     let doc = compose();
     let services = doc["services"].as_mapping().expect("services");
     let mut published = BTreeSet::new();
@@ -272,8 +272,20 @@ fn compose_publishes_only_the_api_and_the_uis_on_loopback() {
     }
     assert_eq!(
         published,
-        BTreeSet::from(["order-api", "jaeger", "prometheus"].map(str::to_owned))
+        BTreeSet::from(["order-api", "jaeger", "prometheus", "kafka"].map(str::to_owned))
     );
+    // Kafka's host listener is advertised at the address it is published on,
+    // so a tool on the host (cargo xtask dlq) reaches the broker itself.
+    let kafka = &doc["services"]["kafka"];
+    let advertised = kafka["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(advertised.contains("HOST://127.0.0.1:19092"), "{advertised}");
+    assert_eq!(kafka["ports"][0].as_str(), Some("127.0.0.1:19092:19092"));
+    assert!(kafka["environment"]["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("HOST:PLAINTEXT"));
     let password = doc["services"]["postgres"]["environment"]["POSTGRES_PASSWORD"]
         .as_str()
         .unwrap_or_default();
@@ -364,4 +376,133 @@ fn a_service_without_its_secrets_refuses_to_start_and_names_them() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("INVENTORY_OPERATOR_KEY") && err.contains("32"), "{err}");
     assert!(!err.contains("too-short"), "the refused value is echoed: {err}");
+}
+
+/// The state of a compose stack lives in named volumes (`down` then `up`
+/// keeps orders, keys and the log); the image build caches its
+/// dependencies (BuildKit cache mounts).
+#[test]
+fn compose_keeps_its_data_in_named_volumes_and_the_build_caches_dependencies() {
+    let doc = compose();
+    for (service, volume, path) in [
+        ("postgres", "pgdata", "/var/lib/postgresql/data"),
+        ("kafka", "kafkadata", "/var/lib/kafka/data"),
+    ] {
+        let mounts: Vec<&str> = doc["services"][service]["volumes"]
+            .as_sequence()
+            .map(|v| v.iter().filter_map(|m| m.as_str()).collect())
+            .unwrap_or_default();
+        assert!(
+            mounts.contains(&format!("{volume}:{path}").as_str()),
+            "{service}: {mounts:?}"
+        );
+        assert!(doc["volumes"][volume].is_null() && doc["volumes"].as_mapping().unwrap().contains_key(volume));
+    }
+    assert_eq!(
+        doc["services"]["kafka"]["environment"]["KAFKA_LOG_DIRS"].as_str(),
+        Some("/var/lib/kafka/data")
+    );
+    let dockerfile = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../Dockerfile")).unwrap();
+    assert!(
+        dockerfile.starts_with("# syntax=docker/dockerfile:1"),
+        "BuildKit syntax"
+    );
+    for cache in ["target=/usr/local/cargo/registry", "target=/src/target"] {
+        assert!(dockerfile.contains(&format!("--mount=type=cache,{cache}")), "{cache}");
+    }
+}
+
+/// The one-shot seed service: the stack's own image, after a healthy API and
+/// inventory, running docker/seed.sh with the variables it reads — the
+/// operator credential from .env.
+#[test]
+fn compose_seeds_stock_and_an_api_key_once_the_stack_is_up() {
+    let doc = compose();
+    let seed = &doc["services"]["seed"];
+    assert_eq!(seed["image"], doc["x-service"]["image"], "the stack's own image");
+    for dep in ["order-api", "inventory-service"] {
+        assert_eq!(
+            seed["depends_on"][dep]["condition"].as_str(),
+            Some("service_healthy"),
+            "{dep}"
+        );
+    }
+    assert_eq!(seed["entrypoint"][1].as_str(), Some("/seed.sh"));
+    assert_eq!(seed["restart"].as_str(), Some("no"), "one-shot");
+    let script = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docker/seed.sh")).unwrap();
+    for var in ["INVENTORY_URL", "INVENTORY_OPERATOR_KEY", "DATABASE_URL"] {
+        assert!(script.contains(&format!("${{{var}")), "seed.sh reads {var}");
+        assert!(!seed["environment"][var].is_null(), "compose sets {var} for the seed");
+    }
+    assert!(seed["environment"]["INVENTORY_OPERATOR_KEY"]
+        .as_str()
+        .unwrap_or_default()
+        .starts_with("${INVENTORY_OPERATOR_KEY:?"));
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    assert!(
+        readme.contains("\"sku\":\"WIDGET\"") && script.contains("WIDGET"),
+        "the README's order is for seeded stock"
+    );
+}
+
+/// docker/seed.sh run as compose runs it, against a running stack (the
+/// inventory's operator endpoint, order-api's `keys create`): the key it
+/// prints places the README's order, which ends CONFIRMED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_seed_script_makes_the_readmes_first_order_end_confirmed() {
+    use e2e::stack::Service;
+    let stack = crate::stack("seed").await;
+    let bin_dir = e2e::stack::default_bin_dir().unwrap();
+    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let out = tokio::process::Command::new("sh")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../docker/seed.sh"))
+        .env("PATH", path)
+        .env("INVENTORY_URL", stack.url(Service::Inventory))
+        .env("INVENTORY_OPERATOR_KEY", &stack.secrets().operator)
+        .env("DATABASE_URL", stack.db_url("orders"))
+        .output()
+        .await
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{log}{}", String::from_utf8_lossy(&out.stderr));
+    let key = log
+        .lines()
+        .skip_while(|l| !l.contains("API key for client demo-shop"))
+        .nth(1)
+        .expect("the key follows its announcement")
+        .trim()
+        .to_owned();
+    let http = reqwest::Client::new();
+    let placed = http
+        .post(format!("{}/orders", stack.url(Service::OrderApi)))
+        .bearer_auth(&key)
+        .header("Idempotency-Key", "6f1c1f8e-3c11-4a77-9a59-0d6c1b1d2a01")
+        .json(&serde_json::json!({"sku": "WIDGET", "quantity": 2, "amount_cents": 2500, "card": "4242424242424242"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(placed.status(), 201);
+    let id = placed.json::<serde_json::Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        let order: serde_json::Value = http
+            .get(format!("{}/orders/{id}", stack.url(Service::OrderApi)))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let status = order["status"].as_str().unwrap_or_default().to_owned();
+        if ["CONFIRMED", "CANCELLED"].contains(&status.as_str()) || std::time::Instant::now() > end {
+            break status;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert_eq!(status, "CONFIRMED", "{log}");
+    stack.shutdown(true).await.unwrap();
 }
