@@ -24,6 +24,11 @@ use tracing::Instrument as _;
 
 use api::{CardToken, ChargeRequest, Movement, NoticeRequest, Operation, RefundRequest, TokenRequest};
 
+/// The metrics this client records, for their `# HELP` (`telemetry::metrics::describe`).
+pub const METRICS: &[telemetry::metrics::Description] = telemetry::descriptions![
+    counter "gateway_credential_refusals_total": "Gateway answers 401/403 to this service's credential (GATEWAY_API_KEY): orders wait, retried, until it is fixed.",
+];
+
 /// Why a call gave no definite answer.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -119,6 +124,8 @@ impl Client {
         match status {
             // 402: declined by the issuer — a definite answer, stored under the key.
             200..=299 | 402 => parse(&text),
+            // No such route: a wrong GATEWAY_URL, not an answer about the payment.
+            404 => Err(Error::Unavailable(format!("404 for {path}: check GATEWAY_URL"))),
             _ => Err(refused(status, &text)),
         }
     }
@@ -150,6 +157,20 @@ impl Client {
             if status >= 500 || status == 429 || status == 409 {
                 return Err(Error::Unavailable(format!("{status}: {text}")));
             }
+            // Our credential refused: a rotated or mistyped key, never an
+            // answer about the payment — unavailable until it is fixed (the
+            // order waits, retried; an alert says why), never a decline.
+            if status == 401 || status == 403 {
+                telemetry::metrics::incr("gateway_credential_refusals_total", &[("status", &status.to_string())]);
+                tracing::error!(
+                    status,
+                    route,
+                    "the gateway refused this service's credential: check GATEWAY_API_KEY"
+                );
+                return Err(Error::Unavailable(format!(
+                    "{status}: the gateway refused this service's credential (GATEWAY_API_KEY): {text}"
+                )));
+            }
             Ok((status, text))
         }
         .instrument(span)
@@ -174,14 +195,20 @@ mod tests {
     use super::api::*;
     use super::*;
 
-    /// A gateway that answers each route with a fixed status.
+    /// A gateway that answers each route with a fixed status (the vault's
+    /// as the charges').
     async fn gateway(charge: StatusCode, lookup: StatusCode) -> String {
         let movement = Movement {
             id: uuid::Uuid::nil(),
             status: EntryStatus::Declined,
         };
+        let token = CardToken {
+            token: "tok_x".into(),
+            last4: "4242".into(),
+        };
         let app = Router::new()
             .route("/v1/charges", post(move || async move { (charge, Json(movement)) }))
+            .route("/v1/tokens", post(move || async move { (charge, Json(token)) }))
             .route(
                 "/v1/operations/{key}",
                 get(move || async move {
@@ -230,13 +257,48 @@ mod tests {
         assert!(c.lookup("key-1", None).await.unwrap().is_none());
 
         let c = Client::new(
-            &gateway(StatusCode::UNPROCESSABLE_ENTITY, StatusCode::FORBIDDEN).await,
+            &gateway(StatusCode::UNPROCESSABLE_ENTITY, StatusCode::BAD_REQUEST).await,
             "k",
             Duration::from_secs(5),
         )
         .unwrap();
         assert!(matches!(c.charge("key-1", &charge()).await, Err(Error::Refused(_))));
         assert!(matches!(c.lookup("key-1", None).await, Err(Error::Refused(_))));
+    }
+
+    /// A refused credential (a rotated or mistyped key) and a missing route
+    /// (a wrong URL) say nothing about the payment: unavailable — the
+    /// order waits and is retried — never a refusal that declines it.
+    #[tokio::test]
+    async fn a_refused_credential_or_a_missing_route_is_unavailable_never_a_refusal() {
+        for (charge_status, lookup_status) in [
+            (StatusCode::UNAUTHORIZED, StatusCode::UNAUTHORIZED),
+            (StatusCode::FORBIDDEN, StatusCode::FORBIDDEN),
+        ] {
+            let c = Client::new(
+                &gateway(charge_status, lookup_status).await,
+                "k",
+                Duration::from_secs(5),
+            )
+            .unwrap();
+            let charged = c.charge("key-1", &charge()).await;
+            assert!(
+                matches!(&charged, Err(Error::Unavailable(m)) if m.contains("GATEWAY_API_KEY")),
+                "{charged:?}"
+            );
+            assert!(matches!(c.lookup("key-1", None).await, Err(Error::Unavailable(_))));
+            assert!(matches!(
+                c.tokenise("4242424242424242").await,
+                Err(Error::Unavailable(_))
+            ));
+        }
+        let c = Client::new(
+            &gateway(StatusCode::NOT_FOUND, StatusCode::OK).await,
+            "k",
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        assert!(matches!(c.charge("key-1", &charge()).await, Err(Error::Unavailable(_))));
     }
 
     #[tokio::test]

@@ -50,7 +50,9 @@ impl std::str::FromStr for Callers {
     type Err = String;
 
     /// `name=secret[,name=secret…]`; names 1..=64 of `[A-Za-z0-9._-]`, each
-    /// secret a [`Secret`], no name or secret twice.
+    /// secret a [`Secret`], no secret twice, at most two secrets per name —
+    /// the old and the new while a caller's secret is rotated (give the
+    /// gateway both, move the caller to the new one, then drop the old).
     fn from_str(s: &str) -> Result<Self, String> {
         let mut callers: Vec<(String, Secret)> = Vec::new();
         for entry in s.split(',').map(str::trim).filter(|e| !e.is_empty()) {
@@ -64,8 +66,13 @@ impl std::str::FromStr for Callers {
                 return Err(format!("caller name {name:?}: 1..=64 of A-Z a-z 0-9 . _ -"));
             }
             let secret = Secret::new(secret).map_err(|e| format!("caller {name}: {e}"))?;
-            if callers.iter().any(|(n, s)| n == name || *s == secret) {
-                return Err(format!("caller {name}: a name or a secret given twice"));
+            if callers.iter().any(|(_, s)| *s == secret) {
+                return Err(format!("caller {name}: a secret given twice"));
+            }
+            if callers.iter().filter(|(n, _)| n == name).count() >= 2 {
+                return Err(format!(
+                    "caller {name}: more than two secrets (the old and the new, while rotating)"
+                ));
             }
             callers.push((name.to_owned(), secret));
         }
@@ -181,6 +188,19 @@ mod tests {
         assert!(!format!("{callers:?}").contains(&secret('a')), "secrets never print");
     }
 
+    /// Rotation: a caller's old and new secrets both name it, so requests
+    /// keep their scope (their Idempotency-Keys, their operations) across
+    /// the change.
+    #[test]
+    fn a_caller_may_have_two_secrets_while_one_is_rotated() {
+        let callers: Callers = format!("order-api={},order-api={}", secret('a'), secret('n'))
+            .parse()
+            .unwrap();
+        assert_eq!(callers.caller(&secret('a')), Some("order-api"), "the old one");
+        assert_eq!(callers.caller(&secret('n')), Some("order-api"), "the new one");
+        assert_eq!(callers.caller(&secret('c')), None);
+    }
+
     #[test]
     fn bad_lists_are_refused() {
         for bad in [
@@ -188,7 +208,7 @@ mod tests {
             "order-api".into(),
             "order-api=short".into(),
             format!("bad name={}", secret('a')),
-            format!("a={},a={}", secret('a'), secret('b')),
+            format!("a={},a={},a={}", secret('a'), secret('b'), secret('c')),
             format!("a={},b={}", secret('a'), secret('a')),
         ] {
             assert!(bad.parse::<Callers>().is_err(), "{bad:?} accepted");

@@ -65,7 +65,7 @@ fn the_alert_rules_are_valid_and_read_metrics_that_exist() {
     let rules = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docker/alerts.yml");
     let (ok, report) = testkit::promtool::check_rules(&promtool, &rules).unwrap();
     assert!(ok, "promtool check rules:\n{report}");
-    assert!(report.contains("8 rules found"), "{report}");
+    assert!(report.contains("9 rules found"), "{report}");
     let described: std::collections::BTreeSet<&str> = [
         order_api::METRICS,
         inventory_service::METRICS,
@@ -74,6 +74,7 @@ fn the_alert_rules_are_valid_and_read_metrics_that_exist() {
         kafka::METRICS,
         saga_kit::METRICS,
         service_kit::http::METRICS,
+        gateway_client::METRICS,
     ]
     .iter()
     .flat_map(|list| list.iter().map(|d| d.name))

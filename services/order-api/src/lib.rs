@@ -121,7 +121,10 @@ pub const SWITCHES: [switches::Switch; 4] = [
 /// Connects to the database (creating and migrating it), creates the topics
 /// and binds the HTTP listener.
 pub async fn build(config: Config) -> anyhow::Result<App> {
-    config.saga.check(NAME, &SWITCHES, &[METRICS], None).await?;
+    config
+        .saga
+        .check(NAME, &SWITCHES, &[METRICS, gateway_client::METRICS], None)
+        .await?;
     idempotency::describe_metrics();
     let pool = connect(&config.db.url, config.db.pool_size).await?;
     let listener = TcpListener::bind(config.http_addr).await?;

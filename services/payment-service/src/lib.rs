@@ -82,7 +82,12 @@ pub const SWITCHES: [switches::Switch; 3] = [
 pub async fn build(config: Config) -> anyhow::Result<App> {
     config
         .saga
-        .check(NAME, &SWITCHES, &[METRICS], Some(config.gateway_key_ttl_secs))
+        .check(
+            NAME,
+            &SWITCHES,
+            &[METRICS, gateway_client::METRICS],
+            Some(config.gateway_key_ttl_secs),
+        )
         .await?;
     let pool = saga_kit::participant::connect(
         &config.db.url,
