@@ -99,8 +99,8 @@ pub struct Operation {
 pub struct NoticeRequest {
     /// The order the notice is about.
     pub order_id: Uuid,
-    /// What the customer reads.
-    #[cfg_attr(feature = "server", schema(max_length = 1000))]
+    /// What the customer reads: up to 1,000 characters, no NUL.
+    #[cfg_attr(feature = "server", schema(max_length = 1000, pattern = "^[^\\x00]*$"))]
     pub text: String,
 }
 

@@ -24,7 +24,7 @@ pub use gateway_client::api::NoticeRequest;
         (status = 202, description = "Received (one more notice, every time)"),
         (status = 400, description = "Malformed body", body = service_kit::problem::Problem, content_type = "application/problem+json"),
         service_kit::problem::responses::NoCredential,
-        (status = 422, description = "Text too long", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Text too long, or with a NUL", body = service_kit::problem::Problem, content_type = "application/problem+json"),
         service_kit::problem::responses::Internal,
     )
 )]
@@ -34,8 +34,10 @@ pub async fn create(
     body: axum::body::Bytes,
 ) -> Result<Response, GatewayError> {
     let req: NoticeRequest = crate::ledger::parse(&body)?;
-    if req.text.chars().count() > 1000 {
-        return Err(GatewayError::Unprocessable("text is at most 1000 characters".into()));
+    if req.text.chars().count() > 1000 || req.text.contains('\0') {
+        return Err(GatewayError::Unprocessable(
+            "text is at most 1000 characters, none of them NUL".into(),
+        ));
     }
     sqlx::query("INSERT INTO notices (order_id, client_id, text) VALUES ($1, $2, $3)")
         .bind(req.order_id)

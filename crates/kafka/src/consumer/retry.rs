@@ -68,8 +68,13 @@ where
             _ = retry.shutdown.cancelled() => return Ok(None),
             _ = tokio::time::sleep(delay) => {}
         }
-        delay = (delay * 2).min(Duration::from_secs(5));
+        delay = next_delay(delay);
     }
+}
+
+/// The pause after `delay`: twice as long, up to 5 s.
+fn next_delay(delay: Duration) -> Duration {
+    (delay * 2).min(Duration::from_secs(5))
 }
 
 /// A transient failure that came back every attempt: permanent now, the
@@ -80,4 +85,21 @@ struct Exhausted {
     attempts: u32,
     #[source]
     last: HandleError,
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_retry_waits_twice_as_long_each_time_up_to_five_seconds() {
+        use std::time::Duration;
+        let mut delay = Duration::from_millis(50);
+        let mut seen = vec![delay];
+        for _ in 0..9 {
+            delay = super::next_delay(delay);
+            seen.push(delay);
+        }
+        assert_eq!(seen[1], Duration::from_millis(100));
+        assert_eq!(seen[6], Duration::from_millis(3200));
+        assert_eq!(*seen.last().unwrap(), Duration::from_secs(5));
+    }
 }

@@ -98,5 +98,64 @@ async fn the_before_offset_crash_point_is_reached_only_after_a_batch_that_applie
     );
     token.cancel();
     run.await.unwrap().unwrap();
+
+    // A batch of three that one message makes fail for good: handled again
+    // one message at a time, two applied, the third dead-lettered — what
+    // was applied that way reaches the point once, after the batch.
+    let topic = format!("crash-points-batch-{}", Uuid::new_v4().simple());
+    kafka::ensure_topics(&broker, &[&topic]).await.unwrap();
+    let order = Uuid::new_v4();
+    let poison = Envelope::new(order, &Message::StockReserved, None);
+    for env in [
+        Envelope::new(order, &Message::ReleaseStock, None),
+        poison.clone(),
+        Envelope::new(order, &Message::ReleaseStock, None),
+    ] {
+        let headers = kafka::headers(&env.event_id.to_string(), &env.event_type, None);
+        kafka::publish(&producer, &topic, &order.to_string(), &env.to_bytes(), headers)
+            .await
+            .unwrap();
+    }
+    let settings = ConsumerSettings {
+        kafka: KafkaArgs::new(broker.clone()),
+        group_id: format!("crash-points-batch.{topic}"),
+        topics: vec![topic.clone()],
+        max_batch: 16,
+    };
+    let (applied, largest) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (a, l, token) = (applied.clone(), largest.clone(), CancellationToken::new());
+    let poison_id = poison.event_id;
+    let run = tokio::spawn(kafka::consumer::run_batches(
+        settings,
+        token.clone(),
+        move |batch: Vec<Traced<Envelope>>| {
+            l.fetch_max(batch.len(), Ordering::SeqCst);
+            let refused = batch.iter().any(|t| t.message.event_id == poison_id);
+            if !refused {
+                a.fetch_add(batch.len(), Ordering::SeqCst);
+            }
+            let n = batch.len();
+            async move {
+                if refused {
+                    return Err(kafka::consumer::HandleError::permanent("this one never applies"));
+                }
+                Ok(vec![Handled::Applied; n])
+            }
+        },
+    ));
+    let end = Instant::now() + Duration::from_secs(30);
+    while applied.load(Ordering::SeqCst) < 2 {
+        assert!(Instant::now() < end, "the batch's good messages were not applied");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    token.cancel();
+    run.await.unwrap().unwrap();
+    assert_eq!(largest.load(Ordering::SeqCst), 3, "the three came as one batch");
+    assert_eq!(
+        reached.load(Ordering::SeqCst),
+        2,
+        "a batch handled one message at a time that applied some reaches it, once"
+    );
     fail::remove(CRASH_BEFORE_OFFSET_COMMIT);
 }

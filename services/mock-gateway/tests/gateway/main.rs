@@ -242,6 +242,34 @@ async fn a_refund_that_would_wrap_or_exceed_the_cap_is_refused_and_the_ledger_un
     gw.stop().await;
 }
 
+/// The notifier counts every notice (no key: the same body twice is two),
+/// and refuses text PostgreSQL cannot store (a NUL) with a 422, not a 500.
+#[tokio::test]
+async fn the_notifier_counts_every_notice_and_refuses_a_nul_with_a_422() {
+    let gw = Gateway::start(Default::default()).await;
+    let notice = json!({"order_id": Uuid::new_v4(), "text": "confirmed"});
+    for _ in 0..2 {
+        let r = gw
+            .http
+            .post(format!("{}/v1/notices", gw.base))
+            .json(&notice)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 202);
+    }
+    let nul = json!({"order_id": Uuid::new_v4(), "text": "a\u{0}b"});
+    let r = gw
+        .http
+        .post(format!("{}/v1/notices", gw.base))
+        .json(&nul)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 422);
+    gw.stop().await;
+}
+
 /// Another client cannot refund a charge it did not make, even under the
 /// same order id: only the caller's own movements count.
 #[tokio::test]
