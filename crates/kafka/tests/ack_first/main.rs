@@ -5,6 +5,9 @@
 //! `offset-before-handling` run must catch. Its own binary: the control is
 //! set for the whole process.
 
+#[path = "../common/mod.rs"]
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -27,10 +30,7 @@ async fn acknowledged_before_handling_a_message_interrupted_mid_handling_is_neve
     let marker = Envelope::new(order, &Message::ReleaseStock, None);
     let producer = kafka::producer(&broker).unwrap();
     for env in [&lost, &marker] {
-        let headers = kafka::headers(&env.event_id.to_string(), &env.event_type, None);
-        kafka::publish(&producer, &topic, &order.to_string(), &env.to_bytes(), headers)
-            .await
-            .unwrap();
+        common::publish(&producer, &topic, env).await.unwrap();
     }
     let settings = ConsumerSettings {
         kafka: KafkaArgs::new(broker.clone()),

@@ -9,15 +9,19 @@ use std::time::{Duration, Instant};
 use contract::{Envelope, Message};
 use kafka::consumer::{ConsumerSettings, HandleError, Handled, Traced};
 use kafka::KafkaArgs;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 use rdkafka::util::Timeout;
 use sqlx::PgPool;
 use testkit::TempDb;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+#[path = "../common/mod.rs"]
+mod common;
 mod group;
 mod topics;
+
+use common::publish;
 
 struct World {
     /// The test binary's shared broker: no test here stops it, and each has
@@ -97,24 +101,6 @@ impl World {
     async fn drop(self) {
         self.pool.close().await;
     }
-}
-
-/// Puts `envelope` on `topic` as the relay publishes an outbox row: keyed by
-/// its order id, identity and trace context as headers.
-pub async fn publish(producer: &FutureProducer, topic: &str, envelope: &Envelope) -> kafka::Result<()> {
-    let headers = kafka::headers(
-        &envelope.event_id.to_string(),
-        &envelope.event_type,
-        envelope.traceparent.as_deref(),
-    );
-    kafka::publish(
-        producer,
-        topic,
-        &envelope.order_id.to_string(),
-        &envelope.to_bytes(),
-        headers,
-    )
-    .await
 }
 
 /// The effect: one row per applied event, recorded with the inbox row.

@@ -4,6 +4,9 @@
 //! applied something. Counted with a callback in place of the abort. Its
 //! own binary: fail points are process-wide.
 
+#[path = "../common/mod.rs"]
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,12 +31,7 @@ async fn the_before_offset_crash_point_is_reached_only_after_a_batch_that_applie
     let producer = kafka::producer(&broker).unwrap();
     let send = |env: Envelope| {
         let (producer, topic) = (producer.clone(), topic.clone());
-        async move {
-            let headers = kafka::headers(&env.event_id.to_string(), &env.event_type, None);
-            kafka::publish(&producer, &topic, &env.order_id.to_string(), &env.to_bytes(), headers)
-                .await
-                .unwrap();
-        }
+        async move { common::publish(&producer, &topic, &env).await.unwrap() }
     };
     // The handler applies an event the first time and reports every copy
     // after that as a duplicate, as an inbox would.
@@ -111,10 +109,7 @@ async fn the_before_offset_crash_point_is_reached_only_after_a_batch_that_applie
         poison.clone(),
         Envelope::new(order, &Message::ReleaseStock, None),
     ] {
-        let headers = kafka::headers(&env.event_id.to_string(), &env.event_type, None);
-        kafka::publish(&producer, &topic, &order.to_string(), &env.to_bytes(), headers)
-            .await
-            .unwrap();
+        common::publish(&producer, &topic, &env).await.unwrap();
     }
     let settings = ConsumerSettings {
         kafka: KafkaArgs::new(broker.clone()),

@@ -2,6 +2,9 @@
 //! child of the span that published it (its `traceparent` header). Its own
 //! binary: it installs the process's tracing subscriber.
 
+#[path = "../common/mod.rs"]
+mod common;
+
 use std::time::Duration;
 
 use contract::{Envelope, Message};
@@ -26,12 +29,10 @@ async fn a_consumed_message_is_handled_in_a_child_of_the_span_that_published_it(
     kafka::ensure_topics(&broker, &[&topic]).await.unwrap();
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
     let published_by = format!("00-{trace_id}-00f067aa0ba902b7-01");
-    let env = Envelope::new(Uuid::new_v4(), &Message::ReleaseStock, None);
-    let headers = kafka::headers(&env.event_id.to_string(), &env.event_type, Some(&published_by));
+    let mut env = Envelope::new(Uuid::new_v4(), &Message::ReleaseStock, None);
+    env.traceparent = Some(published_by.clone());
     let producer = kafka::producer(&broker).unwrap();
-    kafka::publish(&producer, &topic, &env.order_id.to_string(), &env.to_bytes(), headers)
-        .await
-        .unwrap();
+    common::publish(&producer, &topic, &env).await.unwrap();
 
     let (seen, mut handled) = tokio::sync::mpsc::unbounded_channel();
     let token = CancellationToken::new();
