@@ -408,7 +408,10 @@ impl Stack {
         })
     }
 
-    async fn wait_ready(&mut self, s: Service, timeout: Duration) -> anyhow::Result<()> {
+    /// Waits until `s` is ready (a Kafka node: every node answers; a
+    /// service: its own process answers `/health/ready` with a 2xx); fails
+    /// if it exits meanwhile or `timeout` passes.
+    pub async fn wait_ready(&mut self, s: Service, timeout: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = self.procs.get_mut(&s).and_then(|c| c.try_wait().ok().flatten()) {

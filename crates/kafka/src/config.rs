@@ -138,6 +138,43 @@ impl KafkaArgs {
         crate::client::ensure_topics_with(&self.brokers, topics, &self.topic_settings()).await
     }
 
+    /// Resolves once a broker answers a metadata request, asking every
+    /// second; `false` if `shutdown` comes first. A service started while
+    /// Kafka is down waits on this, not ready, instead of exiting.
+    pub fn answered(
+        &self,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> impl std::future::Future<Output = bool> + Send + 'static {
+        let config = self.client_config();
+        async move {
+            for attempt in 1u64.. {
+                let config = config.clone();
+                let answer = tokio::task::spawn_blocking(move || -> crate::Result<()> {
+                    use rdkafka::consumer::Consumer as _;
+                    let client: rdkafka::consumer::BaseConsumer = config.create()?;
+                    client.fetch_metadata(None, std::time::Duration::from_secs(2))?;
+                    Ok(())
+                })
+                .await;
+                match answer {
+                    Ok(Ok(())) => {
+                        tracing::info!(attempt, "kafka answers");
+                        return true;
+                    }
+                    Ok(Err(e)) if attempt % 10 == 1 => {
+                        tracing::warn!(attempt, error = %e, "kafka does not answer yet; waiting, not ready")
+                    }
+                    _ => {}
+                }
+                tokio::select! {
+                    _ = shutdown.cancelled() => return false,
+                    _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                }
+            }
+            unreachable!("the attempts never run out")
+        }
+    }
+
     /// The idempotent producer for these settings (delivery timeout 15 s):
     /// `outbox::kafka::idempotent_producer` on this crate's client settings
     /// and the linger of `KAFKA_LINGER_MS`.

@@ -51,8 +51,10 @@ use tracing::Instrument as _;
 use crate::{KafkaArgs, Result};
 
 mod dispatch;
+mod outcome;
 mod retry;
 use dispatch::consume_span;
+pub use outcome::{Cause, HandleError, Handled};
 use retry::{handle_with_retry, Retry};
 
 /// Crash point (failpoints builds): abort after the handler's transaction
@@ -73,75 +75,6 @@ pub const CRASH_WHILE_HANDLING: &str = "consumer::while_handling";
 /// session broke for good — the supervisor must turn the service not-ready
 /// and exit non-zero.
 pub const FAIL_LOOP: &str = "consumer::loop_fails";
-
-/// What the handler did with an event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Handled {
-    /// The effect was applied (and the inbox row written with it).
-    Applied,
-    /// The inbox already had this event id for this consumer: nothing done.
-    Duplicate,
-}
-
-/// The cause a [`HandleError`] keeps: any error (its own chain of sources
-/// kept), or a message.
-pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
-
-/// Why a handler failed: the kind of failure, which decides what the
-/// consumer does, and its cause, kept whole as the error's source
-/// ([`HandleError::report`] writes the kind and every cause in one line:
-/// the dead-letter header and the logs).
-#[derive(Debug, thiserror::Error)]
-pub enum HandleError {
-    /// A dependency is down (no connection to the database, the gateway
-    /// unreachable): retry the same message, without limit.
-    #[error("unavailable")]
-    Unavailable(#[source] Cause),
-    /// May succeed on another attempt (a serialisation failure, a deadlock,
-    /// a timeout): retry the same message, up to the consumer's attempts.
-    #[error("transient")]
-    Transient(#[source] Cause),
-    /// Can never succeed (unknown type, invalid payload, a constraint it
-    /// violates): dead-letter it.
-    #[error("permanent")]
-    Permanent(#[source] Cause),
-}
-
-impl HandleError {
-    /// A transient error, from an error (its chain kept) or a message.
-    pub fn transient(e: impl Into<Cause>) -> Self {
-        Self::Transient(e.into())
-    }
-
-    /// A dependency down, from an error or a message.
-    pub fn unavailable(e: impl Into<Cause>) -> Self {
-        Self::Unavailable(e.into())
-    }
-
-    /// A permanent error (decoding, validation), from an error or a message.
-    pub fn permanent(e: impl Into<Cause>) -> Self {
-        Self::Permanent(e.into())
-    }
-
-    /// The cause, whatever the kind.
-    pub fn cause(&self) -> &Cause {
-        match self {
-            Self::Unavailable(c) | Self::Transient(c) | Self::Permanent(c) => c,
-        }
-    }
-
-    /// The kind and every cause, outermost first: `permanent: a: b`.
-    pub fn report(&self) -> String {
-        let mut out = self.to_string();
-        let mut next: Option<&(dyn std::error::Error + 'static)> = Some(self.cause().as_ref());
-        while let Some(e) = next {
-            out.push_str(": ");
-            out.push_str(&e.to_string());
-            next = e.source();
-        }
-        out
-    }
-}
 
 /// Settings of one consumer.
 #[derive(Debug, Clone)]
@@ -231,17 +164,65 @@ where
     H: Fn(Vec<Traced<T>>) -> F + Send + Sync + 'static,
     F: Future<Output = Result<Vec<Handled>, HandleError>> + Send + 'static,
 {
-    let consumer = Arc::new(build(&settings)?);
+    let handler = Arc::new(handler);
+    let name = settings.group_id.as_str();
+    loop {
+        let Some(fatal) = consume(&settings, &shutdown, handler.clone()).await? else {
+            tracing::info!(consumer = name, "consumer stopped");
+            return Ok(());
+        };
+        // librdkafka gave up on this consumer for good (e.g. a static member
+        // fenced by its own successor after a coordinator failover). A broker's
+        // restart must not end the service: a fresh consumer joins the group
+        // again, and what the old one handled but had not committed comes back
+        // to the inbox as redeliveries.
+        let reason = match &fatal {
+            KafkaError::MessageConsumptionFatal(code) => format!("{code:?}"),
+            other => other.to_string(),
+        };
+        tracing::warn!(consumer = name, error = %fatal, "the consumer failed for good; building a new one");
+        telemetry::metrics::incr(
+            "consumer_rebuilds_total",
+            &[("consumer", name), ("reason", reason.as_str())],
+        );
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            _ = tokio::time::sleep(REBUILD_PAUSE) => {}
+        }
+    }
+}
+
+/// How long a consumer that failed for good waits before its successor joins.
+const REBUILD_PAUSE: Duration = Duration::from_secs(1);
+
+/// One consumer's life: joins the group, dispatches to lanes until
+/// `shutdown` (`Ok(None)`) or until librdkafka gives up on it
+/// (`Ok(Some(error))`: its lanes have stopped and its stored offsets were
+/// committed where the group still allowed it).
+async fn consume<T, H, F>(
+    settings: &ConsumerSettings,
+    shutdown: &CancellationToken,
+    handler: Arc<H>,
+) -> Result<Option<KafkaError>>
+where
+    T: DeserializeOwned + Clone + Send + 'static,
+    H: Fn(Vec<Traced<T>>) -> F + Send + Sync + 'static,
+    F: Future<Output = Result<Vec<Handled>, HandleError>> + Send + 'static,
+{
+    let consumer = Arc::new(build(settings)?);
     let membership = consumer.context().membership();
+    // Ends this consumer's lanes and lag observer, on shutdown or when it fails.
+    let life = shutdown.child_token();
+    let _ends_life = life.clone().drop_guard();
     let lane = Lane {
         consumer: consumer.clone(),
         dlq: settings.kafka.producer()?,
         name: Arc::from(settings.group_id.as_str()),
-        handler: Arc::new(handler),
+        handler,
         max_batch: settings.max_batch.max(1),
         max_attempts: settings.kafka.consumer_max_attempts.max(1),
         ack_first: crate::negative_controls::acks_first(),
-        shutdown: shutdown.clone(),
+        shutdown: life.clone(),
         revoked: CancellationToken::new(),
         _done: None,
         decoded: std::marker::PhantomData,
@@ -255,7 +236,7 @@ where
         consumer.clone(),
         Arc::from(name),
         settings.topics.clone(),
-        shutdown.clone(),
+        life.clone(),
     ));
     loop {
         fail::fail_point!(FAIL_LOOP, |_| Err(crate::Error::Kafka(
@@ -267,13 +248,7 @@ where
         };
         let msg = match msg {
             Ok(m) => m.detach(),
-            // librdkafka gives up on this consumer for good (e.g. a static
-            // member fenced by its own successor after a coordinator
-            // failover): end the loop, so the service turns not-ready and
-            // exits non-zero and its orchestrator starts a fresh one, instead
-            // of living on with a consumer that will never consume again.
             Err(e @ KafkaError::MessageConsumptionFatal(_)) => {
-                tracing::error!(consumer = name, error = %e, "the consumer failed for good; stopping");
                 fatal = Some(e);
                 break;
             }
@@ -312,6 +287,11 @@ where
         }
     }
     drop(lanes);
+    if fatal.is_some() {
+        // Lanes stop after the batch in hand (its offset is stored, or it
+        // is read again by this consumer's successor).
+        life.cancel();
+    }
     while running.join_next().await.is_some() {}
     // Whatever was stored and not yet committed in the background.
     match consumer.commit_consumer_state(CommitMode::Sync) {
@@ -320,11 +300,7 @@ where
             tracing::warn!(consumer = name, error = %e, "final offset commit failed; the inbox absorbs the redelivery")
         }
     }
-    if let Some(e) = fatal {
-        return Err(e.into());
-    }
-    tracing::info!(consumer = name, "consumer stopped");
-    Ok(())
+    Ok(fatal)
 }
 
 /// Messages queued per partition lane before the dispatcher waits.

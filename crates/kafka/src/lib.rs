@@ -76,6 +76,7 @@ pub const METRICS: &[telemetry::metrics::Description] = telemetry::descriptions!
     counter "consumer_dead_lettered_total": "Messages moved to the dead-letter topic.",
     histogram "consumer_handler_duration_seconds": "Handler latency per call (one batch, one transaction).",
     gauge "consumer_lag": "Messages behind: partition high watermark minus committed offset.",
+    counter "consumer_rebuilds_total": "Consumers built anew in-process after librdkafka gave up on one (e.g. a fenced static member), by reason.",
     counter "consumer_rebalances_total": "Group rebalances this member took part in, by kind (assign, revoke).",
     gauge "consumer_partitions_assigned": "1 for each partition the group assigned to this member, 0 once revoked.",
     gauge "dead_letter_depth": "Messages in a consumed topic's dead-letter topic.",

@@ -231,10 +231,18 @@ impl SagaConsumer {
         let (settings, pool, retention) = self.into_parts();
         let name = settings.group_id.clone();
         let token = tasks.token();
-        tasks.spawn(
-            format!("{name} consumer"),
-            kafka::consumer::run_batches(settings, token, move |envelopes| handler(state.clone(), envelopes)),
-        );
+        // Started while Kafka is down, the service waits, not ready, until a
+        // broker answers; then it makes sure of the saga's topics (a
+        // partition count it cannot run on ends it) and joins its group.
+        let waiting = tasks.health().wait_for("kafka");
+        tasks.spawn(format!("{name} consumer"), async move {
+            if !settings.kafka.answered(token.clone()).await {
+                return Ok(());
+            }
+            settings.kafka.ensure_topics(&contract::topics::ALL).await?;
+            drop(waiting);
+            kafka::consumer::run_batches(settings, token, move |envelopes| handler(state.clone(), envelopes)).await
+        });
         spawn_retention(tasks, &name, pool, retention);
     }
 }

@@ -26,8 +26,9 @@ impl ParticipantArgs {
     /// `gateway_key_secs`, the lifetime of the gateway keys it sends) and
     /// switches other than the layers it can switch off (`known`) or this
     /// build has; describes its `metrics` and the layers' (kafka, outbox,
-    /// HTTP); then creates (or checks) the saga's topics.
-    pub async fn check(
+    /// HTTP). The saga's topics are created (or checked) when its consumer
+    /// starts, once the broker answers ([`crate::consumer::SagaConsumer`]).
+    pub fn check(
         &self,
         name: &'static str,
         known: &[switches::Switch],
@@ -39,7 +40,6 @@ impl ParticipantArgs {
         telemetry::metrics::describe(&[kafka::METRICS, crate::METRICS, service_kit::http::METRICS]);
         telemetry::metrics::describe(metrics);
         outbox::describe_metrics();
-        self.kafka.ensure_topics(&contract::topics::ALL).await?;
         Ok(())
     }
 }

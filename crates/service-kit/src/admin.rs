@@ -25,10 +25,14 @@ pub fn router(pool: PgPool, health: Health) -> Router {
         .with_state(Ready { pool, health })
 }
 
-/// Ready when every supervised task is alive and the database answers.
+/// Ready when every supervised task is alive, nothing is still awaited
+/// (the broker's first answer) and the database answers.
 async fn ready(State(r): State<Ready>) -> impl IntoResponse {
     if let Some(why) = r.health.failure() {
         return (StatusCode::SERVICE_UNAVAILABLE, why);
+    }
+    if let Some(what) = r.health.waiting_for() {
+        return (StatusCode::SERVICE_UNAVAILABLE, format!("waiting for {what}"));
     }
     match sqlx::query("SELECT 1").execute(&r.pool).await {
         Ok(_) => (StatusCode::OK, "ready".to_owned()),

@@ -34,7 +34,7 @@ pub mod supervisor;
 
 pub use config::{DbArgs, LogArgs, LogFormat, TraceArgs};
 pub use credentials::Secret;
-pub use supervisor::{Health, Supervisor};
+pub use supervisor::{Health, Supervisor, Waiting};
 
 /// Errors raised while bootstrapping a service.
 #[derive(Debug, thiserror::Error)]

@@ -26,6 +26,9 @@ pub const DEFAULT_GRACE: Duration = Duration::from_secs(15);
 #[derive(Debug, Clone, Default)]
 pub struct Health {
     failure: Arc<Mutex<Option<String>>>,
+    /// What the service still waits for before it can do its work (a
+    /// broker that does not answer yet), each held by a [`Waiting`].
+    waiting: Arc<Mutex<Vec<String>>>,
 }
 
 impl Health {
@@ -34,8 +37,44 @@ impl Health {
         self.failure.lock().expect("health lock").clone()
     }
 
+    /// Not ready until the returned guard is dropped: the readiness answer
+    /// says `waiting for {what}` meanwhile.
+    pub fn wait_for(&self, what: impl Into<String>) -> Waiting {
+        let what = what.into();
+        self.waiting.lock().expect("health lock").push(what.clone());
+        Waiting {
+            health: self.clone(),
+            what,
+        }
+    }
+
+    /// What the service still waits for, if anything (the first named).
+    pub fn waiting_for(&self) -> Option<String> {
+        self.waiting.lock().expect("health lock").first().cloned()
+    }
+
     fn fail(&self, why: String) {
         self.failure.lock().expect("health lock").get_or_insert(why);
+    }
+}
+
+/// Holds the service not-ready ([`Health::wait_for`]) until dropped.
+#[derive(Debug)]
+pub struct Waiting {
+    health: Health,
+    what: String,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let mut waiting = self
+            .health
+            .waiting
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(i) = waiting.iter().position(|w| *w == self.what) {
+            waiting.remove(i);
+        }
     }
 }
 

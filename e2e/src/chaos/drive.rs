@@ -294,6 +294,7 @@ async fn verdict(
         crash_points,
         mut duplicates,
         placing_ms,
+        unexpected_exits,
     } = run.schedule;
     let (acked, stats) = (run.acked, run.stats);
     let mut audit = audit(stack, expected).await?;
@@ -339,6 +340,9 @@ async fn verdict(
     }
 
     problems.extend(stats.violations.iter().cloned());
+    for (exit, n) in &unexpected_exits {
+        problems.push(format!("a process the schedule did not end exited {n} time(s): {exit}"));
+    }
     if let Err(e) = &run.drained {
         problems.push(format!("did not drain: {e}"));
     }
@@ -394,6 +398,7 @@ async fn verdict(
             kills,
             crash_points,
             faults_fired,
+            unexpected_exits,
             timeline,
             samples: run.samples,
             started_at: run.started_at,

@@ -18,6 +18,9 @@ use crate::driver::Client;
 use crate::proxy::Mode;
 use crate::stack::{Service, Stack};
 
+mod crash;
+use crash::{crash_at, crash_points_of};
+
 /// The fault kinds of the suite, numbered as in the issue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
 pub enum Fault {
@@ -256,6 +259,10 @@ pub(super) struct Schedule {
     pub duplicates: Duplicates,
     /// When the clients had placed every order, since the load started.
     pub placing_ms: u64,
+    /// Processes that exited without the schedule causing it, per
+    /// `service: exit status` (each was started again, as an orchestrator
+    /// would; any fails the run).
+    pub unexpected_exits: BTreeMap<String, u32>,
 }
 
 /// Injects faults while the clients work, until every kind fired once and
@@ -278,20 +285,13 @@ pub(super) async fn run_schedule(
     let mut left_after_clients: Option<usize> = None;
     let mut placing_ms = None;
     let mut open: Option<(usize, Window)> = None;
+    let mut unexpected_exits = BTreeMap::new();
     loop {
         let jitter = rng.gen_range(0..=cfg.fault_interval.as_millis() as u64 / 2);
         tokio::time::sleep(cfg.fault_interval + Duration::from_millis(jitter)).await;
         close_window(stack, &mut open, &mut timeline, &mut fired_kinds).await;
         end_windows(stack, client).await;
-        // What an orchestrator does: a process that exited on its own (a
-        // fatal error, not one of the schedule's faults) is started again.
-        for s in Service::ALL {
-            if !stack.is_running(s) {
-                let exit = stack.last_exit(s).map(|e| e.to_string()).unwrap_or_default();
-                eprintln!("chaos: {} exited on its own ({exit}); starting it again", s.name());
-                stack.start_service(s).await?;
-            }
-        }
+        restart_the_exited(stack, &mut unexpected_exits).await?;
         let clients_done = clients.placed_all();
         if clients_done && placing_ms.is_none() {
             placing_ms = Some(started.elapsed().as_millis() as u64);
@@ -333,12 +333,31 @@ pub(super) async fn run_schedule(
             fired,
         });
     }
+    restart_the_exited(stack, &mut unexpected_exits).await?;
     Ok(Schedule {
         timeline,
         crash_points,
         duplicates,
         placing_ms: placing_ms.unwrap_or_else(|| started.elapsed().as_millis() as u64),
+        unexpected_exits,
     })
+}
+
+/// What an orchestrator does: a process that exited on its own (a fatal
+/// error, not one of the schedule's faults, which restart what they end)
+/// is started again — and counted, per service and exit status.
+async fn restart_the_exited(stack: &mut Stack, exits: &mut BTreeMap<String, u32>) -> anyhow::Result<()> {
+    for s in Service::ALL {
+        if !stack.is_running(s) {
+            let exit = stack
+                .last_exit(s)
+                .map_or_else(|| "no status".to_owned(), |e| e.to_string());
+            eprintln!("chaos: {} exited on its own ({exit}); starting it again", s.name());
+            *exits.entry(format!("{}: {exit}", s.name())).or_default() += 1;
+            stack.start_service(s).await?;
+        }
+    }
+    Ok(())
 }
 
 /// Ends the windowed faults (gateway faults, network mode, extra instances).
@@ -499,101 +518,4 @@ async fn inject(
             )
         }
     })
-}
-
-/// The processes and crash points a crash-point fault arms (`None` for
-/// the other kinds). A consumer window is armed in every consumer at once:
-/// each of them crashes in that window in every round, whichever layer a
-/// run has switched off — one schedule for the ordinary run and for every
-/// negative control.
-fn crash_points_of(fault: Fault) -> Option<Vec<(Service, &'static str)>> {
-    const CONSUMERS: [Service; 3] = [Service::Inventory, Service::Payment, Service::OrderApi];
-    Some(match fault {
-        Fault::OrderApiAfterCommit => vec![(
-            Service::OrderApi,
-            order_api::http::orders::CRASH_AFTER_COMMIT_BEFORE_RESPONSE,
-        )],
-        Fault::OrderApiBeforeCommit => vec![(Service::OrderApi, order_api::http::orders::CRASH_BEFORE_COMMIT)],
-        Fault::RelayAfterPublish => vec![(Service::Relay, outbox::relay::CRASH_AFTER_PUBLISH_BEFORE_MARK)],
-        Fault::PaymentAfterCharge => vec![(
-            Service::Payment,
-            payment_service::payments::CRASH_AFTER_GATEWAY_BEFORE_RECORD,
-        )],
-        Fault::ConsumerBeforeOffsetCommit => CONSUMERS
-            .iter()
-            .map(|s| (*s, kafka::consumer::CRASH_BEFORE_OFFSET_COMMIT))
-            .collect(),
-        Fault::ConsumerInTransaction => CONSUMERS
-            .iter()
-            .map(|s| (*s, saga_kit::consumer::CRASH_IN_TRANSACTION))
-            .collect(),
-        _ => return None,
-    })
-}
-
-/// Restarts each of `targets`' services armed with its crash point, which
-/// aborts the process the next time it is reached; restarts each unarmed as
-/// soon as it aborted (the others' fresh work may depend on it), or after
-/// 20 s without reaching its point. Fired when at least one aborted there;
-/// the detail says which.
-async fn crash_at(
-    stack: &mut Stack,
-    targets: &[(Service, &str)],
-    crash_points: &mut BTreeMap<String, u32>,
-) -> anyhow::Result<(String, bool)> {
-    let mut before = Vec::with_capacity(targets.len());
-    for &(s, point) in targets {
-        before.push(stack.crash_point_reports(s, point));
-        stack.arm(s, point);
-        stack.restart_unready(s).await?;
-    }
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut outcome: Vec<Option<bool>> = vec![None; targets.len()];
-    while outcome.iter().any(Option::is_none) {
-        let late = Instant::now() >= deadline;
-        for (k, &(s, point)) in targets.iter().enumerate() {
-            if outcome[k].is_some() {
-                continue;
-            }
-            let exited = !stack.is_running(s);
-            if !exited && !late {
-                continue;
-            }
-            stack.disarm(s);
-            // Fired only on the process's own word, and only if it died by
-            // the abort that follows (SIGABRT), not by any other exit.
-            let aborted = {
-                use std::os::unix::process::ExitStatusExt as _;
-                exited && stack.last_exit(s).and_then(|e| e.signal()) == Some(6)
-            };
-            let fired = aborted && stack.crash_point_reports(s, point) > before[k];
-            if fired {
-                *crash_points.entry(format!("{}: {point}", s.name())).or_default() += 1;
-            }
-            if exited {
-                stack.start_service(s).await?;
-            } else {
-                stack.restart(s).await?;
-            }
-            outcome[k] = Some(fired);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let words: Vec<String> = targets
-        .iter()
-        .zip(&outcome)
-        .map(|((s, _), fired)| {
-            format!(
-                "{}{}",
-                s.name(),
-                if *fired == Some(true) {
-                    ""
-                } else {
-                    " (no fresh work reached it)"
-                }
-            )
-        })
-        .collect();
-    let any = outcome.contains(&Some(true));
-    Ok((format!("{} at {}", words.join(", "), targets[0].1), any))
 }

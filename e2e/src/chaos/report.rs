@@ -73,6 +73,10 @@ pub struct Report {
     pub crash_points: BTreeMap<String, u32>,
     /// Faults by kind (fired).
     pub faults_fired: BTreeMap<String, u32>,
+    /// Processes that exited without a fault ending them, per `service:
+    /// exit status` (the run fails on any).
+    #[serde(default)]
+    pub unexpected_exits: BTreeMap<String, u32>,
     /// The timeline.
     pub timeline: Vec<FaultEvent>,
     /// Per-second samples.
@@ -350,6 +354,7 @@ pub fn markdown(r: &Report) -> String {
     let _ = writeln!(s, "## Faults\n");
     let _ = writeln!(s, "kills per service: {:?}\n", r.kills);
     let _ = writeln!(s, "crash points fired: {:?}\n", r.crash_points);
+    let _ = writeln!(s, "exits no fault caused (must be none): {:?}\n", r.unexpected_exits);
     let _ = writeln!(s, "| t (s) | fault | detail |\n|---:|---|---|");
     for e in &r.timeline {
         let _ = writeln!(

@@ -2,6 +2,7 @@
 
 mod access;
 mod api;
+mod broker;
 mod cards;
 mod chaos;
 mod compose;

@@ -96,9 +96,9 @@ pub const SWITCHES: [switches::Switch; 3] = [
     switches::Switch::OffsetBeforeHandling,
 ];
 
-/// Connects, migrates, creates topics and binds.
+/// Connects, migrates and binds (the topics are made sure of when the consumer starts).
 pub async fn build(config: Config) -> anyhow::Result<App> {
-    config.saga.check(NAME, &SWITCHES, &[METRICS], None).await?;
+    config.saga.check(NAME, &SWITCHES, &[METRICS], None)?;
     let pool = connect(&config.db.url, config.db.pool_size).await?;
     let listener = TcpListener::bind(config.http_addr).await?;
     Ok(App { pool, listener, config })

@@ -118,13 +118,12 @@ pub const SWITCHES: [switches::Switch; 4] = [
     switches::Switch::OffsetBeforeHandling,
 ];
 
-/// Connects to the database (creating and migrating it), creates the topics
-/// and binds the HTTP listener.
+/// Connects to the database (creating and migrating it) and binds the HTTP
+/// listener (the topics are made sure of when the consumer starts).
 pub async fn build(config: Config) -> anyhow::Result<App> {
     config
         .saga
-        .check(NAME, &SWITCHES, &[METRICS, gateway_client::METRICS], None)
-        .await?;
+        .check(NAME, &SWITCHES, &[METRICS, gateway_client::METRICS], None)?;
     idempotency::describe_metrics();
     let pool = connect(&config.db.url, config.db.pool_size).await?;
     let listener = TcpListener::bind(config.http_addr).await?;

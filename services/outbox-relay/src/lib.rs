@@ -86,7 +86,6 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         sources.push((name, pool));
     }
     anyhow::ensure!(!sources.is_empty(), "OUTBOX_DATABASE_URLS names no database");
-    config.kafka.ensure_topics(&topics::ALL).await?;
     let listener = TcpListener::bind(config.http_addr).await?;
     Ok(App {
         sources,
@@ -106,6 +105,18 @@ impl App {
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         tracing::info!(sources = self.sources.len(), "outbox-relay running");
         let mut tasks = Supervisor::new(shutdown);
+        // Started while Kafka is down, the relay waits, not ready, until a
+        // broker answers; then the topics are made sure of, before anything
+        // is published (a broker that creates topics on first use would
+        // create them with its own settings).
+        let waiting = tasks.health().wait_for("kafka");
+        let admin_pool = self.sources[0].1.clone();
+        tasks.serve(self.listener, service_kit::admin::router(admin_pool, tasks.health()));
+        if !self.config.kafka.answered(tasks.token()).await {
+            return tasks.wait().await;
+        }
+        self.config.kafka.ensure_topics(&topics::ALL).await?;
+        drop(waiting);
         let publisher =
             KafkaPublisher::from_producer(self.config.kafka.producer()?).trace_with(telemetry::propagation::link);
         for (name, pool) in &self.sources {
@@ -131,8 +142,6 @@ impl App {
                 move |r, n| async move { r.purge_published(retention, n).await },
             );
         }
-        let admin_pool = self.sources[0].1.clone();
-        tasks.serve(self.listener, service_kit::admin::router(admin_pool, tasks.health()));
         tasks.wait().await
     }
 }

@@ -78,17 +78,14 @@ pub const SWITCHES: [switches::Switch; 3] = [
     switches::Switch::OffsetBeforeHandling,
 ];
 
-/// Connects, migrates, creates topics and binds.
+/// Connects, migrates and binds (the topics are made sure of when the consumer starts).
 pub async fn build(config: Config) -> anyhow::Result<App> {
-    config
-        .saga
-        .check(
-            NAME,
-            &SWITCHES,
-            &[METRICS, gateway_client::METRICS],
-            Some(config.gateway_key_ttl_secs),
-        )
-        .await?;
+    config.saga.check(
+        NAME,
+        &SWITCHES,
+        &[METRICS, gateway_client::METRICS],
+        Some(config.gateway_key_ttl_secs),
+    )?;
     let pool = saga_kit::participant::connect(
         &config.db.url,
         config.db.pool_size,

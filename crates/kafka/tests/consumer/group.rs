@@ -73,3 +73,52 @@ async fn members_share_partitions_and_a_moved_partition_is_never_handled_twice()
     assert_eq!(distinct, 117);
     w.drop().await;
 }
+
+/// A static member fenced by another member with its `group.instance.id`
+/// (what a coordinator failover can do to a restarted service's consumer)
+/// is a fatal error in librdkafka. The consume loop builds a new consumer
+/// in-process and goes on, counted in `consumer_rebuilds_total`: the
+/// service does not end because the broker side changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_static_member_is_rebuilt_in_process_and_goes_on() {
+    let w = World::new().await;
+    let group = w.group("fenced");
+    let mut settings = w.settings("fenced");
+    settings.kafka.group_instance_id = Some(format!("{group}-1"));
+    let (pool, name) = (w.pool.clone(), group.clone());
+    let token = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(kafka::consumer::run(settings.clone(), token.clone(), move |env| {
+        let (pool, name) = (pool.clone(), name.clone());
+        async move { super::apply(&pool, &name, env).await }
+    }));
+    send(&w, 3).await;
+    w.wait_effects(3).await;
+
+    // An impostor joins with the same instance id: the coordinator hands it
+    // the member's place, and the member's next heartbeat is fenced.
+    let impostor = kafka::consumer::build(&settings).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let rebuilds = || telemetry::metrics::get("consumer_rebuilds_total", &[("consumer", group.as_str())]);
+    while rebuilds() < 1.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the member was never fenced (or the fence was not counted)"
+        );
+        let _ = tokio::time::timeout(Duration::from_millis(500), impostor.recv()).await;
+        assert!(!running.is_finished(), "the consume loop ended: {:?}", running.await);
+    }
+    drop(impostor);
+
+    // The rebuilt member takes the partitions back and handles what comes.
+    send(&w, 4).await;
+    w.wait_effects(7).await;
+    assert!(!running.is_finished(), "the consume loop must still run");
+    token.cancel();
+    running.await.unwrap().unwrap();
+    let distinct: i64 = sqlx::query_scalar("SELECT count(DISTINCT event_id) FROM effects")
+        .fetch_one(&w.pool)
+        .await
+        .unwrap();
+    assert_eq!(distinct, 7);
+    w.drop().await;
+}

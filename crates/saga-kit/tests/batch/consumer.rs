@@ -45,17 +45,12 @@ async fn a_participant_checks_its_chain_and_its_consumer_applies_each_event_once
     let brokers = testkit::broker::shared().await.unwrap();
     // A broken retention chain refuses to start, naming the variables.
     let broken = args(&brokers, &["--inbox-retention-secs", "60"]);
-    let e = broken.check("saga-kit-test", &[], &[], None).await.unwrap_err();
+    let e = broken.check("saga-kit-test", &[], &[], None).unwrap_err();
     assert!(format!("{e:#}").contains("INBOX_RETENTION_SECS"), "{e:#}");
-    let short_key = args(&brokers, &[]).check("saga-kit-test", &[], &[], Some(60)).await;
+    let short_key = args(&brokers, &[]).check("saga-kit-test", &[], &[], Some(60));
     assert!(format!("{:#}", short_key.unwrap_err()).contains("GATEWAY_KEY_TTL_SECS"));
-    // A sound one creates the saga's topics.
     let participant = args(&brokers, &[]);
-    participant.check("saga-kit-test", &[], &[], None).await.unwrap();
-    for topic in contract::topics::ALL {
-        let config = kafka::topic_config(&brokers, topic).await;
-        assert!(config.is_ok(), "{topic}: {config:?}");
-    }
+    participant.check("saga-kit-test", &[], &[], None).unwrap();
 
     let (_db, pool) = world().await;
     // An inbox row older than the retention window, for the retention task.
@@ -81,6 +76,17 @@ async fn a_participant_checks_its_chain_and_its_consumer_applies_each_event_once
         }
         commit(tx, &fresh).await
     });
+    // Not ready until the broker answered and the consumer made sure of
+    // the saga's topics.
+    let end = Instant::now() + Duration::from_secs(60);
+    while let Some(what) = tasks.health().waiting_for() {
+        assert!(Instant::now() < end, "still waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for topic in contract::topics::ALL {
+        let config = kafka::topic_config(&brokers, topic).await;
+        assert!(config.is_ok(), "{topic}: {config:?}");
+    }
     let producer = kafka::producer(&brokers).unwrap();
     let order = Uuid::new_v4();
     let (a, b) = (reserve(order), reserve(order));
