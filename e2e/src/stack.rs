@@ -17,6 +17,7 @@ use crate::proxy::FaultProxy;
 mod extra;
 mod observe;
 mod options;
+mod postgres;
 mod restart;
 mod secrets;
 pub use options::{default_bin_dir, StackOptions};
@@ -96,6 +97,8 @@ pub struct Stack {
     broker_nodes: Vec<testkit::broker::NodeSpec>,
     /// The processes of nodes 2.. (node 1's is in `procs`).
     node_procs: BTreeMap<u32, Child>,
+    /// The stack's own PostgreSQL ([`StackOptions::own_postgres`]).
+    postgres: Option<testkit::postgres::cluster::Cluster>,
     /// The API key the drivers use (client [`DRIVER_CLIENT`]).
     api_key: String,
     /// The services' secrets, random for this stack.
@@ -120,6 +123,10 @@ impl Drop for Stack {
         {
             let _ = child.start_kill();
         }
+        // An own server is killed with its field; its data is in the run directory.
+        if self.postgres.is_some() {
+            return;
+        }
         let urls: Vec<String> = ["orders", "inventory", "payments", "gateway"]
             .map(|d| self.db_url(d))
             .to_vec();
@@ -131,13 +138,25 @@ impl Drop for Stack {
 
 impl Stack {
     /// Starts the broker and all services and waits until each is ready.
-    pub async fn start(opts: StackOptions) -> anyhow::Result<Self> {
+    pub async fn start(mut opts: StackOptions) -> anyhow::Result<Self> {
         let mut ports = BTreeMap::new();
         for s in Service::ALL {
             let port = if opts.fixed_ports { s.fixed_port() } else { free_port()? };
             ports.insert(s, port);
         }
         std::fs::create_dir_all(opts.run_dir.join("logs"))?;
+        let postgres = match &opts.own_postgres {
+            Some(settings) => {
+                let (dir, settings) = (opts.run_dir.join("postgres"), settings.clone());
+                let mut pg =
+                    tokio::task::spawn_blocking(move || testkit::postgres::cluster::Cluster::create(&dir, &settings))
+                        .await??;
+                pg.start().await?;
+                opts.pg_base = pg.url();
+                Some(pg)
+            }
+            None => None,
+        };
         let mut broker_nodes = vec![testkit::broker::NodeSpec {
             id: 1,
             port: ports[&Service::Broker],
@@ -179,6 +198,7 @@ impl Stack {
             proxy: None,
             broker_nodes,
             node_procs: BTreeMap::new(),
+            postgres,
             api_key: String::new(),
             secrets: Secrets::generate(),
         };
@@ -482,8 +502,10 @@ impl Stack {
     pub async fn shutdown(mut self, remove_run_dir: bool) -> anyhow::Result<()> {
         self.kill_extras().await;
         self.stop_processes().await;
-        for db in ["orders", "inventory", "payments", "gateway"] {
-            testkit::db::drop_database(&self.db_url(db)).await?;
+        if self.postgres.take().is_none() {
+            for db in ["orders", "inventory", "payments", "gateway"] {
+                testkit::db::drop_database(&self.db_url(db)).await?;
+            }
         }
         self.finished = true;
         if remove_run_dir {

@@ -61,6 +61,7 @@ pub async fn chaos(args: ChaosArgs) -> anyhow::Result<()> {
         layer_off,
         matrix,
         seeds,
+        postgres_setting,
     } = args;
     let mut cfg = e2e::chaos::ChaosConfig::ci(seed);
     cfg.brokers = brokers;
@@ -71,6 +72,7 @@ pub async fn chaos(args: ChaosArgs) -> anyhow::Result<()> {
     cfg.quiesce_timeout = std::time::Duration::from_secs(300);
     cfg.negative_control = negative_control;
     cfg.layer_off = layer_off;
+    cfg.postgres_settings = postgres_setting.join("\n");
     if matrix {
         return crate::chaos_matrix(cfg, seed, seeds).await;
     }

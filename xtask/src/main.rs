@@ -120,6 +120,10 @@ pub struct ChaosArgs {
     /// Seeds of the matrix.
     #[arg(long, default_value_t = 5, requires = "matrix")]
     pub seeds: u64,
+    /// A line appended to the run's own PostgreSQL settings, e.g.
+    /// `synchronous_commit=off` (a removal: the run must then fail).
+    #[arg(long, value_name = "SETTING")]
+    pub postgres_setting: Vec<String>,
 }
 
 /// `cargo xtask bench`'s arguments.

@@ -10,6 +10,9 @@ use sqlx::PgPool;
 
 use crate::Health;
 
+/// How long readiness waits for the database's answer.
+const DATABASE_CHECK: std::time::Duration = std::time::Duration::from_millis(800);
+
 #[derive(Clone)]
 struct Ready {
     pool: PgPool,
@@ -34,9 +37,11 @@ async fn ready(State(r): State<Ready>) -> impl IntoResponse {
     if let Some(what) = r.health.waiting_for() {
         return (StatusCode::SERVICE_UNAVAILABLE, format!("waiting for {what}"));
     }
-    match sqlx::query("SELECT 1").execute(&r.pool).await {
-        Ok(_) => (StatusCode::OK, "ready".to_owned()),
-        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "database unavailable".to_owned()),
+    // A probe answers within its own timeout (an orchestrator's is ~1 s):
+    // a database that is gone leaves the pool waiting for a connection.
+    match tokio::time::timeout(DATABASE_CHECK, sqlx::query("SELECT 1").execute(&r.pool)).await {
+        Ok(Ok(_)) => (StatusCode::OK, "ready".to_owned()),
+        Ok(Err(_)) | Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "database unavailable".to_owned()),
     }
 }
 

@@ -5,6 +5,8 @@
 //! each step said on stderr. A server that answers (a user's own) is used
 //! as it is; a remote one that does not answer is an error, never installed.
 
+pub mod cluster;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::str::FromStr as _;

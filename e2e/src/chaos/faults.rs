@@ -60,6 +60,12 @@ pub enum Fault {
     /// 15. Abort every consumer with its batch's transaction open: the inbox
     ///     rows and the effects written, not committed (a batch with fresh work).
     ConsumerInTransaction,
+    /// 16. Crash PostgreSQL: SIGKILL to the postmaster and every backend at
+    ///     once, 3 s down, then crash recovery. Fired when the postmaster died
+    ///     of the signal, the server's log shows the recovery, a new
+    ///     postmaster accepts, and every service answered not-ready while it
+    ///     was down and ready again after, none restarted.
+    PostgresCrash,
 }
 
 impl Fault {
@@ -70,7 +76,7 @@ impl Fault {
     /// Apache Kafka (late in the round, the clients had finished before the
     /// group gave them anything). Faults that fire without traffic (a
     /// rebalance is judged on the assignment, kills on the exit) go last.
-    pub const FIRST_ROUND: [Fault; 15] = [
+    pub const FIRST_ROUND: [Fault; 16] = [
         Fault::ConsumerInTransaction,
         Fault::OrderApiAfterCommit,
         Fault::PaymentAfterCharge,
@@ -86,6 +92,7 @@ impl Fault {
         Fault::RandomKill,
         Fault::BrokerRestart,
         Fault::DatabaseConnectionsDropped,
+        Fault::PostgresCrash,
     ];
 }
 
@@ -427,6 +434,12 @@ async fn inject(
                 restarted.evident(),
                 None,
             )
+        }
+        Fault::PostgresCrash => {
+            let r = stack.crash_postgres(Duration::from_secs(3)).await?;
+            let every = |v: &[Service]| v.len() == Service::ALL.len() - 1;
+            let fired = r.evident() && every(&r.unready_while_down) && every(&r.ready_again);
+            (format!("SIGKILL of PostgreSQL: {r}"), fired, None)
         }
         Fault::DatabaseConnectionsDropped => {
             let n = stack.terminate_db_connections().await?;

@@ -63,6 +63,10 @@ pub struct ChaosConfig {
     /// counts. The drain waits for the system to stay unchanged for longer
     /// ([`ChaosConfig::quiet_window`]).
     pub deadline: Duration,
+    /// Settings appended to the run's own PostgreSQL's `postgresql.conf`
+    /// (empty: its defaults). A removal to try: `synchronous_commit = off`,
+    /// under which a crash can lose commits the services had answered for.
+    pub postgres_settings: String,
 }
 
 impl ChaosConfig {
@@ -83,6 +87,7 @@ impl ChaosConfig {
             report_dir: None,
             brokers: 3,
             deadline: Duration::from_secs(30),
+            postgres_settings: String::new(),
         }
     }
 
@@ -103,6 +108,8 @@ pub async fn run(cfg: &ChaosConfig) -> anyhow::Result<Report> {
     let mut opts = StackOptions::ephemeral(&label.replace('-', "_"))?;
     opts.gateway_proxy = true;
     opts.brokers = cfg.brokers;
+    // Its own server, so that the schedule can crash it.
+    opts.own_postgres = Some(cfg.postgres_settings.clone());
     opts.extra_env
         .push((Service::Payment, "GATEWAY_TIMEOUT_MS".into(), "1000".into()));
     let deadline = cfg.deadline.as_secs().to_string();

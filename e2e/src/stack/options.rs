@@ -32,6 +32,11 @@ pub struct StackOptions {
     pub brokers: u32,
     /// The services' secrets; fresh random ones when None.
     pub secrets: Option<super::Secrets>,
+    /// `Some(settings)`: the stack runs a PostgreSQL cluster of its own
+    /// (initdb in the run directory, its own port; `settings` appended to
+    /// its `postgresql.conf`), which it can crash; `None`: the databases
+    /// live on the shared server at `pg_base`.
+    pub own_postgres: Option<String>,
 }
 
 impl StackOptions {
@@ -53,6 +58,7 @@ impl StackOptions {
             gateway_proxy: false,
             brokers: 1,
             secrets: None,
+            own_postgres: None,
         })
     }
 }
