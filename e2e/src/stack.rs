@@ -186,6 +186,12 @@ impl Stack {
             })
             .await??;
         }
+        if opts.isolated_uids {
+            testkit::partition::ensure()?;
+            for n in &broker_nodes {
+                chown_tree(&node_dir(&opts.run_dir, n.id), Self::uid_of_node(n.id))?;
+            }
+        }
         let mut stack = Stack {
             opts,
             ports,
@@ -257,6 +263,9 @@ impl Stack {
     /// waiting: the cluster answers once a majority runs.
     fn spawn_node(&mut self, id: u32) -> anyhow::Result<()> {
         let mut cmd = testkit::broker::command(&node_dir(&self.opts.run_dir, id))?;
+        if self.opts.isolated_uids {
+            cmd.uid(Self::uid_of_node(id));
+        }
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -414,6 +423,9 @@ impl Stack {
             cmd.env("RUST_LOG", "info");
         }
         cmd.envs(env).stdin(Stdio::null()).kill_on_drop(true);
+        if let Some(uid) = self.process_uid(s) {
+            cmd.uid(uid);
+        }
         let log_path = self.opts.run_dir.join("logs").join(format!("{log_name}.log"));
         Ok(if self.opts.echo {
             let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
@@ -426,6 +438,24 @@ impl Stack {
             let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path)?;
             cmd.stdout(log.try_clone()?).stderr(log).spawn()?
         })
+    }
+
+    /// The uid processes of `s` run as (its extra instances too; for
+    /// [`Service::Broker`], node 1), when the stack isolates them.
+    pub fn process_uid(&self, s: Service) -> Option<u32> {
+        self.opts.isolated_uids.then(|| match s {
+            Service::Broker => Self::uid_of_node(1),
+            other => testkit::partition::uid(Service::ALL.iter().position(|x| *x == other).unwrap_or(0) as u32),
+        })
+    }
+
+    /// The uid Kafka node `id` runs as, when the stack isolates processes.
+    pub fn node_uid(&self, id: u32) -> Option<u32> {
+        self.opts.isolated_uids.then(|| Self::uid_of_node(id))
+    }
+
+    fn uid_of_node(id: u32) -> u32 {
+        testkit::partition::uid(10 + id)
     }
 
     /// Waits until `s` is ready (a Kafka node: every node answers; a
@@ -568,6 +598,17 @@ async fn tee(stream: impl tokio::io::AsyncRead + Unpin, path: PathBuf, name: &'s
 }
 
 /// The data directory of Kafka node `id`: `broker` for node 1, `broker-<id>` for the others.
+/// Gives `path` and everything under it to `uid` (a Kafka node's data).
+fn chown_tree(path: &std::path::Path, uid: u32) -> anyhow::Result<()> {
+    std::os::unix::fs::chown(path, Some(uid), None)?;
+    if path.is_dir() {
+        for entry in std::fs::read_dir(path)? {
+            chown_tree(&entry?.path(), uid)?;
+        }
+    }
+    Ok(())
+}
+
 fn node_dir(run_dir: &std::path::Path, id: u32) -> PathBuf {
     if id == 1 {
         run_dir.join("broker")

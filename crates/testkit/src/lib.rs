@@ -8,7 +8,8 @@
 //! - [`db`]: throw-away databases that are dropped with their guard;
 //! - [`broker`]: Apache Kafka — fetched from Maven Central, a node started
 //!   on free ports with a temp data directory, killed and restarted;
-//! - [`postgres`]: a local PostgreSQL installed and started when none answers;
+//! - [`partition`]: network partitions on loopback (nftables rules by uid);
+//! - [`postgres`]: a local PostgreSQL installed and started when none answers, or a cluster of a run's own;
 //! - [`openapi`]: a service's OpenAPI document is current and well-formed;
 //! - [`process`]: which process listens on a port (a harness's check that
 //!   the service answering is the one it started);
@@ -22,6 +23,7 @@ pub mod broker;
 pub mod db;
 pub mod jsonschema;
 pub mod openapi;
+pub mod partition;
 pub mod postgres;
 pub mod process;
 pub mod promtool;

@@ -346,12 +346,9 @@ async fn verdict(
     if let Err(e) = &run.drained {
         problems.push(format!("did not drain: {e}"));
     }
-    if faults_fired.len() < Fault::FIRST_ROUND.len() {
-        problems.push(format!(
-            "only {} of {} fault kinds fired",
-            faults_fired.len(),
-            Fault::FIRST_ROUND.len()
-        ));
+    let kinds = Fault::kinds(cfg.brokers).len();
+    if faults_fired.len() < kinds {
+        problems.push(format!("only {} of {kinds} fault kinds fired", faults_fired.len()));
     }
     // Every consumer crashed with fresh work in its open transaction at
     // least once: the window where an inbox committed apart, or an offset

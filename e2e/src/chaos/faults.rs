@@ -19,6 +19,7 @@ use crate::proxy::Mode;
 use crate::stack::{Service, Stack};
 
 mod crash;
+mod partition;
 use crash::{crash_at, crash_points_of};
 
 /// The fault kinds of the suite, numbered as in the issue.
@@ -66,6 +67,16 @@ pub enum Fault {
     ///     postmaster accepts, and every service answered not-ready while it
     ///     was down and ready again after, none restarted.
     PostgresCrash,
+    /// 17. One service (a consumer or the relay) cut from every Kafka node
+    ///     for 12 s, longer than a consumer's session: a consumer loses its
+    ///     group coordinator with work in hand. Its database stays reachable.
+    ///     nftables drops the packets of its uid to the brokers' ports; fired
+    ///     on the rule's own drop counter.
+    ServiceCutFromBrokers,
+    /// 18. One Kafka node cut from the other two (controller quorum and
+    ///     replication, both ways) for 15 s while clients still reach it;
+    ///     fired on the rules' drop counters. Three nodes only.
+    KafkaNodeIsolated,
 }
 
 impl Fault {
@@ -76,7 +87,7 @@ impl Fault {
     /// Apache Kafka (late in the round, the clients had finished before the
     /// group gave them anything). Faults that fire without traffic (a
     /// rebalance is judged on the assignment, kills on the exit) go last.
-    pub const FIRST_ROUND: [Fault; 16] = [
+    pub const FIRST_ROUND: [Fault; 18] = [
         Fault::ConsumerInTransaction,
         Fault::OrderApiAfterCommit,
         Fault::PaymentAfterCharge,
@@ -87,13 +98,24 @@ impl Fault {
         Fault::Gateway5xxAndLatency,
         Fault::ConsumerBeforeOffsetCommit,
         Fault::NetworkFault,
+        Fault::ServiceCutFromBrokers,
         Fault::DuplicateInjection,
         Fault::Rebalance,
         Fault::RandomKill,
         Fault::BrokerRestart,
         Fault::DatabaseConnectionsDropped,
         Fault::PostgresCrash,
+        Fault::KafkaNodeIsolated,
     ];
+
+    /// The kinds a run on `brokers` Kafka nodes can fire: a node can be
+    /// isolated from the others only in a cluster of three.
+    pub fn kinds(brokers: u32) -> Vec<Fault> {
+        Self::FIRST_ROUND
+            .into_iter()
+            .filter(|f| brokers >= 3 || *f != Fault::KafkaNodeIsolated)
+            .collect()
+    }
 }
 
 /// One fault as it happened.
@@ -130,7 +152,7 @@ enum Window {
 }
 
 /// Revocations the stack's own instance of `s` has seen (its own metric).
-async fn revocations(stack: &Stack, s: Service) -> f64 {
+pub(super) async fn revocations(stack: &Stack, s: Service) -> f64 {
     Stack::metric(&stack.url(s), "consumer_rebalances_total", &[("kind", "revoke")])
         .await
         .unwrap_or(0.0)
@@ -287,7 +309,8 @@ pub(super) async fn run_schedule(
     let mut timeline = Vec::new();
     let mut crash_points: BTreeMap<String, u32> = BTreeMap::new();
     let mut duplicates = Duplicates::default();
-    let mut round: Vec<Fault> = Fault::FIRST_ROUND.to_vec();
+    let kinds = Fault::kinds(stack.broker_nodes().len() as u32);
+    let mut round: Vec<Fault> = kinds.clone();
     let mut fired_kinds = BTreeSet::new();
     let mut left_after_clients: Option<usize> = None;
     let mut placing_ms = None;
@@ -303,18 +326,18 @@ pub(super) async fn run_schedule(
         if clients_done && placing_ms.is_none() {
             placing_ms = Some(started.elapsed().as_millis() as u64);
         }
-        if clients_done && fired_kinds.len() == Fault::FIRST_ROUND.len() {
+        if clients_done && fired_kinds.len() == kinds.len() {
             break;
         }
         if clients_done {
-            let left = left_after_clients.get_or_insert(Fault::FIRST_ROUND.len());
+            let left = left_after_clients.get_or_insert(kinds.len());
             if *left == 0 {
                 break;
             }
             *left -= 1;
         }
         if round.is_empty() {
-            round = Fault::FIRST_ROUND.to_vec();
+            round = kinds.clone();
             round.shuffle(rng);
             // The kinds that have not fired yet (a crash point no traffic
             // reached in its window) go first: while the clients still
@@ -434,6 +457,14 @@ async fn inject(
                 restarted.evident(),
                 None,
             )
+        }
+        Fault::ServiceCutFromBrokers => {
+            let (detail, fired) = partition::cut_service(stack, rng).await?;
+            (detail, fired, None)
+        }
+        Fault::KafkaNodeIsolated => {
+            let (detail, fired) = partition::isolate_node(stack, rng).await?;
+            (detail, fired, None)
         }
         Fault::PostgresCrash => {
             let r = stack.crash_postgres(Duration::from_secs(3)).await?;

@@ -110,6 +110,8 @@ pub async fn run(cfg: &ChaosConfig) -> anyhow::Result<Report> {
     opts.brokers = cfg.brokers;
     // Its own server, so that the schedule can crash it.
     opts.own_postgres = Some(cfg.postgres_settings.clone());
+    // Each process under a uid of its own, so that a partition can cut it.
+    opts.isolated_uids = true;
     opts.extra_env
         .push((Service::Payment, "GATEWAY_TIMEOUT_MS".into(), "1000".into()));
     let deadline = cfg.deadline.as_secs().to_string();

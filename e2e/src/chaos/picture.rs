@@ -20,9 +20,9 @@ const OPEN: &str = "#d62728";
 const BROKEN: &str = "#9400d3";
 
 /// One colour per fault kind, in [`Fault::FIRST_ROUND`] order.
-const PALETTE: [&str; 13] = [
+const PALETTE: [&str; 18] = [
     "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#17becf",
-    "#bcbd22", "#7f7f7f", "#393b79",
+    "#bcbd22", "#7f7f7f", "#393b79", "#8c564b", "#2ca02c", "#d62728", "#637939", "#e377c2",
 ];
 
 /// A tick's label: whole numbers without decimals.

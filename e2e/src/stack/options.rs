@@ -6,6 +6,8 @@ use anyhow::Context;
 
 use super::Service;
 #[cfg(doc)]
+use super::Stack;
+#[cfg(doc)]
 use crate::proxy::FaultProxy;
 
 /// How to start a stack.
@@ -37,6 +39,10 @@ pub struct StackOptions {
     /// its `postgresql.conf`), which it can crash; `None`: the databases
     /// live on the shared server at `pg_base`.
     pub own_postgres: Option<String>,
+    /// Runs each service and each Kafka node under a uid of its own
+    /// ([`Stack::process_uid`]), so that a partition can cut one of them
+    /// off by its uid ([`testkit::partition::Cut`]).
+    pub isolated_uids: bool,
 }
 
 impl StackOptions {
@@ -59,6 +65,7 @@ impl StackOptions {
             brokers: 1,
             secrets: None,
             own_postgres: None,
+            isolated_uids: false,
         })
     }
 }

@@ -91,7 +91,7 @@ async fn chaos_at_100_orders_per_second_keeps_every_invariant() {
     assert!(report.passed(), "{:?}", report.problems);
     assert_eq!(
         report.faults_fired.len(),
-        chaos::Fault::FIRST_ROUND.len(),
+        chaos::Fault::kinds(cfg.brokers).len(),
         "{:?}",
         report.faults_fired
     );

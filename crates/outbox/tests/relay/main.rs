@@ -10,6 +10,7 @@ use uuid::Uuid;
 
 mod common;
 mod lost_ack;
+mod publisher;
 
 use common::{read_all, setup, setup_own_broker, Db, SERIAL};
 

@@ -1,0 +1,135 @@
+//! What the Kafka publisher puts on a record, and how the relay paces
+//! itself when publishing fails.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use contract::{Envelope, Message};
+use outbox::relay::{PendingRow, PublishError, Publisher};
+use outbox::{KafkaPublisher, Relay};
+use rdkafka::message::Headers as _;
+use rdkafka::Message as _;
+use uuid::Uuid;
+
+use super::common::{outbox_event, setup, Db, SERIAL};
+use super::drain;
+
+const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+/// Every header of the first record on `topic`, by name.
+pub async fn headers_of_first(brokers: &str, topic: &str) -> std::collections::BTreeMap<String, String> {
+    let all = testkit::topics::read_all(brokers, topic).await.unwrap();
+    let first = all.first().expect("a record on the topic");
+    first
+        .headers()
+        .map(|h| {
+            h.iter()
+                .map(|h| {
+                    let value = String::from_utf8(h.value.unwrap_or_default().to_vec()).unwrap();
+                    (h.key.to_owned(), value)
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Writes one row carrying `TRACEPARENT`, relays it with `publisher`, and
+/// returns the row's envelope and the headers its record carries.
+pub async fn publish_one(publisher: KafkaPublisher) -> (Envelope, std::collections::BTreeMap<String, String>) {
+    let (_serial, brokers, db, topic) = setup().await;
+    let mut env = Envelope::new(Uuid::new_v4(), &Message::ReleaseStock, None);
+    env.traceparent = Some(TRACEPARENT.into());
+    let mut tx = db.pool.begin().await.unwrap();
+    outbox::enqueue(&mut tx, &outbox_event(&topic, &env)).await.unwrap();
+    tx.commit().await.unwrap();
+    drain(&Relay::new(db.pool.clone(), publisher, "t")).await;
+    let headers = headers_of_first(&brokers, &topic).await;
+    db.drop().await;
+    (env, headers)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_record_carries_the_rows_event_id_type_and_traceparent() {
+    let brokers = testkit::broker::shared().await.unwrap();
+    let (env, headers) = publish_one(KafkaPublisher::new(&brokers).unwrap()).await;
+    assert_eq!(headers.get("event_id"), Some(&env.event_id.to_string()), "{headers:?}");
+    assert_eq!(headers.get("event_type"), Some(&env.event_type), "{headers:?}");
+    assert_eq!(
+        headers.get("traceparent").map(String::as_str),
+        Some(TRACEPARENT),
+        "passed through as the row has it: {headers:?}"
+    );
+}
+
+fn linked(_: &tracing::Span, _: Option<&str>) -> Option<String> {
+    Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trace_link_decides_the_traceparent_the_record_carries() {
+    let brokers = testkit::broker::shared().await.unwrap();
+    let publisher = KafkaPublisher::new(&brokers).unwrap().trace_with(linked);
+    let (_, headers) = publish_one(publisher).await;
+    assert_eq!(
+        headers.get("traceparent"),
+        linked(&tracing::Span::none(), None).as_ref()
+    );
+}
+
+/// Refuses every row as "try again", counting its calls.
+struct Refusing(Arc<AtomicUsize>);
+
+impl Publisher for Refusing {
+    async fn publish(&self, rows: &[PendingRow]) -> Vec<Result<(), PublishError>> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        rows.iter()
+            .map(|_| {
+                Err(PublishError {
+                    retriable: true,
+                    message: "broker unavailable".into(),
+                })
+            })
+            .collect()
+    }
+}
+
+/// A batch the broker did not take pauses the relay with a backoff that
+/// doubles from 100 ms: in 1.2 s, four or five attempts, not a tight loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_batch_pauses_the_relay_with_a_doubling_backoff() {
+    let _serial = SERIAL.lock().await;
+    let db = Db::new().await;
+    db.enqueue("t", Uuid::new_v4(), 0).await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let relay = Relay::new(db.pool.clone(), Refusing(calls.clone()), "t").poll_interval(Duration::from_millis(10));
+    let token = tokio_util::sync::CancellationToken::new();
+    let run = tokio::spawn({
+        let token = token.clone();
+        async move { relay.run(token).await }
+    });
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    token.cancel();
+    run.await.unwrap();
+    let n = calls.load(Ordering::SeqCst);
+    // Attempts at 0, 0.1, 0.3, 0.7 s (and 1.5 s): 4, allowing one more for a slow machine.
+    assert!((3..=5).contains(&n), "{n} publish attempts in 1.2 s");
+    assert_eq!(db.pending().await, 1, "the row stays pending");
+    db.drop().await;
+}
+
+/// The relay's metrics carry their help text once described.
+#[tokio::test]
+async fn described_metrics_render_with_their_help() {
+    let _serial = SERIAL.lock().await;
+    telemetry::metrics::install();
+    outbox::describe_metrics();
+    let db = Db::new().await;
+    db.enqueue("t", Uuid::new_v4(), 0).await;
+    drain(&Relay::new(db.pool.clone(), super::NullPublisher, "t")).await;
+    let page = telemetry::metrics::render();
+    for (name, help) in outbox::COUNTERS.iter().take(1) {
+        assert!(page.contains(&format!("# HELP {name} {help}")), "{name}: {page}");
+    }
+    db.drop().await;
+}
