@@ -20,7 +20,10 @@ async fn footprint(stack: &e2e::Stack) -> Vec<(String, i64)> {
         ),
         ("inventory", ["stock", "reservations", "outbox"].as_slice()),
         ("payments", ["outbox"].as_slice()),
-        ("gateway", ["ledger", "card_tokens", "idempotency_keys"].as_slice()),
+        (
+            "gateway",
+            ["ledger", "card_tokens", "idempotency_keys", "notices"].as_slice(),
+        ),
     ];
     let mut out = Vec::new();
     for (db, names) in tables {
@@ -159,12 +162,12 @@ async fn no_wrong_or_foreign_credential_opens_any_endpoint_or_writes_anything() 
             401,
         ),
         (
-            Door::new(Service::Gateway, Method::POST, "/v1/charges", Some(charge)),
+            Door::new(Service::Gateway, Method::POST, "/v1/charges", Some(charge.clone())),
             &secrets.operator,
             401,
         ),
         (
-            Door::new(Service::Gateway, Method::POST, "/v1/refunds", Some(refund)),
+            Door::new(Service::Gateway, Method::POST, "/v1/refunds", Some(refund.clone())),
             stack.api_key(),
             401,
         ),
@@ -208,6 +211,38 @@ async fn no_wrong_or_foreign_credential_opens_any_endpoint_or_writes_anything() 
             ),
             stack.api_key(),
             401,
+        ),
+        // The gateway's own callers, each on the other's routes: a known
+        // credential without the route's grant (GATEWAY_GRANTS) is a 403.
+        (
+            Door::new(Service::Gateway, Method::POST, "/v1/charges", Some(charge.clone())),
+            &secrets.order_api_gateway,
+            403,
+        ),
+        (
+            Door::new(Service::Gateway, Method::POST, "/v1/refunds", Some(refund.clone())),
+            &secrets.order_api_gateway,
+            403,
+        ),
+        (
+            Door::new(
+                Service::Gateway,
+                Method::POST,
+                "/v1/tokens",
+                Some(json!({"card": GOOD_CARD})),
+            ),
+            &secrets.payment_gateway,
+            403,
+        ),
+        (
+            Door::new(
+                Service::Gateway,
+                Method::POST,
+                "/v1/notices",
+                Some(json!({"order_id": uuid::Uuid::new_v4(), "text": "hello"})),
+            ),
+            &secrets.payment_gateway,
+            403,
         ),
     ];
     let before = footprint(&stack).await;

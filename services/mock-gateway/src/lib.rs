@@ -15,6 +15,7 @@
 //! `failpoints` feature only: a production build refuses to start with them.
 
 pub mod faults;
+pub mod grants;
 pub mod ledger;
 pub mod notices;
 pub mod vault;
@@ -71,6 +72,11 @@ pub struct Config {
     /// reconciliation asks what payment-service's keys did).
     #[arg(long, env = "GATEWAY_READERS", default_value = "")]
     pub readers: Readers,
+    /// What each caller may do, `caller=permission+permission[,…]`
+    /// (permissions: tokenise, charge, refund, read, notify); a request on a
+    /// route its caller has no grant for is refused with a 403.
+    #[arg(long, env = "GATEWAY_GRANTS", default_value = grants::DEFAULT)]
+    pub grants: grants::Grants,
     /// Enables `GET/PUT /admin/faults` (builds with failpoints only).
     #[arg(long, env = "GATEWAY_ADMIN", default_value_t = false)]
     pub admin: bool,
@@ -197,6 +203,7 @@ pub struct App {
     listener: TcpListener,
     admin: bool,
     callers: Callers,
+    grants: grants::Grants,
 }
 
 /// Connects, migrates and binds.
@@ -229,6 +236,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         listener,
         admin: config.admin,
         callers: config.clients,
+        grants: config.grants,
     })
 }
 
@@ -240,15 +248,38 @@ impl App {
 
     /// Serves until `shutdown`, or until a task dies (then returns its error).
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        tracing::info!(admin = self.admin, callers = ?self.callers, "mock-gateway callers");
+        tracing::info!(admin = self.admin, callers = ?self.callers, grants = ?self.grants, "mock-gateway callers");
         let mut tasks = Supervisor::new(shutdown);
+        use grants::Permission;
+        let granted = |what: Permission, routes: Router<AppState>| {
+            routes.route_layer(axum::middleware::from_fn_with_state(
+                (self.grants.clone(), what),
+                grants::require,
+            ))
+        };
         let mut api = Router::new()
-            .route("/v1/charges", post(ledger::charge))
-            .route("/v1/refunds", post(ledger::refund))
-            .route("/v1/ledger", get(ledger::list))
-            .route("/v1/tokens", post(vault::create))
-            .route("/v1/operations/{key}", get(ledger::operation))
-            .route("/v1/notices", post(notices::create));
+            .merge(granted(
+                Permission::Charge,
+                Router::new().route("/v1/charges", post(ledger::charge)),
+            ))
+            .merge(granted(
+                Permission::Refund,
+                Router::new().route("/v1/refunds", post(ledger::refund)),
+            ))
+            .merge(granted(
+                Permission::Tokenise,
+                Router::new().route("/v1/tokens", post(vault::create)),
+            ))
+            .merge(granted(
+                Permission::Notify,
+                Router::new().route("/v1/notices", post(notices::create)),
+            ))
+            .merge(granted(
+                Permission::Read,
+                Router::new()
+                    .route("/v1/ledger", get(ledger::list))
+                    .route("/v1/operations/{key}", get(ledger::operation)),
+            ));
         if self.admin {
             api = api.route("/admin/faults", get(faults::get).put(faults::put));
         }

@@ -29,6 +29,9 @@ impl Gateway {
             http_addr: "127.0.0.1:0".parse().unwrap(),
             clients: format!("tests={key},someone-else={other_key}").parse().unwrap(),
             readers: Default::default(),
+            grants: "tests=tokenise+charge+refund+read+notify,someone-else=tokenise+charge+refund+read+notify"
+                .parse()
+                .unwrap(),
             admin: true,
             keys: idempotency::KeyArgs {
                 ttl_secs: 86_400,
