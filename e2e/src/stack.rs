@@ -19,6 +19,8 @@ mod observe;
 mod options;
 mod postgres;
 mod restart;
+mod uids;
+use uids::chown_tree;
 mod secrets;
 pub use options::{default_bin_dir, StackOptions};
 pub use restart::{Killed, Restarted};
@@ -440,24 +442,6 @@ impl Stack {
         })
     }
 
-    /// The uid processes of `s` run as (its extra instances too; for
-    /// [`Service::Broker`], node 1), when the stack isolates them.
-    pub fn process_uid(&self, s: Service) -> Option<u32> {
-        self.opts.isolated_uids.then(|| match s {
-            Service::Broker => Self::uid_of_node(1),
-            other => testkit::partition::uid(Service::ALL.iter().position(|x| *x == other).unwrap_or(0) as u32),
-        })
-    }
-
-    /// The uid Kafka node `id` runs as, when the stack isolates processes.
-    pub fn node_uid(&self, id: u32) -> Option<u32> {
-        self.opts.isolated_uids.then(|| Self::uid_of_node(id))
-    }
-
-    fn uid_of_node(id: u32) -> u32 {
-        testkit::partition::uid(10 + id)
-    }
-
     /// Waits until `s` is ready (a Kafka node: every node answers; a
     /// service: its own process answers `/health/ready` with a 2xx); fails
     /// if it exits meanwhile or `timeout` passes.
@@ -598,17 +582,6 @@ async fn tee(stream: impl tokio::io::AsyncRead + Unpin, path: PathBuf, name: &'s
 }
 
 /// The data directory of Kafka node `id`: `broker` for node 1, `broker-<id>` for the others.
-/// Gives `path` and everything under it to `uid` (a Kafka node's data).
-fn chown_tree(path: &std::path::Path, uid: u32) -> anyhow::Result<()> {
-    std::os::unix::fs::chown(path, Some(uid), None)?;
-    if path.is_dir() {
-        for entry in std::fs::read_dir(path)? {
-            chown_tree(&entry?.path(), uid)?;
-        }
-    }
-    Ok(())
-}
-
 fn node_dir(run_dir: &std::path::Path, id: u32) -> PathBuf {
     if id == 1 {
         run_dir.join("broker")

@@ -65,7 +65,7 @@ fn the_alert_rules_are_valid_and_read_metrics_that_exist() {
     let rules = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docker/alerts.yml");
     let (ok, report) = testkit::promtool::check_rules(&promtool, &rules).unwrap();
     assert!(ok, "promtool check rules:\n{report}");
-    assert!(report.contains("9 rules found"), "{report}");
+    assert!(report.contains("10 rules found"), "{report}");
     let described: std::collections::BTreeSet<&str> = [
         order_api::METRICS,
         inventory_service::METRICS,

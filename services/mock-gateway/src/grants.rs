@@ -112,7 +112,7 @@ pub async fn require(State((grants, what)): State<(Grants, Permission)>, req: Re
         StatusCode::FORBIDDEN,
         "/problems/forbidden",
         "Forbidden",
-        &format!("caller {caller:?} has no grant to {}", what.name()),
+        format!("caller {caller:?} has no grant to {}", what.name()),
     )
     .into_response()
 }

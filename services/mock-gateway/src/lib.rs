@@ -77,6 +77,13 @@ pub struct Config {
     /// route its caller has no grant for is refused with a 403.
     #[arg(long, env = "GATEWAY_GRANTS", default_value = grants::DEFAULT)]
     pub grants: grants::Grants,
+    /// Cards each caller may tokenise per second (bursts up to twice
+    /// that); past it a 429 with `Retry-After`, counted in
+    /// `gateway_tokenise_limited_total{caller}`: a caller turning card
+    /// numbers into tokens that fast is testing cards, not taking orders.
+    #[arg(long, env = "GATEWAY_TOKENISE_PER_SEC", default_value_t = 200,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub tokenise_per_sec: u32,
     /// Enables `GET/PUT /admin/faults` (builds with failpoints only).
     #[arg(long, env = "GATEWAY_ADMIN", default_value_t = false)]
     pub admin: bool,
@@ -118,6 +125,8 @@ pub struct AppState {
     pub fingerprint_key: FingerprintKey,
     /// Who may read whose operations.
     pub readers: Readers,
+    /// Tokenisations per caller.
+    pub tokenise_limit: Arc<vault::Limiter>,
 }
 
 impl FromRef<AppState> for FingerprintKey {
@@ -230,6 +239,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         vault_key: config.vault_key,
         fingerprint_key: config.keys.fingerprint_key(),
         readers: config.readers,
+        tokenise_limit: Arc::new(vault::limiter(config.tokenise_per_sec)),
     };
     Ok(App {
         state,
@@ -368,6 +378,7 @@ pub const METRICS: &[telemetry::metrics::Description] = telemetry::descriptions!
     counter "gateway_refunds_total": "Refunds the mock gateway executed.",
     counter "gateway_injected_faults_total": "Faults the mock gateway injected on purpose.",
     counter "gateway_tokens_issued_total": "Card tokens the vault answered (new or existing).",
+    counter "gateway_tokenise_limited_total": "Tokenisations refused as faster than GATEWAY_TOKENISE_PER_SEC, per caller.",
     counter "gateway_notices_received_total": "Notices the notifier received (no key: every request is one more notice).",
     counter "gateway_operation_lookups_total": "Reconciliation lookups of an operation by its key, by whether one was found.",
 ];

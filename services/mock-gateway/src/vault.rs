@@ -75,15 +75,48 @@ pub async fn tokenise(pool: &PgPool, vault_key: &[u8], card: &str) -> Result<Car
         (status = 201, description = "The card's token", body = CardToken),
         (status = 400, description = "Malformed body", body = service_kit::problem::Problem, content_type = "application/problem+json"),
         service_kit::problem::responses::NoCredential,
+        (status = 403, description = "The caller has no grant to tokenise", body = service_kit::problem::Problem, content_type = "application/problem+json"),
         (status = 422, description = "Not a card number", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        (status = 429, description = "The caller tokenises faster than `GATEWAY_TOKENISE_PER_SEC`", body = service_kit::problem::Problem, content_type = "application/problem+json"),
         service_kit::problem::responses::Internal,
     )
 )]
-pub async fn create(State(state): State<AppState>, body: axum::body::Bytes) -> Result<Response, GatewayError> {
+pub async fn create(
+    State(state): State<AppState>,
+    axum::Extension(caller): axum::Extension<idempotency::Scope>,
+    body: axum::body::Bytes,
+) -> Result<Response, GatewayError> {
+    if let Err(not_until) = state.tokenise_limit.check_key(&caller.0) {
+        telemetry::metrics::incr("gateway_tokenise_limited_total", &[("caller", caller.0.as_str())]);
+        let wait = not_until.wait_time_from(governor::clock::Clock::now(&governor::clock::DefaultClock::default()));
+        let mut resp = service_kit::problem::Problem::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "/problems/rate-limited",
+            "Too many tokenisations",
+            "this caller tokenises cards faster than it may (GATEWAY_TOKENISE_PER_SEC)",
+        )
+        .into_response();
+        let secs = wait.as_secs().max(1).to_string();
+        resp.headers_mut().insert(
+            axum::http::header::RETRY_AFTER,
+            axum::http::HeaderValue::from_str(&secs).expect("digits"),
+        );
+        return Ok(resp);
+    }
     let req: TokenRequest = crate::ledger::parse(&body)?;
     let token = tokenise(&state.pool, state.vault_key.expose().as_bytes(), &req.card).await?;
     telemetry::metrics::incr("gateway_tokens_issued_total", &[]);
     Ok((StatusCode::CREATED, Json(token)).into_response())
+}
+
+/// A token bucket per caller (governor's GCRA).
+pub type Limiter = governor::DefaultKeyedRateLimiter<String>;
+
+/// `per_sec` tokenisations per caller, bursting to twice that.
+pub fn limiter(per_sec: u32) -> Limiter {
+    let rate = std::num::NonZeroU32::new(per_sec.max(1)).expect("at least 1");
+    let burst = rate.saturating_mul(std::num::NonZeroU32::new(2).expect("2"));
+    governor::RateLimiter::keyed(governor::Quota::per_second(rate).allow_burst(burst))
 }
 
 #[cfg(test)]

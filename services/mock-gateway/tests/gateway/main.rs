@@ -19,6 +19,12 @@ struct Gateway {
 
 impl Gateway {
     async fn start(faults: mock_gateway::faults::Faults) -> Self {
+        Self::start_with(faults, 1_000).await
+    }
+
+    /// A gateway letting each caller tokenise `tokenise_per_sec` cards a
+    /// second (bursts to twice that).
+    async fn start_with(faults: mock_gateway::faults::Faults, tokenise_per_sec: u32) -> Self {
         let db = TempDb::new("eo_gw");
         let (key, other_key) = ("t".repeat(40), "o".repeat(40));
         let config = mock_gateway::Config {
@@ -32,6 +38,7 @@ impl Gateway {
             grants: "tests=tokenise+charge+refund+read+notify,someone-else=tokenise+charge+refund+read+notify"
                 .parse()
                 .unwrap(),
+            tokenise_per_sec,
             admin: true,
             keys: idempotency::KeyArgs {
                 ttl_secs: 86_400,
@@ -499,4 +506,46 @@ async fn concurrent_first_sights_of_one_card_get_one_token() {
         assert!(tokens.iter().all(|t| t == &tokens[0]), "{tokens:?}");
     }
     std::sync::Arc::into_inner(gw).unwrap().stop().await;
+}
+
+/// Tokenising is rate-limited per caller: past the burst a 429 with
+/// `Retry-After`, counted per caller; another caller is not held back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenising_faster_than_allowed_is_refused_per_caller_and_counted() {
+    const TOKENISE_PER_SEC: u32 = 2;
+    let gw = Gateway::start_with(Default::default(), TOKENISE_PER_SEC).await;
+    let limited = || telemetry::metrics::get("gateway_tokenise_limited_total", &[("caller", "tests")]);
+    let before = limited();
+    let mut statuses = std::collections::BTreeMap::new();
+    let mut retry_after = None;
+    for i in 0..(6 * TOKENISE_PER_SEC) {
+        let r = gw
+            .http
+            .post(format!("{}/v1/tokens", gw.base))
+            .json(&json!({ "card": format!("4000000000{i:06}") }))
+            .send()
+            .await
+            .unwrap();
+        if r.status().as_u16() == 429 {
+            retry_after = r.headers().get("retry-after").cloned();
+        }
+        *statuses.entry(r.status().as_u16()).or_insert(0) += 1;
+    }
+    assert!(statuses.get(&429).copied().unwrap_or(0) > 0, "{statuses:?}");
+    assert!(
+        statuses.get(&201).copied().unwrap_or(0) >= 2 * TOKENISE_PER_SEC as usize,
+        "the burst went through: {statuses:?}"
+    );
+    assert!(retry_after.is_some(), "a 429 says when to come back");
+    assert_eq!(limited() - before, statuses[&429] as f64, "each refusal counted");
+    let (status, _) = gw
+        .post_as(
+            "someone-else",
+            "/v1/tokens",
+            "k-other",
+            &json!({ "card": "4242424242424242" }),
+        )
+        .await;
+    assert_eq!(status, 201, "another caller is not held back");
+    gw.stop().await;
 }
