@@ -266,7 +266,7 @@ impl Stack {
     fn spawn_node(&mut self, id: u32) -> anyhow::Result<()> {
         let mut cmd = testkit::broker::command(&node_dir(&self.opts.run_dir, id))?;
         if self.opts.isolated_uids {
-            cmd.uid(Self::uid_of_node(id));
+            cmd.uid(Self::uid_of_node(id)).env("HOME", &self.opts.run_dir);
         }
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -426,7 +426,8 @@ impl Stack {
         }
         cmd.envs(env).stdin(Stdio::null()).kill_on_drop(true);
         if let Some(uid) = self.process_uid(s) {
-            cmd.uid(uid);
+            // A home it can read (root's makes sqlx warn about ~/.pgpass).
+            cmd.uid(uid).env("HOME", &self.opts.run_dir);
         }
         let log_path = self.opts.run_dir.join("logs").join(format!("{log_name}.log"));
         Ok(if self.opts.echo {
@@ -442,9 +443,8 @@ impl Stack {
         })
     }
 
-    /// Waits until `s` is ready (a Kafka node: every node answers; a
-    /// service: its own process answers `/health/ready` with a 2xx); fails
-    /// if it exits meanwhile or `timeout` passes.
+    /// Waits until `s` is ready (Kafka: every node answers; a service: its own
+    /// process answers `/health/ready`); fails if it exits or `timeout` passes.
     pub async fn wait_ready(&mut self, s: Service, timeout: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + timeout;
         loop {

@@ -56,6 +56,7 @@ pub struct ChargeRequest {
     #[cfg_attr(feature = "server", schema(minimum = 1, maximum = 100_000_000))]
     pub amount_cents: i64,
     /// The card's token from `POST /v1/tokens` (never a card number).
+    #[cfg_attr(feature = "server", schema(pattern = "^[^\\x00]*$"))]
     pub card_token: String,
 }
 

@@ -67,9 +67,11 @@ pub enum Fault {
     ///     postmaster accepts, and every service answered not-ready while it
     ///     was down and ready again after, none restarted.
     PostgresCrash,
-    /// 17. One service (a consumer or the relay) cut from every Kafka node
-    ///     for 12 s, longer than a consumer's session: a consumer loses its
-    ///     group coordinator with work in hand. Its database stays reachable.
+    /// 17. One consumer service cut from every Kafka node for 12 s, longer
+    ///     than its session: it loses its group coordinator with work in
+    ///     hand. Its database stays reachable. (A consumer always talks to the
+    ///     brokers — heartbeats, fetches — so the cut always has packets to
+    ///     drop; an idle producer may send none for minutes.)
     ///     nftables drops the packets of its uid to the brokers' ports; fired
     ///     on the rule's own drop counter.
     ServiceCutFromBrokers,
@@ -98,7 +100,6 @@ impl Fault {
         Fault::Gateway5xxAndLatency,
         Fault::ConsumerBeforeOffsetCommit,
         Fault::NetworkFault,
-        Fault::ServiceCutFromBrokers,
         Fault::DuplicateInjection,
         Fault::Rebalance,
         Fault::RandomKill,
@@ -106,6 +107,7 @@ impl Fault {
         Fault::DatabaseConnectionsDropped,
         Fault::PostgresCrash,
         Fault::KafkaNodeIsolated,
+        Fault::ServiceCutFromBrokers,
     ];
 
     /// The kinds a run on `brokers` Kafka nodes can fire: a node can be
@@ -158,6 +160,10 @@ pub(super) async fn revocations(stack: &Stack, s: Service) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// How much longer a gateway or network window stays open for its first
+/// affected call.
+const WINDOW_GRACE: Duration = Duration::from_secs(15);
+
 /// Closes the open window, if any: marks its fault fired only on evidence.
 async fn close_window(
     stack: &mut Stack,
@@ -169,9 +175,10 @@ async fn close_window(
     let (fired, evidence) = match window {
         Window::Gateway { label, before } => {
             // A 30 % fault over one interval's few calls can miss them all
-            // (0.7^7 ≈ 8 %): the window stays open (up to 5 s more) until the
-            // gateway has injected one.
-            let deadline = Instant::now() + Duration::from_secs(5);
+            // (0.7^7 ≈ 8 %), and payments may pause for seconds (a crashed
+            // service restarting): the window stays open (up to
+            // `WINDOW_GRACE` more) until the gateway has injected one.
+            let deadline = Instant::now() + WINDOW_GRACE;
             let injected = loop {
                 let now = Stack::metric(
                     &stack.url(Service::Gateway),
@@ -190,8 +197,8 @@ async fn close_window(
             (injected > 0.0, format!("the gateway counted {injected} {label} faults"))
         }
         Window::Network { before } => {
-            // Likewise until the proxy has acted on a call (up to 5 s more).
-            let deadline = Instant::now() + Duration::from_secs(5);
+            // Likewise until the proxy has acted on a call.
+            let deadline = Instant::now() + WINDOW_GRACE;
             let mut acted = stack.gateway_proxy().map_or(0, |p| p.acted()) - before;
             while acted == 0 && Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(200)).await;

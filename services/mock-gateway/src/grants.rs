@@ -49,6 +49,13 @@ impl Permission {
     }
 }
 
+service_kit::problem_response!(
+    /// 403 of a route the caller has no grant for.
+    NoGrant,
+    403,
+    "The caller has no grant for this route (GATEWAY_GRANTS)"
+);
+
 /// The grants of the two services of the saga.
 pub const DEFAULT: &str = "order-api=tokenise+read+notify,payment-service=charge+refund+read";
 

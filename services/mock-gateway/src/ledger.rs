@@ -104,6 +104,7 @@ pub struct LedgerEntry {
     responses(
         (status = 201, description = "Captured (or replayed)", body = Movement),
         service_kit::problem::responses::NoCredential,
+        crate::grants::NoGrant,
         (status = 402, description = "Declined by the issuer (stored under the key)", body = Movement),
         service_kit::problem::responses::MalformedBodyOrKey,
         service_kit::problem::responses::KeyInFlight,
@@ -132,6 +133,10 @@ async fn record_charge(
     request: &Idempotent,
 ) -> Result<StoredResponse, GatewayError> {
     let (client, key) = (&request.scope, &request.key);
+    // No token has a NUL, and PostgreSQL cannot even compare a text with one.
+    if req.card_token.contains('\0') {
+        return Err(GatewayError::Unprocessable("unknown card token".into()));
+    }
     let Some((id, status)) = insert_charge(conn, &req.card_token, req.order_id, req.amount_cents, client, key).await?
     else {
         return Err(GatewayError::Unprocessable("unknown card token".into()));
@@ -154,6 +159,7 @@ async fn record_charge(
     responses(
         (status = 201, description = "Refunded (or replayed)", body = Movement),
         service_kit::problem::responses::NoCredential,
+        crate::grants::NoGrant,
         service_kit::problem::responses::MalformedBodyOrKey,
         service_kit::problem::responses::KeyInFlight,
         (status = 422, description = "More than the captured amount, refused by the issuer, or the key reused with another body", body = service_kit::problem::Problem, content_type = "application/problem+json"),
@@ -287,7 +293,7 @@ fn owner(state: &AppState, caller: &idempotency::Scope, asked: Option<String>) -
         (status = 200, description = "A page of the caller's movements, oldest first", body = LedgerPage),
         service_kit::problem::responses::BadQuery,
         service_kit::problem::responses::NoCredential,
-        (status = 403, description = "Another caller's movements without a grant", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        (status = 403, description = "No read grant (GATEWAY_GRANTS), or another caller's movements without a GATEWAY_READERS grant", body = service_kit::problem::Problem, content_type = "application/problem+json"),
         service_kit::problem::responses::Internal,
     )
 )]
@@ -339,7 +345,7 @@ pub async fn list(
         (status = 200, description = "The movement made under the key", body = LedgerEntry),
         service_kit::problem::responses::BadQuery,
         service_kit::problem::responses::NoCredential,
-        (status = 403, description = "Another caller's key without a grant", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        (status = 403, description = "No read grant (GATEWAY_GRANTS), or another caller's key without a GATEWAY_READERS grant", body = service_kit::problem::Problem, content_type = "application/problem+json"),
         (status = 404, description = "Nothing committed under the key", body = service_kit::problem::Problem, content_type = "application/problem+json"),
         service_kit::problem::responses::Internal,
     )
@@ -355,14 +361,19 @@ pub async fn operation(
         Ok(o) => o,
         Err(refused) => return Ok(refused.into_response()),
     };
-    let entry: Option<LedgerEntry> = sqlx::query_as(
-        "SELECT id, kind, order_id, amount_cents, status, client_id, idempotency_key, created_at
-         FROM ledger WHERE client_id = $1 AND idempotency_key = $2 ORDER BY created_at, id LIMIT 1",
-    )
-    .bind(&client)
-    .bind(&key)
-    .fetch_optional(&state.pool)
-    .await?;
+    // No key has a NUL (PostgreSQL cannot compare a text with one): none found.
+    let entry: Option<LedgerEntry> = if key.contains('\0') {
+        None
+    } else {
+        sqlx::query_as(
+            "SELECT id, kind, order_id, amount_cents, status, client_id, idempotency_key, created_at
+             FROM ledger WHERE client_id = $1 AND idempotency_key = $2 ORDER BY created_at, id LIMIT 1",
+        )
+        .bind(&client)
+        .bind(&key)
+        .fetch_optional(&state.pool)
+        .await?
+    };
     telemetry::metrics::incr(
         "gateway_operation_lookups_total",
         &[("found", if entry.is_some() { "true" } else { "false" })],

@@ -24,6 +24,7 @@ pub use gateway_client::api::NoticeRequest;
         (status = 202, description = "Received (one more notice, every time)"),
         (status = 400, description = "Malformed body", body = service_kit::problem::Problem, content_type = "application/problem+json"),
         service_kit::problem::responses::NoCredential,
+        crate::grants::NoGrant,
         (status = 422, description = "Text too long, or with a NUL", body = service_kit::problem::Problem, content_type = "application/problem+json"),
         service_kit::problem::responses::Internal,
     )

@@ -75,7 +75,7 @@ pub async fn tokenise(pool: &PgPool, vault_key: &[u8], card: &str) -> Result<Car
         (status = 201, description = "The card's token", body = CardToken),
         (status = 400, description = "Malformed body", body = service_kit::problem::Problem, content_type = "application/problem+json"),
         service_kit::problem::responses::NoCredential,
-        (status = 403, description = "The caller has no grant to tokenise", body = service_kit::problem::Problem, content_type = "application/problem+json"),
+        crate::grants::NoGrant,
         (status = 422, description = "Not a card number", body = service_kit::problem::Problem, content_type = "application/problem+json"),
         (status = 429, description = "The caller tokenises faster than `GATEWAY_TOKENISE_PER_SEC`", body = service_kit::problem::Problem, content_type = "application/problem+json"),
         service_kit::problem::responses::Internal,

@@ -21,11 +21,11 @@ const SERVICE_CUT: Duration = Duration::from_secs(12);
 /// partitions get other leaders.
 const NODE_CUT: Duration = Duration::from_secs(15);
 
-/// Cuts a consumer service or the relay from every Kafka node for
-/// [`SERVICE_CUT`]; its database and HTTP stay reachable. Returns what
-/// happened and whether packets were dropped.
+/// Cuts a consumer service from every Kafka node for [`SERVICE_CUT`]; its
+/// database and HTTP stay reachable. Returns what happened and whether
+/// packets were dropped.
 pub(super) async fn cut_service(stack: &mut Stack, rng: &mut StdRng) -> anyhow::Result<(String, bool)> {
-    let s = *[Service::Inventory, Service::Payment, Service::OrderApi, Service::Relay]
+    let s = *[Service::Inventory, Service::Payment, Service::OrderApi]
         .choose(rng)
         .expect("non-empty");
     let uid = stack

@@ -549,3 +549,19 @@ async fn tokenising_faster_than_allowed_is_refused_per_caller_and_counted() {
     assert_eq!(status, 201, "another caller is not held back");
     gw.stop().await;
 }
+
+/// A NUL where the gateway compares text (a card token, an operation's
+/// key) is an unknown one — not a 500 from PostgreSQL, which cannot hold
+/// it (the fuzzer's find).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nul_in_a_token_or_a_key_is_unknown_not_a_server_error() {
+    let gw = Gateway::start(Default::default()).await;
+    let body = json!({"order_id": uuid::Uuid::new_v4(), "amount_cents": 100, "card_token": "tok_\u{0}x"});
+    let (status, _, problem) = gw.post("/v1/charges", "k-nul", &body).await;
+    assert_eq!(status, 422, "{problem}");
+    assert_eq!(problem["detail"], "unknown card token");
+    let (status, _) = gw.get("/v1/operations/k%00ey", "tests").await;
+    assert_eq!(status, 404);
+    assert!(gw.ledger().await.is_empty(), "nothing written");
+    gw.stop().await;
+}
