@@ -1,38 +1,31 @@
-//! The relay engine: claim → publish → mark, per source database.
+//! The relay: claim → deliver → settle, per source database.
 //!
-//! **Claiming.** Rows are claimed inside a transaction with
-//! `FOR UPDATE SKIP LOCKED`, so several relays share the work without claiming
-//! a row twice. **Ordering.** A row is claimable only when no earlier
-//! unpublished row of the same `message_key` (order) exists. A relay holding
-//! an order's head row locked therefore keeps every other relay off that
-//! order's later rows until the head is marked; at most one row per order is
-//! in flight at a time, so an order's events reach Kafka in insert order.
-//! **Marking.** Rows are marked published only after the broker's delivery
-//! report, in the claiming transaction; a crash before the commit releases
-//! the locks and the rows are published again (same event ids).
-//! **Pipelining.** [`Relay::run`] keeps up to `in_flight` claimed batches at
-//! the broker and claims the next meanwhile; the head rule applies to a
-//! relay's own in-flight rows as to another relay's, so order still holds.
-//! **Waking.** A busy relay claims again as soon as a batch settles; an idle
-//! one probes for pending rows every `poll_interval` (5 ms in outbox-relay)
-//! with one index-only query, not on `LISTEN/NOTIFY` from an insert
-//! trigger: every notifying commit takes PostgreSQL's notification-queue
-//! lock and signals the listeners, which under load cost more database CPU
-//! per order than the saga's own transactions, for a wake-up the probe gives
-//! as well (measured: docs/results/code-decisions.md).
+//! - `relay/core.rs` is the lesson: [`claim`] locks the head rows of their
+//!   orders in a transaction (`FOR UPDATE SKIP LOCKED`, so several relays
+//!   share the work and an order's rows go out in insert order),
+//!   [`deliver`] hands them to the broker, [`settle`] marks what it
+//!   acknowledged and commits. A crash before the commit publishes the rows
+//!   again, with the same event ids. [`Relay::run_once`] is those three
+//!   calls.
+//! - `relay/pipeline.rs` is the machinery: [`Relay::run`] keeps several
+//!   batches at the broker at once, probes for rows when idle (every
+//!   `poll_interval`, one index-only query — not `LISTEN/NOTIFY` from an
+//!   insert trigger, whose notification-queue lock cost more database CPU
+//!   per order than the saga's own transactions; measured:
+//!   docs/results/code-decisions.md), and backs off on failures.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use futures::future::{BoxFuture, FutureExt};
-use futures::stream::{FuturesUnordered, StreamExt};
 use sqlx::PgPool;
-use tokio_util::sync::CancellationToken;
 
 use crate::Result;
 
 mod conns;
-use conns::{Claim, Spare};
+mod core;
+mod pipeline;
+pub use self::core::{claim, deliver, settle, Claimed};
+use conns::Spare;
 
 /// Crash point (failpoints builds): abort after the broker acknowledged a
 /// batch, before the rows are marked published — they are published again,
@@ -102,39 +95,26 @@ pub struct Relay<P> {
     spare: Spare,
 }
 
-/// What finished in the relay's pipeline.
-enum Step {
-    Claimed(Result<Option<Box<Claim>>>),
-    Delivered(Result<Round>),
-}
-
-const MIN_BACKOFF: Duration = Duration::from_millis(100);
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
-
-/// The end of a pause of `backoff`, which doubles for the next one.
-fn back_off(backoff: &mut Duration) -> Instant {
-    let until = Instant::now() + *backoff;
-    *backoff = (*backoff * 2).min(MAX_BACKOFF);
-    until
-}
-
-/// Sleeps until `deadline` (forever without one).
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(t) => tokio::time::sleep_until(t.into()).await,
-        None => std::future::pending().await,
-    }
+/// What a batch's claim found (the pipeline claims the next batch once it knows).
+enum ClaimOutcome {
+    /// Rows were claimed: the batch is at the broker.
+    Rows,
+    /// Nothing claimable.
+    Empty,
+    /// The claim failed (the database; the batch returns the error).
+    Failed,
 }
 
 impl<P: Publisher> Relay<P> {
     /// A relay for `pool` named `source` (used in metrics and logs).
     ///
     /// Each claimed batch holds a connection of `pool` (its transaction)
-    /// until it is settled, and a claim briefly needs a second one (the batch
-    /// bookkeeping beside it); [`Relay::run`] keeps up to `in_flight` batches
-    /// and one more connection for the idle probe: size the pool for
-    /// `in_flight + 2`. Between uses the relay keeps up to two of them out
-    /// of the pool: the next claim's and the bookkeeping's.
+    /// until it is settled, and a claim briefly needs a second one (the
+    /// batch's note beside it); [`Relay::run`] keeps up to `in_flight`
+    /// batches and one more connection for the idle probe: size the pool
+    /// for `in_flight + 2`. Between uses the relay keeps up to two of them
+    /// out of the pool (`relay/conns.rs`: handing a connection back costs
+    /// sqlx's ping).
     pub fn new(pool: PgPool, publisher: P, source: impl Into<String>) -> Self {
         Self {
             spare: Spare::new(pool.clone(), 2),
@@ -165,145 +145,47 @@ impl<P: Publisher> Relay<P> {
         self
     }
 
-    /// Claims, publishes and marks one batch.
+    /// Claims, publishes and settles one batch: the lesson of `core.rs`
+    /// in three calls.
     pub async fn run_once(&self) -> Result<Round> {
-        let round = match self.claim().await {
-            Ok(Some(claim)) => self.deliver(claim).await,
-            Ok(None) => Ok(Round::default()),
-            Err(e) => Err(e),
-        };
+        let round = self.one_batch(|_| {}).await;
         self.spare.release();
         round
     }
 
-    /// Claims the next batch, or `None` when no row is claimable. The rows
-    /// stay locked by the returned transaction until [`Relay::settle`].
-    ///
-    /// The head rule is a scalar subquery per candidate — one probe of the
-    /// pending-by-key index, the head of the key — not `NOT EXISTS`: the
-    /// planner turned that anti-join into a hash join whose bitmap scan read
-    /// the whole pending-by-key index, dead entries of every row published
-    /// since the last vacuum included (a bitmap scan never marks them dead),
-    /// so a claim cost grew with the rows published (measured:
-    /// docs/results/code-decisions.md).
-    async fn claim(&self) -> Result<Option<Claim>> {
-        let mut claim = Claim::begin(&self.spare).await?;
-        claim.pending = sqlx::query_as(
-            "SELECT o.id, o.topic, o.message_key AS key, o.envelope::text AS body,
-                    o.event_id::text AS event_id, o.event_type, o.traceparent
-             FROM outbox o
-             WHERE o.published_at IS NULL AND o.parked_at IS NULL
-               AND o.id = (
-                   SELECT p.id FROM outbox p
-                   WHERE p.message_key = o.message_key AND p.published_at IS NULL
-                   ORDER BY p.id LIMIT 1)
-             ORDER BY o.id
-             LIMIT $1
-             FOR UPDATE SKIP LOCKED",
-        )
-        .bind(self.batch)
-        .fetch_all(claim.conn())
-        .await?;
-        if claim.pending.is_empty() {
-            claim.end(&self.spare, "ROLLBACK").await?;
-            return Ok(None);
-        }
-        // Note the batch before asking the broker, outside the claim
-        // transaction, so a crash between publish and mark leaves a trace.
-        let ids: Vec<i64> = claim.pending.iter().map(|r| r.id).collect();
-        // Bookkeeping for a metric only: skip the WAL flush wait (a database
-        // crash could at worst lose a count), keeping it off the latency path.
-        let mut conn = self.spare.take().await?;
-        sqlx::query(
-            "WITH fast AS (SELECT set_config('synchronous_commit', 'off', true))
-             INSERT INTO outbox_inflight (batch, ids) SELECT $1, $2 FROM fast",
-        )
-        .bind(claim.batch)
-        .bind(&ids)
-        .execute(&mut *conn)
-        .await?;
-        self.spare.keep(conn);
-        Ok(Some(claim))
-    }
-
-    /// Publishes a claimed batch and settles it.
-    async fn deliver(&self, claim: Claim) -> Result<Round> {
+    /// One batch on connections the relay keeps between uses: [`claim`]
+    /// (telling `claimed` what it found), [`deliver`], [`settle`]; timed and
+    /// counted.
+    async fn one_batch(&self, claimed: impl FnOnce(ClaimOutcome)) -> Result<Round> {
+        let (mut conn, mut note) = match self.two_connections().await {
+            Ok(conns) => conns,
+            Err(e) => {
+                claimed(ClaimOutcome::Failed);
+                return Err(e.into());
+            }
+        };
+        let batch = match claim(&mut conn, &mut note, self.batch).await {
+            Ok(Some(batch)) => batch,
+            other => {
+                // Nothing claimed: no transaction is left open on `conn`.
+                if let Some(e) = other.err() {
+                    claimed(ClaimOutcome::Failed);
+                    return Err(e);
+                }
+                claimed(ClaimOutcome::Empty);
+                self.spare.keep(note);
+                self.spare.keep(conn);
+                return Ok(Round::default());
+            }
+        };
+        claimed(ClaimOutcome::Rows);
+        self.spare.keep(note);
         let sent = Instant::now();
-        let results = self.publisher.publish(&claim.pending).await;
+        let results = deliver(&self.publisher, &batch).await;
         metrics::histogram!("relay_publish_duration_seconds", "source" => self.source.clone())
             .record(sent.elapsed().as_secs_f64());
-        fail::fail_point!(CRASH_AFTER_PUBLISH_BEFORE_MARK, |_| crate::crash_point(
-            CRASH_AFTER_PUBLISH_BEFORE_MARK
-        ));
-        self.settle(claim, results).await
-    }
-
-    /// Marks what the broker acknowledged, notes what it refused, and
-    /// commits, releasing the batch's locks.
-    async fn settle(&self, mut claim: Claim, results: Vec<Result<(), PublishError>>) -> Result<Round> {
-        let (batch, pending) = (claim.batch, std::mem::take(&mut claim.pending));
-        let mut round = Round {
-            claimed: pending.len(),
-            ..Round::default()
-        };
-        let (mut published, mut failed, mut parked) = (Vec::new(), Vec::new(), Vec::new());
-        for (row, result) in pending.iter().zip(results) {
-            match result {
-                Ok(()) => published.push(row.id),
-                Err(e) if e.retriable => failed.push((row.id, e.message)),
-                Err(e) => parked.push((row.id, e.message)),
-            }
-        }
-        // One statement marks what the broker took and ends the batch's
-        // bookkeeping: the batch is done, and so are batches of crashed
-        // relays that published some of these rows before — their overlap
-        // was republished, and is counted.
-        let republished: i64 = sqlx::query_scalar(
-            "WITH marked AS (
-                 UPDATE outbox SET published_at = clock_timestamp(), attempts = attempts + 1
-                 WHERE id = ANY($2::int8[])),
-             gone AS (
-                 DELETE FROM outbox_inflight WHERE batch = $1 OR ids && $2::int8[] RETURNING batch, ids)
-             SELECT count(*) FROM gone, unnest(gone.ids) AS id WHERE gone.batch <> $1 AND id = ANY($2::int8[])",
-        )
-        .bind(batch)
-        .bind(&published)
-        .fetch_one(claim.conn())
-        .await?;
-        round.republished = republished as usize;
-        for (id, error) in &parked {
-            tracing::error!(source = %self.source, id, %error, "outbox row parked");
-        }
-        // One statement for every refused row (a broker outage refuses the
-        // whole batch): the attempt and its error; parked rows also leave
-        // the pending set.
-        let (mut ids, mut errors, mut park) = (Vec::new(), Vec::new(), Vec::new());
-        for ((id, error), parks) in failed
-            .iter()
-            .map(|r| (r, false))
-            .chain(parked.iter().map(|r| (r, true)))
-        {
-            ids.push(*id);
-            errors.push(error.as_str());
-            park.push(parks);
-        }
-        if !ids.is_empty() {
-            sqlx::query(
-                "UPDATE outbox o SET attempts = o.attempts + 1, last_error = r.error,
-                        parked_at = CASE WHEN r.park THEN now() ELSE o.parked_at END
-                 FROM unnest($1::int8[], $2::text[], $3::bool[]) AS r(id, error, park)
-                 WHERE o.id = r.id",
-            )
-            .bind(&ids)
-            .bind(&errors)
-            .bind(&park)
-            .execute(claim.conn())
-            .await?;
-        }
-        claim.end(&self.spare, "COMMIT").await?;
-        round.published = published.len();
-        round.failed = failed.len();
-        round.parked = parked.len();
+        let round = settle(batch, results).await?;
+        self.spare.keep(conn);
         for (name, rows) in [
             ("relay_published_total", round.published),
             ("relay_publish_errors_total", round.failed),
@@ -318,93 +200,14 @@ impl<P: Publisher> Relay<P> {
         Ok(round)
     }
 
-    /// Relays until `shutdown`, as a pipeline: up to `in_flight` claimed
-    /// batches await the broker while the next one is claimed, so the
-    /// database work of one batch overlaps the broker round trip of the
-    /// others. Per-order order still holds: an in-flight batch keeps its
-    /// rows pending and locked, so the head rule keeps every later row of
-    /// those orders out of the next claims.
-    ///
-    /// When nothing is claimable the relay probes for pending rows every
-    /// poll interval. A failed claim or a batch the broker did not take
-    /// pauses claiming with exponential backoff (the rows stay pending).
-    /// On `shutdown` it stops claiming and settles the batches in flight.
-    pub async fn run(&self, shutdown: CancellationToken) {
-        let mut backoff = MIN_BACKOFF;
-        let mut steps: FuturesUnordered<BoxFuture<'_, Step>> = FuturesUnordered::new();
-        let (mut claiming, mut delivering) = (false, 0usize);
-        // Whether a claim may find rows: false after an empty claim, until a
-        // batch settles (its orders' next rows become claimable) or a probe
-        // finds a pending row.
-        let mut claimable = true;
-        let mut paused_until: Option<Instant> = None;
-        loop {
-            let stopping = shutdown.is_cancelled();
-            if stopping && steps.is_empty() {
-                self.spare.release();
-                return;
-            }
-            let paused = paused_until.is_some_and(|t| Instant::now() < t);
-            if !stopping && !claiming && claimable && !paused && delivering < self.in_flight {
-                claiming = true;
-                steps.push(async { Step::Claimed(self.claim().await.map(|c| c.map(Box::new))) }.boxed());
-            }
-            tokio::select! {
-                Some(step) = steps.next(), if !steps.is_empty() => match step {
-                    Step::Claimed(Ok(Some(claim))) => {
-                        (claiming, delivering) = (false, delivering + 1);
-                        steps.push(async { Step::Delivered(self.deliver(*claim).await) }.boxed());
-                    }
-                    Step::Claimed(Ok(None)) => (claiming, claimable) = (false, false),
-                    Step::Claimed(Err(e)) => {
-                        claiming = false;
-                        tracing::warn!(source = %self.source, error = %e, ?backoff, "claim failed, backing off");
-                        paused_until = Some(back_off(&mut backoff));
-                    }
-                    Step::Delivered(result) => {
-                        (delivering, claimable) = (delivering - 1, true);
-                        match result {
-                            Ok(r) if r.failed == 0 => backoff = MIN_BACKOFF,
-                            Ok(r) => {
-                                tracing::warn!(source = %self.source, failed = r.failed, ?backoff, "publish failed, backing off");
-                                paused_until = Some(back_off(&mut backoff));
-                            }
-                            Err(e) => {
-                                tracing::warn!(source = %self.source, error = %e, ?backoff, "settling a batch failed, backing off");
-                                paused_until = Some(back_off(&mut backoff));
-                            }
-                        }
-                    }
-                },
-                _ = shutdown.cancelled(), if !stopping => {}
-                _ = sleep_until(paused_until), if paused => paused_until = None,
-                _ = self.wait_for_rows(), if !claimable && !paused && !stopping => claimable = true,
-            }
-        }
-    }
-
-    /// Returns once a pending row exists: probes every poll interval with
-    /// one cheap query (the partial index of pending rows), so an idle relay
-    /// costs a few hundred index lookups a minute and wakes within one interval.
-    async fn wait_for_rows(&self) {
-        loop {
-            tokio::time::sleep(self.poll_interval).await;
-            let pending = async {
-                let mut conn = self.spare.take().await?;
-                let pending: bool = sqlx::query_scalar(
-                    "SELECT EXISTS (SELECT 1 FROM outbox WHERE published_at IS NULL AND parked_at IS NULL)",
-                )
-                .fetch_one(&mut *conn)
-                .await?;
-                self.spare.keep(conn);
-                Ok::<_, sqlx::Error>(pending)
-            }
-            .await;
-            // A failed probe: let the claim find out (and back off).
-            if pending.unwrap_or(true) {
-                return;
-            }
-        }
+    /// The claim's connection and the note's.
+    async fn two_connections(
+        &self,
+    ) -> sqlx::Result<(
+        sqlx::pool::PoolConnection<sqlx::Postgres>,
+        sqlx::pool::PoolConnection<sqlx::Postgres>,
+    )> {
+        Ok((self.spare.take().await?, self.spare.take().await?))
     }
 
     /// Refreshes the backlog gauges: pending rows and oldest pending age.
@@ -438,7 +241,8 @@ impl<P: Publisher> Relay<P> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::pipeline::{back_off, MAX_BACKOFF, MIN_BACKOFF};
+    use std::time::Instant;
 
     #[test]
     fn a_pause_lasts_its_backoff_which_doubles_up_to_the_cap() {

@@ -25,6 +25,14 @@ const PALETTE: [&str; 18] = [
     "#bcbd22", "#7f7f7f", "#393b79", "#8c564b", "#2ca02c", "#d62728", "#637939", "#e377c2",
 ];
 
+/// Below this many pixels per fault a lane draws cells, not single faults.
+const DENSE_PX: f64 = 6.0;
+
+/// Most points a series draws: one per bucket of this many seconds.
+fn bucket_seconds(seconds: f64) -> usize {
+    (seconds / 400.0).ceil().max(1.0) as usize
+}
+
 /// A tick's label: whole numbers without decimals.
 fn tick(v: f64) -> String {
     if v.fract() == 0.0 {
@@ -193,15 +201,25 @@ pub fn svg(r: &Report) -> String {
             pts.join(" ")
         )
     };
+    // A long run has more seconds than the plot has pixels: one point per
+    // bucket of `per` seconds — the mean rate, the most orders open.
+    let per = bucket_seconds(seconds);
     let acked: Vec<(f64, f64)> = rates
-        .iter()
+        .chunks(per)
         .enumerate()
-        .map(|(i, v)| (x(i as f64 + 1.0), y(*v, rate_max)))
+        .map(|(i, c)| {
+            let mean = c.iter().sum::<f64>() / c.len() as f64;
+            (x(((i * per + c.len()) as f64).min(seconds)), y(mean, rate_max))
+        })
         .collect();
     let open: Vec<(f64, f64)> = r
         .samples
-        .iter()
-        .map(|s| (x(s.second as f64), y(s.in_flight.max(0) as f64, open_max)))
+        .chunks(per)
+        .map(|c| {
+            let last = c.last().expect("chunks are not empty");
+            let most = c.iter().map(|s| s.in_flight.max(0)).max().unwrap_or(0);
+            (x(last.second as f64), y(most as f64, open_max))
+        })
         .collect();
     let _ = writeln!(out, "{}", line(acked, ACKED));
     let _ = writeln!(out, "{}", line(open, OPEN));
@@ -220,19 +238,46 @@ pub fn svg(r: &Report) -> String {
             ly + LANE_H - 5.0,
             events.len()
         );
-        for e in events {
-            let fx = x(e.at_ms as f64 / 1000.0);
-            let fill = if e.fired { colour } else { "white" };
-            let _ = writeln!(
-                out,
-                r#"<rect class="fault" x="{:.1}" y="{:.1}" width="4" height="{:.1}" fill="{fill}" stroke="{colour}"><title>{:.1} s {kind:?}{} — {}</title></rect>"#,
-                fx - 2.0,
-                ly + 3.0,
-                LANE_H - 6.0,
-                e.at_ms as f64 / 1000.0,
-                if e.fired { "" } else { " (not fired)" },
-                esc(&e.detail)
-            );
+        if events.len() as f64 <= plot_w / DENSE_PX {
+            for e in events {
+                let fx = x(e.at_ms as f64 / 1000.0);
+                let fill = if e.fired { colour } else { "white" };
+                let _ = writeln!(
+                    out,
+                    r#"<rect class="fault" x="{:.1}" y="{:.1}" width="4" height="{:.1}" fill="{fill}" stroke="{colour}"><title>{:.1} s {kind:?}{} — {}</title></rect>"#,
+                    fx - 2.0,
+                    ly + 3.0,
+                    LANE_H - 6.0,
+                    e.at_ms as f64 / 1000.0,
+                    if e.fired { "" } else { " (not fired)" },
+                    esc(&e.detail)
+                );
+            }
+        } else {
+            // Too many to tell apart: one mark per cell of `DENSE_PX`
+            // pixels, filled when every fault in it fired, hollow when any
+            // did not, with the counts in its tooltip.
+            let cells = (plot_w / DENSE_PX).floor() as usize;
+            let mut counts = vec![(0u32, 0u32); cells];
+            for e in &events {
+                let cell = (((x(e.at_ms as f64 / 1000.0) - LEFT) / DENSE_PX) as usize).min(cells - 1);
+                if e.fired {
+                    counts[cell].0 += 1;
+                } else {
+                    counts[cell].1 += 1;
+                }
+            }
+            for (cell, (fired, missed)) in counts.iter().enumerate().filter(|(_, c)| c.0 + c.1 > 0) {
+                let fill = if *missed == 0 { colour } else { "white" };
+                let _ = writeln!(
+                    out,
+                    r#"<rect class="faults" x="{:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{fill}" stroke="{colour}"><title>{kind:?}: {fired} fired, {missed} not fired</title></rect>"#,
+                    LEFT + DENSE_PX * cell as f64 + 1.0,
+                    ly + 3.0,
+                    DENSE_PX - 2.0,
+                    LANE_H - 6.0,
+                );
+            }
         }
     }
 
@@ -278,7 +323,42 @@ pub fn svg(r: &Report) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::step;
+    use super::{step, svg};
+    use crate::chaos::Report;
+
+    /// The long run on record, five times over (1,645 s, 1,560 faults):
+    /// each series draws at most ~400 points, a crowded lane draws cells.
+    #[test]
+    fn a_long_run_draws_buckets_not_every_second_and_fault() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/results/chaos-20000-seed-7.json");
+        let mut r: Report = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let (samples, timeline) = (r.samples.clone(), r.timeline.clone());
+        let span = samples.last().unwrap().second + 1;
+        for k in 1..5u64 {
+            r.samples.extend(samples.iter().cloned().map(|mut s| {
+                s.second += k * span;
+                s
+            }));
+            r.timeline.extend(timeline.iter().cloned().map(|mut e| {
+                e.at_ms += k * span * 1000;
+                e
+            }));
+        }
+        let picture = svg(&r);
+        for series in picture.lines().filter(|l| l.starts_with("<polyline")) {
+            let points = series.matches(',').count();
+            assert!(points <= 420, "{points} points in a series");
+        }
+        assert_eq!(
+            picture.matches(r#"class="fault""#).count(),
+            0,
+            "crowded lanes draw cells"
+        );
+        assert!(picture.matches(r#"class="faults""#).count() > 0);
+        // The short run itself still draws every fault.
+        let short: Report = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        assert_eq!(svg(&short).matches(r#"class="fault""#).count(), short.timeline.len());
+    }
 
     #[test]
     fn steps_are_round_and_cut_the_range_into_at_most_n_parts() {

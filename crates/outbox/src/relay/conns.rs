@@ -1,10 +1,8 @@
-//! The relay's connections: the ones it keeps between uses, and the one a
-//! claimed batch holds its locks on.
+//! The connections the relay keeps between uses (machinery, measured:
+//! docs/results/code-decisions.md).
 
 use sqlx::pool::PoolConnection;
-use sqlx::{PgConnection, PgPool, Postgres};
-
-use super::PendingRow;
+use sqlx::{PgPool, Postgres};
 
 /// The relay's connections between two uses, kept out of the pool.
 ///
@@ -61,50 +59,5 @@ impl Spare {
     pub(super) fn release(&self) {
         let kept = std::mem::take(&mut *self.kept.lock().expect("spare connections"));
         drop(kept);
-    }
-}
-
-/// A claimed batch: its connection's open transaction holds the rows
-/// locked until the batch is settled. Dropped unsettled (a failed
-/// statement, a crash unwinding, a cancelled future), the connection is
-/// closed rather than pooled, and the server rolls the transaction back.
-pub(super) struct Claim {
-    conn: Option<PoolConnection<Postgres>>,
-    pub(super) batch: uuid::Uuid,
-    pub(super) pending: Vec<PendingRow>,
-}
-
-impl Claim {
-    /// Opens the claim's transaction on a spare connection.
-    pub(super) async fn begin(spare: &Spare) -> sqlx::Result<Self> {
-        let mut claim = Self {
-            conn: Some(spare.take().await?),
-            batch: uuid::Uuid::new_v4(),
-            pending: Vec::new(),
-        };
-        sqlx::query("BEGIN").execute(claim.conn()).await?;
-        Ok(claim)
-    }
-
-    pub(super) fn conn(&mut self) -> &mut PgConnection {
-        self.conn.as_mut().expect("an unsettled claim has its connection")
-    }
-
-    /// Ends the transaction (`COMMIT` or `ROLLBACK`) and keeps the
-    /// connection for the next use.
-    pub(super) async fn end(mut self, spare: &Spare, how: &'static str) -> sqlx::Result<()> {
-        sqlx::query(how).execute(self.conn()).await?;
-        spare.keep(self.conn.take().expect("the claim's connection"));
-        Ok(())
-    }
-}
-
-impl Drop for Claim {
-    fn drop(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            // Closing the socket ends the transaction; no pooled user ever
-            // gets a connection with a claim's locks still open.
-            drop(conn.detach());
-        }
     }
 }
