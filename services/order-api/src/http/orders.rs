@@ -68,9 +68,22 @@ pub struct CreateOrder {
     #[schema(minimum = 1, maximum = 100_000_000, example = 2500)]
     #[serde(deserialize_with = "whole_number")]
     pub amount_cents: i64,
-    /// Card number (12..=19 digits). `4000000000000002` is always declined.
-    #[schema(pattern = "^[0-9]{12,19}$", example = "4242424242424242")]
+    /// Card number: 12..=19 digits, in groups separated by spaces or
+    /// dashes if you like (`4242 4242 4242 4242`); the separators are
+    /// dropped before anything else sees it. `4000000000000002` is always declined.
+    #[schema(pattern = "^[0-9][0-9 -]{10,36}[0-9]$", example = "4242424242424242")]
     pub card: String,
+}
+
+/// The digits of a card number as a person types it — spaces and dashes
+/// between the digits dropped — when they are 12..=19 digits.
+pub fn card_digits(card: &str) -> Option<String> {
+    let digits: String = card.chars().filter(|c| !matches!(c, ' ' | '-')).collect();
+    let plausible = (12..=19).contains(&digits.len())
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && card.starts_with(|c: char| c.is_ascii_digit())
+        && card.ends_with(|c: char| c.is_ascii_digit());
+    plausible.then_some(digits)
 }
 
 /// An integer field as JSON Schema means it: any number without a fraction,
@@ -112,8 +125,8 @@ impl CreateOrder {
         if !(1..=MAX_AMOUNT_CENTS).contains(&self.amount_cents) {
             problems.push("amount_cents must be between 1 and 100000000");
         }
-        if !(12..=19).contains(&self.card.len()) || !self.card.bytes().all(|b| b.is_ascii_digit()) {
-            problems.push("card must be 12..=19 digits");
+        if card_digits(&self.card).is_none() {
+            problems.push("card must be 12..=19 digits (spaces or dashes between them allowed)");
         }
         if !problems.is_empty() {
             return Err(ApiError::Unprocessable(problems.join("; ")));
@@ -124,7 +137,9 @@ impl CreateOrder {
     /// The order to store: the card number replaced by the gateway's token
     /// and its last four digits.
     async fn tokenise(self, gateway: &crate::gateway::Client) -> Result<NewOrder, ApiError> {
-        let token = gateway.tokenise(&self.card).await.map_err(|e| match e {
+        let digits =
+            card_digits(&self.card).ok_or_else(|| ApiError::Unprocessable("card must be 12..=19 digits".into()))?;
+        let token = gateway.tokenise(&digits).await.map_err(|e| match e {
             crate::gateway::Error::Unavailable(e) => ApiError::Unavailable(format!("card vault: {e}")),
             crate::gateway::Error::Refused(e) => ApiError::Unprocessable(format!("card refused by the vault: {e}")),
         })?;
@@ -338,4 +353,31 @@ async fn cancel_order(conn: &mut PgConnection, id: Uuid, client: &str) -> Result
     };
     let order = orders::get(conn, id).await?.ok_or(ApiError::NotFound)?;
     Ok(StoredResponse::json(status, &order, "application/json"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::card_digits;
+
+    #[test]
+    fn a_card_number_may_be_typed_in_groups_and_is_kept_as_its_digits() {
+        for typed in [
+            "4242424242424242",
+            "4242 4242 4242 4242",
+            "4242-4242-4242-4242",
+            "4242 - 4242 4242-4242",
+        ] {
+            assert_eq!(card_digits(typed).as_deref(), Some("4242424242424242"), "{typed:?}");
+        }
+        for wrong in [
+            "",
+            " 4242424242424242",
+            "4242424242424242-",
+            "4242x4242424242424242",
+            "4242 4242",
+            "4242.4242.4242.4242",
+        ] {
+            assert_eq!(card_digits(wrong), None, "{wrong:?}");
+        }
+    }
 }
