@@ -133,3 +133,30 @@ async fn described_metrics_render_with_their_help() {
     }
     db.drop().await;
 }
+
+/// The backlog gauges: pending rows and the oldest one's age, 0 and 0 once
+/// the relay has published them (what `OutboxNotDraining` alerts on).
+#[tokio::test]
+async fn the_backlog_gauges_count_pending_rows_and_the_oldest_ones_age() {
+    let _serial = SERIAL.lock().await;
+    telemetry::metrics::install();
+    let db = Db::new().await;
+    for i in 0..3 {
+        db.enqueue("t", Uuid::new_v4(), i).await;
+    }
+    sqlx::query("UPDATE outbox SET created_at = now() - interval '30 seconds' WHERE id = (SELECT min(id) FROM outbox)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let relay = Relay::new(db.pool.clone(), super::NullPublisher, "backlog-test");
+    let (pending, age) = relay.observe_backlog().await.unwrap();
+    assert_eq!(pending, 3);
+    assert!((30.0..60.0).contains(&age), "oldest pending {age} s");
+    let gauge = |name| telemetry::metrics::get(name, &[("source", "backlog-test")]);
+    assert_eq!(gauge("relay_pending_rows"), 3.0);
+    assert!(gauge("outbox_oldest_pending_seconds") >= 30.0);
+    drain(&relay).await;
+    assert_eq!(relay.observe_backlog().await.unwrap(), (0, 0.0));
+    assert_eq!(gauge("relay_pending_rows"), 0.0);
+    db.drop().await;
+}
