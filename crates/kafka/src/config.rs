@@ -175,6 +175,23 @@ impl KafkaArgs {
         }
     }
 
+    /// What a service does before it produces or consumes: waits until a
+    /// broker answers ([`KafkaArgs::answered`]), then makes sure of `topics`
+    /// ([`KafkaArgs::ensure_topics`]) — before anything is published, as a
+    /// broker that creates topics on first use would create them with its
+    /// own settings. `Ok(false)` if `shutdown` came first.
+    pub async fn ready_for(
+        &self,
+        topics: &[&str],
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> crate::Result<bool> {
+        if !self.answered(shutdown).await {
+            return Ok(false);
+        }
+        self.ensure_topics(topics).await?;
+        Ok(true)
+    }
+
     /// The idempotent producer for these settings (delivery timeout 15 s):
     /// `outbox::kafka::idempotent_producer` on this crate's client settings
     /// and the linger of `KAFKA_LINGER_MS`.

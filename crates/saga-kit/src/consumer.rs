@@ -236,10 +236,9 @@ impl SagaConsumer {
         // partition count it cannot run on ends it) and joins its group.
         let waiting = tasks.health().wait_for("kafka");
         tasks.spawn(format!("{name} consumer"), async move {
-            if !settings.kafka.answered(token.clone()).await {
+            if !settings.kafka.ready_for(&contract::topics::ALL, token.clone()).await? {
                 return Ok(());
             }
-            settings.kafka.ensure_topics(&contract::topics::ALL).await?;
             drop(waiting);
             kafka::consumer::run_batches(settings, token, move |envelopes| handler(state.clone(), envelopes)).await
         });

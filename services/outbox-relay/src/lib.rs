@@ -106,16 +106,13 @@ impl App {
         tracing::info!(sources = self.sources.len(), "outbox-relay running");
         let mut tasks = Supervisor::new(shutdown);
         // Started while Kafka is down, the relay waits, not ready, until a
-        // broker answers; then the topics are made sure of, before anything
-        // is published (a broker that creates topics on first use would
-        // create them with its own settings).
+        // broker answers and its topics are made sure of.
         let waiting = tasks.health().wait_for("kafka");
         let admin_pool = self.sources[0].1.clone();
         tasks.serve(self.listener, service_kit::admin::router(admin_pool, tasks.health()));
-        if !self.config.kafka.answered(tasks.token()).await {
+        if !self.config.kafka.ready_for(&topics::ALL, tasks.token()).await? {
             return tasks.wait().await;
         }
-        self.config.kafka.ensure_topics(&topics::ALL).await?;
         drop(waiting);
         let publisher =
             KafkaPublisher::from_producer(self.config.kafka.producer()?).trace_with(telemetry::propagation::link);
