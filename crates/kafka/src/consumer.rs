@@ -402,10 +402,10 @@ where
                 continue;
             }
             // Shutdown mid-batch: leave its offsets for redelivery.
-            let Some(applied) = self.handle(&batch).await else {
+            let Some(new) = self.handle(&batch).await else {
                 return;
             };
-            if applied > 0 {
+            if new > 0 {
                 fail::fail_point!(CRASH_BEFORE_OFFSET_COMMIT, |_| telemetry::crash_point(
                     CRASH_BEFORE_OFFSET_COMMIT
                 ));
@@ -436,7 +436,8 @@ where
     }
 
     /// Handles `batch` (decoding, the handler, dead letters): how many of
-    /// its events were applied, or `None` when shutdown interrupted it.
+    /// its events were new to the inbox (applied or ignored), or `None`
+    /// when shutdown interrupted it.
     async fn handle(&self, batch: &[OwnedMessage]) -> Option<usize> {
         let name = &*self.name;
         telemetry::metrics::incr_by(
@@ -492,10 +493,10 @@ where
                 );
             }
         }
-        let mut applied = 0;
+        let mut new = 0;
         for (message, msg) in decoded.into_iter().zip(sources) {
             match self.retrying(vec![message]).await {
-                Ok(Some(outcomes)) => applied += self.count(&[msg], &outcomes),
+                Ok(Some(outcomes)) => new += self.count(&[msg], &outcomes),
                 Ok(None) => return None,
                 Err(e) => {
                     if !crate::dlq::dead_letter(&self.dlq, msg, name, &e.report(), &self.shutdown).await {
@@ -504,7 +505,7 @@ where
                 }
             }
         }
-        Some(applied)
+        Some(new)
     }
 
     /// The handler on `batch` with its retries ([`handle_with_retry`]).
@@ -517,10 +518,11 @@ where
         handle_with_retry(&retry, &*self.handler, batch).await
     }
 
-    /// Counts the outcomes in the metrics; returns how many were applied.
+    /// Counts the outcomes in the metrics; returns how many were new to the
+    /// inbox (applied or ignored).
     fn count(&self, sources: &[&OwnedMessage], outcomes: &[Handled]) -> usize {
         let name = &*self.name;
-        let mut applied = 0;
+        let mut new = 0;
         debug_assert_eq!(
             sources.len(),
             outcomes.len(),
@@ -529,8 +531,12 @@ where
         for (msg, outcome) in sources.iter().zip(outcomes) {
             match outcome {
                 Handled::Applied => {
-                    applied += 1;
+                    new += 1;
                     telemetry::metrics::incr("consumer_events_applied_total", &[("consumer", name)]);
+                }
+                Handled::Ignored => {
+                    new += 1;
+                    telemetry::metrics::incr("consumer_events_ignored_total", &[("consumer", name)]);
                 }
                 Handled::Duplicate => {
                     telemetry::metrics::incr("consumer_duplicates_absorbed_total", &[("consumer", name)]);
@@ -543,6 +549,6 @@ where
                 }
             }
         }
-        applied
+        new
     }
 }

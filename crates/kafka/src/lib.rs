@@ -71,6 +71,7 @@ pub const METRICS: &[telemetry::metrics::Description] = telemetry::descriptions!
     counter "consumer_messages_received_total": "Messages a consumer took from the broker.",
     counter "consumer_batches_total": "Handler calls (a batch of one partition's queued messages each).",
     counter "consumer_events_applied_total": "Events whose effect was applied (inbox row written with it).",
+    counter "consumer_events_ignored_total": "Events new to the inbox that the handler had nothing to apply for (a stale or illegal saga reply).",
     counter "consumer_duplicates_absorbed_total": "Redelivered events the inbox turned into no-ops.",
     counter "consumer_transient_errors_total": "Handler failures retried in place.",
     counter "consumer_dead_lettered_total": "Messages moved to the dead-letter topic.",

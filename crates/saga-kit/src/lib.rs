@@ -13,6 +13,16 @@
 //!   before it runs;
 //! - [`retention`]: the retention chain a consumer service refuses to start
 //!   without.
+//!
+//! One verb per act, across the project:
+//!
+//! | verb | the act | where |
+//! |---|---|---|
+//! | enqueue | write an outbox row in the caller's transaction (`_all`: many in one statement; `_again`: under an id already sent, for a re-send) | `outbox` |
+//! | emit | build a saga message's envelope (new event id, cause, trace context) and enqueue it | [`emit`] |
+//! | record | write an inbox row (`inbox::record_batch`), a history row, a ledger row | `inbox`, the services |
+//! | advance | move an order's saga by one input (a reply, a cancel, a deadline) | order-api's `saga` |
+//! | apply | an event's effect taken, with its inbox row (`Handled::Applied`, `Decision::Apply`); `Handled::Ignored`: new to the inbox, nothing to take | `kafka`, the handlers |
 
 pub mod consumer;
 pub mod emit;

@@ -55,7 +55,7 @@ pub async fn handle_batch(pool: &PgPool, batch: Vec<Traced<Envelope>>) -> Result
         .collect::<Result<Vec<_>, _>>()?;
     let (mut tx, fresh) = saga_kit::consumer::begin(pool, INVENTORY.name, &batch).await?;
     if !fresh.is_empty() {
-        apply_all(&mut tx, &batch, &commands, &fresh.indices())
+        move_stock(&mut tx, &batch, &commands, &fresh.indices())
             .await
             .map_err(saga_kit::consumer::classify)?;
     }
@@ -246,7 +246,7 @@ async fn take_locked(
 /// [`handle_batch`]'s transaction after the inbox insert: read the batch's
 /// reservations locked, [`decide`] against the stock ([`take_one_sku`] or
 /// [`take_locked`]), write back.
-async fn apply_all(
+async fn move_stock(
     conn: &mut PgConnection,
     batch: &[Traced<Envelope>],
     commands: &[Command<'_>],

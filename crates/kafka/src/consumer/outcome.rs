@@ -7,6 +7,18 @@ pub enum Handled {
     Applied,
     /// The inbox already had this event id for this consumer: nothing done.
     Duplicate,
+    /// New to the inbox (its row written), but the handler had nothing to
+    /// apply: a reply the order saga's state machine stops (stale, or not
+    /// legal in the order's state). Counted apart from the applied ones.
+    Ignored,
+}
+
+impl Handled {
+    /// Whether the event was new to the inbox: applied or ignored, its inbox
+    /// row committed by this batch (a redelivery would be a duplicate).
+    pub fn was_new(self) -> bool {
+        matches!(self, Handled::Applied | Handled::Ignored)
+    }
 }
 
 /// The cause a [`HandleError`] keeps: any error (its own chain of sources

@@ -341,7 +341,7 @@ async fn cancel_order(conn: &mut PgConnection, id: Uuid, client: &str) -> Result
     let status = match order.status {
         Status::Refunding | Status::Cancelling | Status::Cancelled => StatusCode::OK,
         Status::Confirmed => {
-            saga::apply(conn, &order, Input::CancelRequested, None).await?;
+            saga::advance(conn, &order, Input::CancelRequested, None).await?;
             StatusCode::ACCEPTED
         }
         other @ (Status::Pending | Status::AwaitingPayment | Status::ManualReview) => {

@@ -82,22 +82,30 @@ pub async fn handle_batch(pool: &PgPool, batch: Vec<Traced<Envelope>>) -> Result
         .collect::<Result<Vec<_>, _>>()
         .map_err(HandleError::permanent)?;
     let (mut tx, fresh) = saga_kit::consumer::begin(pool, ORDER_SAGA.name, &batch).await?;
-    if !fresh.is_empty() {
-        apply_replies(&mut tx, &batch, &messages, &fresh.indices())
+    let ignored = if fresh.is_empty() {
+        Vec::new()
+    } else {
+        advance_with_replies(&mut tx, &batch, &messages, &fresh.indices())
             .await
-            .map_err(saga_kit::consumer::classify)?;
+            .map_err(saga_kit::consumer::classify)?
+    };
+    let mut outcomes = saga_kit::consumer::commit(tx, &fresh).await?;
+    for i in ignored {
+        outcomes[i] = Handled::Ignored;
     }
-    saga_kit::consumer::commit(tx, &fresh).await
+    Ok(outcomes)
 }
 
-/// Applies the new replies (`fresh` indices of `batch`) to their orders
-/// inside the batch's transaction.
-async fn apply_replies(
+/// Advances the orders of the new replies (`fresh` indices of `batch`)
+/// inside the batch's transaction. Returns the indices of those the state
+/// machine stopped (or whose order does not exist): new to the inbox,
+/// nothing applied.
+async fn advance_with_replies(
     conn: &mut sqlx::PgConnection,
     batch: &[Traced<Envelope>],
     messages: &[Message],
     fresh: &[usize],
-) -> Result<(), Error> {
+) -> Result<Vec<usize>, Error> {
     let ids: Vec<Uuid> = fresh.iter().map(|&i| batch[i].message.order_id).collect();
     let mut locked: HashMap<Uuid, Order> = orders::lock_all(conn, &ids)
         .await?
@@ -105,6 +113,7 @@ async fn apply_replies(
         .map(|o| (o.id, o))
         .collect();
     let mut plan = Plan::default();
+    let mut ignored = Vec::new();
     for &i in fresh {
         let Traced {
             message: envelope,
@@ -116,16 +125,20 @@ async fn apply_replies(
             // a redelivery is absorbed; the dead-letter topic gets nothing to replay.
             span.in_scope(|| tracing::warn!("reply for unknown order ignored"));
             telemetry::metrics::incr("saga_unknown_order_total", &[]);
+            ignored.push(i);
             continue;
         };
-        plan.step(order, Input::Reply(&messages[i]), Some(envelope), span);
+        if !plan.step(order, Input::Reply(&messages[i]), Some(envelope), span) {
+            ignored.push(i);
+        }
     }
-    plan.write(conn).await
+    plan.write(conn).await?;
+    Ok(ignored)
 }
 
-/// Applies `input` to `order` (locked by the caller) inside the caller's
+/// Advances `order` (locked by the caller) by `input` inside the caller's
 /// transaction: status, history, outbox rows. Returns whether it was legal.
-pub async fn apply(
+pub async fn advance(
     conn: &mut sqlx::PgConnection,
     order: &Order,
     input: Input<'_>,

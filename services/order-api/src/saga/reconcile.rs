@@ -25,7 +25,7 @@ use uuid::Uuid;
 
 use crate::gateway;
 use crate::orders::{self, Order, Status};
-use crate::saga::{apply, Input};
+use crate::saga::{advance, Input};
 
 /// Deadlines and the reconciler's pace, from the environment.
 #[derive(Debug, Clone, clap::Args)]
@@ -189,11 +189,11 @@ pub async fn reconcile(
         return Ok(finish(state, Outcome::Skipped));
     }
     let outcome = if let Some(reply) = answer {
-        apply(&mut tx, &order, Input::Reconciled(&reply), None).await?;
+        advance(&mut tx, &order, Input::Reconciled(&reply), None).await?;
         tracing::info!(status = state.as_str(), reply = %reply.to_parts().0, "reconciled from the gateway's record");
         Outcome::Reconciled
     } else if order.reconcile_attempts >= args.max_resends {
-        apply(&mut tx, &order, Input::DeadlineExceeded, None).await?;
+        advance(&mut tx, &order, Input::DeadlineExceeded, None).await?;
         tracing::warn!(
             status = state.as_str(),
             resends = order.reconcile_attempts,
@@ -304,7 +304,7 @@ pub async fn retry_refund(pool: &PgPool, id: Uuid) -> anyhow::Result<Order> {
         ..order
     };
     anyhow::ensure!(
-        apply(&mut tx, &order, Input::RetryRefund, None).await?,
+        advance(&mut tx, &order, Input::RetryRefund, None).await?,
         "the retry was not applied"
     );
     tx.commit().await?;

@@ -12,7 +12,7 @@ use testkit::TempDb;
 /// past the inbox and is stopped by the state machine, which records it as
 /// ignored — and as an inbox miss, the evidence the chaos suite counts.
 /// Checked against the removal: with the inbox off (`UNSAFE_NO_INBOX`, `switches::Switch::NoInbox`)
-/// the second delivery returns `Applied` and writes an ignored history row
+/// the second delivery returns `Ignored` and writes an ignored history row
 /// and a miss, so the first two assertions fail.
 #[tokio::test]
 async fn scenario_20_a_redelivered_payment_reply_confirms_the_order_once() {
@@ -103,7 +103,8 @@ async fn scenario_20_a_redelivered_payment_reply_confirms_the_order_once() {
     );
     assert_eq!(
         order_api::saga::handle(&pool, republished).await.unwrap(),
-        Handled::Applied
+        Handled::Ignored,
+        "new to the inbox, nothing applied"
     );
     let history = orders::history(&mut conn, order.id).await.unwrap();
     assert_eq!(
@@ -211,7 +212,11 @@ async fn a_batch_moves_each_order_through_its_replies_in_order() {
         })
         .collect();
     let handled = order_api::saga::handle_batch(&pool, traced).await.unwrap();
-    assert_eq!(handled, vec![Handled::Applied; 4]);
+    assert_eq!(
+        handled,
+        [Handled::Applied, Handled::Applied, Handled::Applied, Handled::Ignored],
+        "the republished capture is new to the inbox and stopped by the state machine"
+    );
     let a_now = orders::get(&mut conn, a.id).await.unwrap().unwrap();
     assert_eq!(a_now.status, Status::Confirmed);
     assert_eq!(a_now.last_command_id, None, "CONFIRMED waits on nothing");
