@@ -84,6 +84,10 @@ type Limiter<K> =
 /// Keys of one kind remembered before the least recently used go.
 const REMEMBERED: u64 = 100_000;
 
+/// How long a key a lookup found live keeps its refreshes outside the
+/// per-address allowance (after that, one lookup like any key's).
+const KNOWN_GOOD_FOR: Duration = Duration::from_secs(24 * 3600);
+
 /// The authentication state shared by every request.
 pub struct Auth {
     pool: PgPool,
@@ -95,6 +99,12 @@ pub struct Auth {
     /// key hash → its lookup failed (the database, not the key), for
     /// [`FAILED_LOOKUP_TTL`].
     failed: moka::sync::Cache<String, ()>,
+    /// Hashes of keys a lookup found live within [`KNOWN_GOOD_FOR`]: their
+    /// refresh (once `keys` forgets them) is not a guess, so it does not
+    /// spend the address's lookups — a flood of bad keys from a shared
+    /// address (a proxy) cannot 429 a good client whose key needs its
+    /// refresh. A revoked key found so is forgotten here too.
+    known_good: moka::sync::Cache<String, ()>,
     /// Requests per client.
     requests: Limiter<String>,
     /// Key lookups per remote address.
@@ -187,6 +197,10 @@ impl Auth {
                 .max_capacity(REMEMBERED)
                 .time_to_live(FAILED_LOOKUP_TTL)
                 .build(),
+            known_good: moka::sync::Cache::builder()
+                .max_capacity(REMEMBERED)
+                .time_to_live(KNOWN_GOOD_FOR)
+                .build(),
             requests: limiter(args.rate_per_sec, args.burst),
             lookups: limiter(lookups, (lookups * 4.0).max(1.0)),
             args,
@@ -225,7 +239,8 @@ impl Auth {
     /// Looks the key with `digest` up in the database, if `peer` has
     /// lookups left: its client, or `None` when no live key has it.
     async fn look_up(&self, digest: String, peer: Option<std::net::IpAddr>) -> Result<Option<String>, Refusal> {
-        if let Some(peer) = peer {
+        let refresh = self.known_good.contains_key(&digest);
+        if let (Some(peer), false) = (peer, refresh) {
             if self.lookups.check_key(&peer).is_err() {
                 telemetry::metrics::incr("api_key_lookups_avoided_total", &[("reason", "address_limit")]);
                 return Err(Refusal::TooManyLookups(self.args.lookups_per_sec));
@@ -233,15 +248,22 @@ impl Auth {
         }
         telemetry::metrics::incr("api_key_lookups_total", &[]);
         self.lookups_made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        sqlx::query_scalar("SELECT client_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL")
-            .bind(&digest)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| {
-                tracing::error!(error = %e, "API key lookup failed");
-                self.failed.insert(digest, ());
-                Refusal::Unavailable
-            })
+        let client: Option<String> =
+            sqlx::query_scalar("SELECT client_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL")
+                .bind(&digest)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| {
+                    tracing::error!(error = %e, "API key lookup failed");
+                    self.failed.insert(digest.clone(), ());
+                    Refusal::Unavailable
+                })?;
+        match client {
+            Some(_) => self.known_good.insert(digest, ()),
+            None if refresh => self.known_good.invalidate(&digest),
+            None => {}
+        }
+        Ok(client)
     }
 
     /// Takes one request from `client`'s token bucket.
@@ -390,6 +412,71 @@ mod tests {
         auth.admit("b").expect("another client has its own bucket");
         std::thread::sleep(Duration::from_millis(150));
         auth.admit("a").expect("refilled at 10/s");
+    }
+
+    /// Behind one proxy address, a flood of bad keys spends the address's
+    /// lookups; a good client's key, forgotten by the cache meanwhile, is
+    /// refreshed anyway (its refresh is not a guess) — and once revoked, it
+    /// is a guess like any other. Removal tried: refreshes counted against
+    /// the address (the first `known_good` check taken out): the good key
+    /// gets the 429 and this fails.
+    #[tokio::test]
+    async fn a_flood_of_bad_keys_from_a_shared_address_never_429s_a_good_key() {
+        let db = testkit::TempDb::new("eo_auth");
+        let pool = crate::connect(db.url(), 2).await.unwrap();
+        let auth = Auth::new(
+            pool.clone(),
+            AuthArgs {
+                lookups_per_sec: 1.0,
+                key_cache_secs: 1,
+                ..AuthArgs::default()
+            },
+        );
+        let (id, good) = create_key(&pool, "good").await.unwrap();
+        let bearer = |key: &str| {
+            let mut h = axum::http::HeaderMap::new();
+            h.insert(header::AUTHORIZATION, HeaderValue::from_str(&format!("Bearer {key}")).unwrap());
+            h
+        };
+        let proxy = Some(std::net::IpAddr::from([10, 0, 0, 1]));
+        let mut guesses = 0;
+        // Bad keys, each new, until the address has no lookup left.
+        let mut exhaust = async |auth: &Auth| loop {
+            guesses += 1;
+            match auth.client(&bearer(&format!("eo_bad_{guesses}")), proxy).await {
+                Err(Refusal::Unauthenticated(_)) => continue,
+                Err(Refusal::TooManyLookups(_)) => break,
+                other => panic!("a bad key: {other:?}"),
+            }
+        };
+        assert_eq!(auth.client(&bearer(&good), proxy).await, Ok("good".to_owned()));
+        for round in 0..3 {
+            exhaust(&auth).await;
+            // The good key's cached answer expires (1 s); the lookups the
+            // address regained meanwhile are spent too; then the refresh.
+            tokio::time::sleep(Duration::from_millis(1_100)).await;
+            exhaust(&auth).await;
+            assert_eq!(
+                auth.client(&bearer(&good), proxy).await,
+                Ok("good".to_owned()),
+                "round {round}: the good key's refresh was refused"
+            );
+        }
+        assert!(revoke_key(&pool, id).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        assert_eq!(
+            auth.client(&bearer(&good), proxy).await,
+            Err(Refusal::Unauthenticated("unknown or revoked API key")),
+            "revoked: its refresh finds nothing"
+        );
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        exhaust(&auth).await;
+        assert_eq!(
+            auth.client(&bearer(&good), proxy).await,
+            Err(Refusal::TooManyLookups(1.0)),
+            "a revoked key's lookup is a guess again"
+        );
+        pool.close().await;
     }
 
     /// As under the chaos run's dropped database connections: the lookup
