@@ -29,10 +29,12 @@ pub mod db;
 pub mod http;
 pub mod periodic;
 pub mod problem;
+pub mod serve;
 pub mod shutdown;
 pub mod supervisor;
 
 pub use config::{DbArgs, LogArgs, LogFormat, TraceArgs};
+pub use serve::ServeArgs;
 pub use credentials::Secret;
 pub use supervisor::{Health, Supervisor, Waiting};
 

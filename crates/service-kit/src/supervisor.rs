@@ -158,22 +158,15 @@ impl Supervisor {
         self.tasks.spawn(async move { (name, true, job.await.into_result()) });
     }
 
-    /// Serves `app` on `listener` as the task `http` until shutdown.
-    pub fn serve(&mut self, listener: TcpListener, app: Router) {
+    /// Serves `app` on `listener` within `limits` ([`crate::serve`]) as the
+    /// task `http` until shutdown.
+    pub fn serve(&mut self, listener: TcpListener, app: Router, limits: crate::ServeArgs) {
         if let Ok(addr) = listener.local_addr() {
             tracing::info!(%addr, "listening");
         }
         let app = app.layer(axum::middleware::from_fn(crate::http::trace));
         let token = self.token();
-        self.spawn("http", async move {
-            // The peer address reaches handlers (`ConnectInfo`): per-address limits.
-            axum::serve(
-                listener,
-                app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-            )
-            .with_graceful_shutdown(async move { token.cancelled().await })
-            .await
-        });
+        self.spawn("http", crate::serve::serve(listener, app, limits, token));
     }
 
     /// Waits until shutdown, or until a task dies: then turns not-ready,

@@ -37,6 +37,9 @@ pub struct Config {
     /// Address of the admin/stock HTTP endpoints.
     #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8081")]
     pub http_addr: SocketAddr,
+    /// The HTTP port's limits: header and body read timeouts, connections at once.
+    #[command(flatten)]
+    pub http: service_kit::ServeArgs,
     /// The operator's credential for the stock endpoints
     /// (`Authorization: Bearer …`), ≥ 32 characters, no default.
     #[arg(
@@ -130,7 +133,7 @@ impl App {
             .route("/openapi.json", service_kit::http::openapi_route::<_, ApiDoc>())
             .with_state(self.pool.clone())
             .merge(service_kit::admin::router(self.pool.clone(), tasks.health()));
-        tasks.serve(self.listener, app);
+        tasks.serve(self.listener, app, self.config.http.clone());
         tasks.wait().await
     }
 }

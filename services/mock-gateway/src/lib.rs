@@ -58,6 +58,9 @@ pub struct Config {
     /// HTTP address.
     #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8083")]
     pub http_addr: SocketAddr,
+    /// The HTTP port's limits: header and body read timeouts, connections at once.
+    #[command(flatten)]
+    pub http: service_kit::ServeArgs,
     /// The callers and their secrets, `name=secret[,name=secret…]`, e.g.
     /// `order-api=…,payment-service=…` (each secret ≥ 32 characters).
     #[arg(
@@ -213,6 +216,7 @@ pub struct App {
     admin: bool,
     callers: Callers,
     grants: grants::Grants,
+    limits: service_kit::ServeArgs,
 }
 
 /// Connects, migrates and binds.
@@ -247,6 +251,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         admin: config.admin,
         callers: config.clients,
         grants: config.grants,
+        limits: config.http,
     })
 }
 
@@ -309,7 +314,7 @@ impl App {
         let app = api
             .with_state(self.state.clone())
             .merge(service_kit::admin::router(self.state.pool.clone(), tasks.health()));
-        tasks.serve(self.listener, app);
+        tasks.serve(self.listener, app, self.limits);
         tasks.wait().await
     }
 }

@@ -43,6 +43,9 @@ pub struct Config {
     /// Address of the HTTP API (also serves /health and /metrics).
     #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8080")]
     pub http_addr: SocketAddr,
+    /// The HTTP port's limits: header and body read timeouts, connections at once.
+    #[command(flatten)]
+    pub http: service_kit::ServeArgs,
     /// The payment gateway: its card vault (every new order's card number
     /// becomes a token there) and its record of operations (reconciliation);
     /// order-api's credential there.
@@ -211,7 +214,7 @@ impl App {
         );
         let app =
             http::router(self.state.clone()).merge(service_kit::admin::router(self.state.pool.clone(), tasks.health()));
-        tasks.serve(self.listener, app);
+        tasks.serve(self.listener, app, self.config.http.clone());
         tasks.wait().await
     }
 }

@@ -35,6 +35,9 @@ pub struct Config {
     /// Address of the admin endpoints.
     #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8084")]
     pub http_addr: SocketAddr,
+    /// The HTTP port's limits: header and body read timeouts, connections at once.
+    #[command(flatten)]
+    pub http: service_kit::ServeArgs,
     /// Rows claimed per round.
     #[arg(long, env = "RELAY_BATCH", default_value_t = 1024)]
     pub batch: i64,
@@ -109,7 +112,11 @@ impl App {
         // broker answers and its topics are made sure of.
         let waiting = tasks.health().wait_for("kafka");
         let admin_pool = self.sources[0].1.clone();
-        tasks.serve(self.listener, service_kit::admin::router(admin_pool, tasks.health()));
+        tasks.serve(
+            self.listener,
+            service_kit::admin::router(admin_pool, tasks.health()),
+            self.config.http.clone(),
+        );
         if !self.config.kafka.ready_for(&topics::ALL, tasks.token()).await? {
             return tasks.wait().await;
         }

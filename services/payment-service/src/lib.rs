@@ -34,6 +34,9 @@ pub struct Config {
     /// Address of the admin endpoints.
     #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8082")]
     pub http_addr: SocketAddr,
+    /// The HTTP port's limits: header and body read timeouts, connections at once.
+    #[command(flatten)]
+    pub http: service_kit::ServeArgs,
     /// The payment gateway (charges and refunds) and payment-service's
     /// credential there.
     #[command(flatten)]
@@ -131,6 +134,7 @@ impl App {
         tasks.serve(
             self.listener,
             service_kit::admin::router(self.deps.pool.clone(), tasks.health()),
+            self.config.http.clone(),
         );
         tasks.wait().await
     }

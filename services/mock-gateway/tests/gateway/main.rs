@@ -33,6 +33,7 @@ impl Gateway {
                 pool_size: 16,
             },
             http_addr: "127.0.0.1:0".parse().unwrap(),
+            http: service_kit::ServeArgs::default(),
             clients: format!("tests={key},someone-else={other_key}").parse().unwrap(),
             readers: Default::default(),
             grants: "tests=tokenise+charge+refund+read+notify,someone-else=tokenise+charge+refund+read+notify"

@@ -1,0 +1,110 @@
+//! The HTTP port's limits against real sockets: a client that trickles its
+//! headers or idles is cut off, a body that stops coming is refused, and
+//! beyond the connection cap a new connection waits until one closes.
+
+use std::time::{Duration, Instant};
+
+use axum::routing::{get, post};
+use axum::Router;
+use service_kit::ServeArgs;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+/// A server on a free port with `limits`; its address and its stop token.
+async fn start(limits: ServeArgs) -> (std::net::SocketAddr, CancellationToken) {
+    let app = Router::new()
+        .route("/ok", get(|| async { "ok" }))
+        .route("/echo", post(|body: axum::body::Bytes| async move { body }));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = CancellationToken::new();
+    tokio::spawn(service_kit::serve::serve(listener, app, limits, stop.clone()));
+    (addr, stop)
+}
+
+fn limits(header: u64, body: u64, connections: usize) -> ServeArgs {
+    ServeArgs {
+        header_timeout_secs: header,
+        body_timeout_secs: body,
+        max_connections: connections,
+    }
+}
+
+/// Reads until the server closes the connection (or `within` passes): what
+/// it sent, and when it closed.
+async fn until_closed(stream: &mut TcpStream, within: Duration) -> (String, Option<Duration>) {
+    let started = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    loop {
+        match tokio::time::timeout(within.saturating_sub(started.elapsed()), stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return (String::from_utf8_lossy(&got).into_owned(), Some(started.elapsed())),
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            Err(_) => return (String::from_utf8_lossy(&got).into_owned(), None),
+        }
+    }
+}
+
+/// Removal tried: the header read timeout off (`header_read_timeout(None)`):
+/// the trickling client is never cut off and this fails.
+#[tokio::test]
+async fn a_client_that_trickles_its_headers_or_idles_is_cut_off() {
+    let (addr, stop) = start(limits(1, 30, 64)).await;
+    let mut slow = TcpStream::connect(addr).await.unwrap();
+    slow.write_all(b"GET /ok HTTP/1.1\r\nhost: x\r\n").await.unwrap();
+    let (_, closed) = until_closed(&mut slow, Duration::from_secs(4)).await;
+    let closed = closed.expect("the trickling client was not cut off within 4 s");
+    assert!(closed >= Duration::from_millis(900), "cut off after {closed:?}, before its second");
+
+    // A whole request is answered; the connection, kept alive, idles; then it is closed.
+    let mut idle = TcpStream::connect(addr).await.unwrap();
+    idle.write_all(b"GET /ok HTTP/1.1\r\nhost: x\r\n\r\n").await.unwrap();
+    let (answer, closed) = until_closed(&mut idle, Duration::from_secs(4)).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(closed.is_some(), "an idle kept-alive connection was not closed within 4 s");
+    stop.cancel();
+}
+
+/// Removal tried: the body timeout layer taken out: the request waits for
+/// its body for ever and this fails.
+#[tokio::test]
+async fn a_body_that_stops_coming_is_refused() {
+    let (addr, stop) = start(limits(30, 1, 64)).await;
+    let mut slow = TcpStream::connect(addr).await.unwrap();
+    slow.write_all(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\nabc")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut buf = [0u8; 512];
+    let n = tokio::time::timeout(Duration::from_secs(4), slow.read(&mut buf))
+        .await
+        .expect("no answer within 4 s to a body that stopped")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&buf[..n]);
+    assert!(answer.starts_with("HTTP/1.1 4"), "{answer}");
+    assert!(started.elapsed() >= Duration::from_millis(900), "{:?}", started.elapsed());
+    stop.cancel();
+}
+
+/// With one connection allowed, a second client waits until the first's
+/// connection closes (its header timeout), then is served. Removal tried:
+/// no cap: the second is answered at once and this fails.
+#[tokio::test]
+async fn beyond_the_connection_cap_a_new_connection_waits_for_one_to_close() {
+    let (addr, stop) = start(limits(1, 30, 1)).await;
+    let first = TcpStream::connect(addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut second = TcpStream::connect(addr).await.unwrap();
+    let started = Instant::now();
+    second.write_all(b"GET /ok HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").await.unwrap();
+    let (answer, _) = until_closed(&mut second, Duration::from_secs(4)).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(700),
+        "answered after {waited:?}: the first connection still held the only place"
+    );
+    drop(first);
+    stop.cancel();
+}
