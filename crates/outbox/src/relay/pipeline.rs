@@ -24,6 +24,18 @@ pub(super) fn back_off(backoff: &mut Duration) -> Instant {
     until
 }
 
+/// Counts a claim's outcome: no claim runs any more; one more batch
+/// delivering, or nothing to claim until something settles or a probe finds
+/// a row.
+fn taken(outcome: ClaimOutcome, claiming: &mut bool, delivering: &mut usize, claimable: &mut bool) {
+    *claiming = false;
+    match outcome {
+        ClaimOutcome::Rows => *delivering += 1,
+        ClaimOutcome::Empty => *claimable = false,
+        ClaimOutcome::Failed => {}
+    }
+}
+
 /// Sleeps until `deadline` (forever without one).
 async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
@@ -84,14 +96,16 @@ impl<P: Publisher> Relay<P> {
                 // so it is always taken first.
                 biased;
                 Some(outcome) = claims.recv() => {
-                    claiming = false;
-                    match outcome {
-                        ClaimOutcome::Rows => delivering += 1,
-                        ClaimOutcome::Empty => claimable = false,
-                        ClaimOutcome::Failed => {}
-                    }
+                    taken(outcome, &mut claiming, &mut delivering, &mut claimable);
                 }
                 Some((found, result)) = batches.next(), if !batches.is_empty() => {
+                    // Its claim's outcome was sent first, but a batch that
+                    // never waited after it (its settling failed at once on
+                    // a dropped connection) ends in the same poll: take the
+                    // outcome before counting the batch out.
+                    while let Ok(outcome) = claims.try_recv() {
+                        taken(outcome, &mut claiming, &mut delivering, &mut claimable);
+                    }
                     if found {
                         (delivering, claimable) = (delivering - 1, true);
                     }

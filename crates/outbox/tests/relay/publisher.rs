@@ -160,3 +160,75 @@ async fn the_backlog_gauges_count_pending_rows_and_the_oldest_ones_age() {
     assert_eq!(gauge("relay_pending_rows"), 0.0);
     db.drop().await;
 }
+
+/// Takes every row, but on its first call — the claim's transaction open,
+/// idle — has that connection terminated first, as the chaos run's
+/// `pg_terminate_backend` does: the batch's settling then fails at once,
+/// without waiting, in the same poll as its claim.
+struct KillsTheClaimingConnection {
+    pool: sqlx::PgPool,
+    calls: AtomicUsize,
+}
+
+impl Publisher for KillsTheClaimingConnection {
+    fn publish(&self, rows: &[PendingRow]) -> impl std::future::Future<Output = Vec<Result<(), PublishError>>> + Send {
+        if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
+            // Synchronously (no await: the batch must not yield here), from a
+            // thread of its own with a runtime of its own.
+            let options = self.pool.connect_options();
+            std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                runtime.block_on(async {
+                    use sqlx::Connection as _;
+                    let mut c = sqlx::PgConnection::connect_with(&options).await.unwrap();
+                    sqlx::query(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                         WHERE datname = current_database() AND state = 'idle in transaction'",
+                    )
+                    .execute(&mut c)
+                    .await
+                    .unwrap();
+                });
+            })
+            .join()
+            .unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        std::future::ready(rows.iter().map(|_| Ok(())).collect())
+    }
+}
+
+/// Found by the long chaos run: a batch whose settling failed at once (its
+/// connection dropped) ended in the same poll as its claim, before the
+/// pipeline had counted the claim — and the count went below zero (a
+/// panic, the relay's exit). Now the relay backs off, claims again, and
+/// publishes every row. Removal tried: the pipeline without taking the
+/// claim's outcome first (`claims.try_recv`): the relay panics with
+/// "attempt to subtract with overflow" and this fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_settling_fails_at_once_does_not_stop_the_relay() {
+    let _serial = SERIAL.lock().await;
+    let db = Db::new().await;
+    for seq in 0..5 {
+        db.enqueue("t", Uuid::new_v4(), seq).await;
+    }
+    let publisher = KillsTheClaimingConnection {
+        pool: db.pool.clone(),
+        calls: AtomicUsize::new(0),
+    };
+    let relay = Relay::new(db.pool.clone(), publisher, "t").poll_interval(Duration::from_millis(10));
+    let token = tokio_util::sync::CancellationToken::new();
+    let run = tokio::spawn({
+        let token = token.clone();
+        async move { relay.run(token).await }
+    });
+    let end = std::time::Instant::now() + Duration::from_secs(20);
+    while db.pending().await > 0 {
+        assert!(!run.is_finished(), "the relay stopped");
+        assert!(std::time::Instant::now() < end, "{} rows still pending", db.pending().await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    token.cancel();
+    run.await.expect("the relay ran to its shutdown");
+    db.drop().await;
+}
