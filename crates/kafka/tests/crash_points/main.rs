@@ -54,6 +54,9 @@ async fn the_before_offset_crash_point_is_reached_only_after_a_batch_that_applie
             let outcomes: Vec<Handled> = batch
                 .iter()
                 .map(|t| match s.lock().unwrap().insert(t.message.event_id) {
+                    // A new reply the saga's state machine would stop: its
+                    // inbox row commits, nothing else is applied.
+                    true if t.message.event_type == "StockReserved" => Handled::Ignored,
                     true => Handled::Applied,
                     false => Handled::Duplicate,
                 })
@@ -93,6 +96,15 @@ async fn the_before_offset_crash_point_is_reached_only_after_a_batch_that_applie
         reached.load(Ordering::SeqCst),
         1,
         "batches of duplicates never reach it"
+    );
+    // New to the inbox but ignored: its row committed, so its redelivery
+    // would be absorbed — the window is open as after an applied one.
+    send(Envelope::new(Uuid::new_v4(), &Message::StockReserved, None)).await;
+    wait_handled(4).await;
+    assert_eq!(
+        reached.load(Ordering::SeqCst),
+        2,
+        "a batch whose event was new but ignored reaches it"
     );
     token.cancel();
     run.await.unwrap().unwrap();
@@ -149,7 +161,7 @@ async fn the_before_offset_crash_point_is_reached_only_after_a_batch_that_applie
     assert_eq!(largest.load(Ordering::SeqCst), 3, "the three came as one batch");
     assert_eq!(
         reached.load(Ordering::SeqCst),
-        2,
+        3,
         "a batch handled one message at a time that applied some reaches it, once"
     );
     fail::remove(CRASH_BEFORE_OFFSET_COMMIT);
