@@ -34,8 +34,8 @@ pub mod shutdown;
 pub mod supervisor;
 
 pub use config::{DbArgs, LogArgs, LogFormat, TraceArgs};
-pub use serve::ServeArgs;
 pub use credentials::Secret;
+pub use serve::ServeArgs;
 pub use supervisor::{Health, Supervisor, Waiting};
 
 /// Errors raised while bootstrapping a service.

@@ -55,7 +55,12 @@ impl Default for ServeArgs {
 /// Serves `app` on `listener` within `limits` until `shutdown`; then stops
 /// accepting and lets the open connections finish their requests. Handlers
 /// see the peer's address as `ConnectInfo<SocketAddr>` (per-address limits).
-pub async fn serve(listener: TcpListener, app: Router, limits: ServeArgs, shutdown: CancellationToken) -> std::io::Result<()> {
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: ServeArgs,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
     let app = app.layer(tower_http::timeout::RequestBodyTimeoutLayer::new(Duration::from_secs(
         limits.body_timeout_secs,
     )));
@@ -83,11 +88,14 @@ pub async fn serve(listener: TcpListener, app: Router, limits: ServeArgs, shutdo
             },
         };
         let _ = stream.set_nodelay(true);
-        let service = app.clone().map_request(move |mut req: axum::http::Request<hyper::body::Incoming>| {
-            req.extensions_mut().insert(ConnectInfo(peer));
-            req.map(axum::body::Body::new)
-        });
-        let connection = graceful.watch(http1.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service)));
+        let service = app
+            .clone()
+            .map_request(move |mut req: axum::http::Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(ConnectInfo(peer));
+                req.map(axum::body::Body::new)
+            });
+        let connection =
+            graceful.watch(http1.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service)));
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, %peer, "connection ended");
@@ -99,4 +107,3 @@ pub async fn serve(listener: TcpListener, app: Router, limits: ServeArgs, shutdo
     graceful.shutdown().await;
     Ok(())
 }
-

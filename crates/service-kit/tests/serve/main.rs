@@ -55,14 +55,20 @@ async fn a_client_that_trickles_its_headers_or_idles_is_cut_off() {
     slow.write_all(b"GET /ok HTTP/1.1\r\nhost: x\r\n").await.unwrap();
     let (_, closed) = until_closed(&mut slow, Duration::from_secs(4)).await;
     let closed = closed.expect("the trickling client was not cut off within 4 s");
-    assert!(closed >= Duration::from_millis(900), "cut off after {closed:?}, before its second");
+    assert!(
+        closed >= Duration::from_millis(900),
+        "cut off after {closed:?}, before its second"
+    );
 
     // A whole request is answered; the connection, kept alive, idles; then it is closed.
     let mut idle = TcpStream::connect(addr).await.unwrap();
     idle.write_all(b"GET /ok HTTP/1.1\r\nhost: x\r\n\r\n").await.unwrap();
     let (answer, closed) = until_closed(&mut idle, Duration::from_secs(4)).await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    assert!(closed.is_some(), "an idle kept-alive connection was not closed within 4 s");
+    assert!(
+        closed.is_some(),
+        "an idle kept-alive connection was not closed within 4 s"
+    );
     stop.cancel();
 }
 
@@ -83,7 +89,11 @@ async fn a_body_that_stops_coming_is_refused() {
         .unwrap();
     let answer = String::from_utf8_lossy(&buf[..n]);
     assert!(answer.starts_with("HTTP/1.1 4"), "{answer}");
-    assert!(started.elapsed() >= Duration::from_millis(900), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        started.elapsed()
+    );
     stop.cancel();
 }
 
@@ -97,7 +107,10 @@ async fn beyond_the_connection_cap_a_new_connection_waits_for_one_to_close() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let mut second = TcpStream::connect(addr).await.unwrap();
     let started = Instant::now();
-    second.write_all(b"GET /ok HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").await.unwrap();
+    second
+        .write_all(b"GET /ok HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
     let (answer, _) = until_closed(&mut second, Duration::from_secs(4)).await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     let waited = started.elapsed();
