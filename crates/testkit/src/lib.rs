@@ -14,7 +14,7 @@
 //! - [`process`]: which process listens on a port (a harness's check that
 //!   the service answering is the one it started);
 //! - [`proxy`]: a TCP fault proxy (latency, reset, blackhole, swallowed responses);
-//! - [`promtool`]: Prometheus's checker, found or unpacked from Debian's package;
+//! - [`promtool`]: Prometheus's checker and a server of a test's own, found or unpacked from Debian's package;
 //! - [`schemathesis`]: the OpenAPI fuzzer, found or installed in a virtualenv;
 //! - [`topics`]: topics created and read back whole without the crate under test;
 

@@ -85,6 +85,36 @@ pub(super) async fn duplicates(
     Ok((total, racing))
 }
 
+/// Re-produces, with their event ids and marked [`INJECTED`], the last
+/// `tail` messages of each partition of `topic`: copies every reader's inbox
+/// must absorb (for a test that wants duplicates without a fault schedule).
+/// Returns how many were produced.
+pub async fn copy_recent(stack: &Stack, topic: &str, tail: i64) -> anyhow::Result<usize> {
+    let (brokers, t) = (stack.brokers(), topic.to_owned());
+    let group = format!("copier-{}", Uuid::new_v4());
+    let (messages, _) = tokio::task::spawn_blocking(move || {
+        kafka::read_topic_at_most(
+            &brokers,
+            &t,
+            &group,
+            rdkafka::Offset::OffsetTail(tail),
+            Duration::from_millis(1500),
+            usize::MAX,
+        )
+    })
+    .await??;
+    let producer = kafka::producer(&stack.brokers())?;
+    let mut copied = 0;
+    use rdkafka::Message as _;
+    for m in &messages {
+        if let Ok(envelope) = Envelope::from_bytes(m.payload().unwrap_or_default()) {
+            publish(&producer, topic, &envelope).await?;
+            copied += 1;
+        }
+    }
+    Ok(copied)
+}
+
 /// The header that marks a copy the injector produced (the services ignore
 /// it; the audit reads it from the log).
 pub const INJECTED: &str = "chaos-injected";

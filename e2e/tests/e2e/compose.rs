@@ -23,12 +23,22 @@ fn required<C: CommandFactory>() -> BTreeSet<String> {
         .collect()
 }
 
-fn compose() -> serde_yaml_ng::Value {
+pub fn compose() -> serde_yaml_ng::Value {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docker-compose.yml");
     let text = std::fs::read_to_string(path).expect("docker-compose.yml exists");
     let mut doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("docker-compose.yml is valid YAML");
     doc.apply_merge().expect("YAML merge keys resolve");
     doc
+}
+
+/// The volumes compose mounts into `service`, as written.
+pub fn mounts(service: &serde_yaml_ng::Value) -> Vec<&str> {
+    service["volumes"]
+        .as_sequence()
+        .expect("volumes")
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect()
 }
 
 #[test]
@@ -238,13 +248,7 @@ fn compose_sends_traces_to_jaeger_and_prometheus_scrapes_every_service() {
             "prometheus does not scrape {name}:{port} ({targets:?})"
         );
     }
-    let prometheus = &services["prometheus"];
-    let mounts: Vec<&str> = prometheus["volumes"]
-        .as_sequence()
-        .expect("prometheus volumes")
-        .iter()
-        .filter_map(|v| v.as_str())
-        .collect();
+    let mounts = mounts(&services["prometheus"]);
     assert!(
         mounts.contains(&"./docker/prometheus.yml:/etc/prometheus/prometheus.yml:ro"),
         "{mounts:?}"
@@ -252,7 +256,7 @@ fn compose_sends_traces_to_jaeger_and_prometheus_scrapes_every_service() {
 }
 
 /// What a user needs is published, on 127.0.0.1 only: order-api, Jaeger's
-/// UI, Prometheus. PostgreSQL, Kafka and the internal services are on the
+/// UI, Prometheus, Grafana. PostgreSQL, Kafka and the internal services are on the
 /// compose network alone; PostgreSQL's password comes from .env.
 #[test]
 fn compose_publishes_only_the_api_the_uis_and_kafkas_host_listener_on_loopback() {
@@ -272,7 +276,7 @@ fn compose_publishes_only_the_api_the_uis_and_kafkas_host_listener_on_loopback()
     }
     assert_eq!(
         published,
-        BTreeSet::from(["order-api", "jaeger", "prometheus", "kafka"].map(str::to_owned))
+        BTreeSet::from(["order-api", "jaeger", "prometheus", "grafana", "kafka"].map(str::to_owned))
     );
     // Kafka's host listener is advertised at the address it is published on,
     // so a tool on the host (cargo xtask dlq) reaches the broker itself.
