@@ -92,6 +92,26 @@ async fn no_database_or_topic_holds_a_card_number_after_a_run() {
         parked.as_deref().is_some_and(|p| p.contains("refused by the vault")),
         "the refused row is parked: {parked:?}"
     );
+    let kept: Option<String> = sqlx::query_scalar("SELECT card FROM orders WHERE id = $1")
+        .bind(refused)
+        .fetch_one(&mut orders)
+        .await
+        .unwrap();
+    assert_eq!(kept, None, "a parked value is not kept in clear");
+    // The operator's list names it.
+    let review = std::process::Command::new(stack.options().bin_dir.join("order-api"))
+        .args(["review", "list"])
+        .env("DATABASE_URL", stack.db_url("orders"))
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&review.stdout);
+    assert!(review.status.success(), "{}", String::from_utf8_lossy(&review.stderr));
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.starts_with(&refused.to_string()) && l.contains("card parked")),
+        "order-api review list does not name the parked order:\n{listed}"
+    );
 
     let client = Client::new(&stack, Duration::from_secs(5)).unwrap();
     client.seed_stock("WIDGET", 100).await.unwrap();

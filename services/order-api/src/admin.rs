@@ -42,7 +42,8 @@ pub enum Keys {
 /// `order-api review …`
 #[derive(Debug, clap::Subcommand)]
 pub enum Review {
-    /// List the orders in MANUAL_REVIEW (the default).
+    /// List the orders in MANUAL_REVIEW (the default), and the orders whose
+    /// legacy card the vault refused (parked, the value cleared).
     List,
     /// Retry the refund of an order in MANUAL_REVIEW after a refused refund:
     /// a new refund attempt under its own gateway key.
@@ -65,6 +66,15 @@ pub async fn run(command: Command, db: &service_kit::DbArgs) -> anyhow::Result<(
             }
             for (id, reason, since) in orders {
                 println!("{id}  {:<18}  since {since}", reason.as_deref().unwrap_or("-"));
+            }
+            let parked = crate::orders::parked_cards(&pool).await?;
+            if !parked.is_empty() {
+                println!(
+                    "orders whose legacy card the vault refused (the value is cleared; ask the client for a card):"
+                );
+            }
+            for (id, why, since) in parked {
+                println!("{id}  card parked: {why}  since {since}");
             }
         }
         Command::Review {

@@ -435,7 +435,10 @@ mod tests {
         let (id, good) = create_key(&pool, "good").await.unwrap();
         let bearer = |key: &str| {
             let mut h = axum::http::HeaderMap::new();
-            h.insert(header::AUTHORIZATION, HeaderValue::from_str(&format!("Bearer {key}")).unwrap());
+            h.insert(
+                header::AUTHORIZATION,
+                HeaderValue::from_str(&format!("Bearer {key}")).unwrap(),
+            );
             h
         };
         let proxy = Some(std::net::IpAddr::from([10, 0, 0, 1]));

@@ -340,7 +340,9 @@ pub async fn purge_history(conn: &mut PgConnection, retention: std::time::Durati
 /// Tokenises the card numbers of orders written before orders kept tokens
 /// (the `card` column), a batch at a time, and clears the numbers. A value
 /// the vault refuses (not a card number) is parked — `card_parked` says
-/// why — and the rows after it go on; an unavailable vault ends the pass
+/// why, the value itself is cleared too (whatever it is, it is not kept in
+/// clear), and `order-api review` lists the order ([`parked_cards`]) — and
+/// the rows after it go on; an unavailable vault ends the pass
 /// (retried later). Returns (converted, parked).
 pub async fn tokenise_legacy_cards(
     pool: &sqlx::PgPool,
@@ -371,7 +373,7 @@ pub async fn tokenise_legacy_cards(
                     // The value is not a card number (the vault says so);
                     // never logged, only the order and the vault's reason.
                     tracing::warn!(order_id = %id, reason = %why, "legacy card refused by the vault; row parked");
-                    sqlx::query("UPDATE orders SET card_parked = $2 WHERE id = $1")
+                    sqlx::query("UPDATE orders SET card_parked = $2, card = NULL WHERE id = $1")
                         .bind(id)
                         .bind(format!("refused by the vault: {why}"))
                         .execute(pool)
@@ -382,6 +384,15 @@ pub async fn tokenise_legacy_cards(
             }
         }
     }
+}
+
+/// The orders whose legacy card the vault refused (parked, the value
+/// cleared): (order, why, when), for `order-api review`. A person asks the
+/// client for a card; nothing else can be done with the order's payment.
+pub async fn parked_cards(pool: &sqlx::PgPool) -> sqlx::Result<Vec<(Uuid, String, chrono::DateTime<chrono::Utc>)>> {
+    sqlx::query_as("SELECT id, card_parked, updated_at FROM orders WHERE card_parked IS NOT NULL ORDER BY id")
+        .fetch_all(pool)
+        .await
 }
 
 /// Runs [`tokenise_legacy_cards`] until it succeeds (every 5 s while the
