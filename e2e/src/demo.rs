@@ -128,6 +128,7 @@ pub async fn run(stack: &Stack, mix: Mix) -> anyhow::Result<Outcome> {
         acknowledged: placed.iter().map(|p| (p.1.clone(), p.2.id)).collect(),
         indeterminate: 0,
         rescue_expected: Default::default(),
+        resends_judged_by_the_log: false,
         amount_is_nonce: false,
     };
     let audit = audit(stack, &expected).await?;

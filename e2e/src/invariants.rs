@@ -41,6 +41,10 @@ pub struct Expected {
     /// Every client request carried a number of its own in its amount (a
     /// nonce): then two orders with one amount are two orders for one request.
     pub amount_is_nonce: bool,
+    /// The run reads back which copy each inbox applied (the chaos suite):
+    /// an order only re-sent to is then judged by the log, not by its re-send
+    /// ([`Audit::late_not_lost`]). Without the log, every re-send is a rescue.
+    pub resends_judged_by_the_log: bool,
 }
 
 /// The audit of one run.
@@ -77,6 +81,10 @@ pub struct Audit {
     pub rescued: BTreeMap<String, BTreeSet<Uuid>>,
     /// The history rows behind [`Audit::rescued`] (the first 20), as evidence.
     pub rescue_evidence: Vec<String>,
+    /// Orders only re-sent to, per action, whose first copy the log shows
+    /// applied: late past the deadline (overlapping faults), not lost. (The
+    /// re-sent copy applied makes the order a rescue instead.)
+    pub late_not_lost: BTreeMap<String, BTreeSet<Uuid>>,
     /// When each broken invariant's first evidence was written (an inbox
     /// miss, a reconciler's history row, a second capture, a stuck order's
     /// creation), by invariant name: where a picture marks it.
@@ -486,6 +494,24 @@ async fn check_rescued(
                 at.format("%H:%M:%S%.3f")
             ));
         }
+    }
+    if expected.resends_judged_by_the_log {
+        // Orders only re-sent to: the log decides (late copies), not the re-send.
+        let other: BTreeSet<Uuid> = a
+            .rescued
+            .iter()
+            .filter(|(cause, _)| !cause.starts_with("Resent:"))
+            .flat_map(|(_, orders)| orders.iter().copied())
+            .collect();
+        for (cause, orders) in std::mem::take(&mut a.rescued) {
+            let (late, rescued): (BTreeSet<Uuid>, BTreeSet<Uuid>) = orders
+                .into_iter()
+                .partition(|o| cause.starts_with("Resent:") && !other.contains(o));
+            for (map, orders) in [(&mut a.late_not_lost, late), (&mut a.rescued, rescued)] {
+                map.extend((!orders.is_empty()).then(|| (cause.clone(), orders)));
+            }
+        }
+        first = first.filter(|_| !a.rescued.is_empty());
     }
     let touched: BTreeSet<Uuid> = a.rescued.values().flatten().copied().collect();
     let unexpected: Vec<&Uuid> = touched.difference(&expected.rescue_expected).collect();

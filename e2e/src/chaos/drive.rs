@@ -58,6 +58,8 @@ pub(super) async fn drive(stack: &mut Stack, cfg: &ChaosConfig) -> anyhow::Resul
         acknowledged: acked.iter().map(|(k, (id, _))| (k.clone(), *id)).collect(),
         indeterminate: stats.indeterminate,
         rescue_expected: Default::default(),
+        // The audit reads the log back (provenance): which copy each inbox applied.
+        resends_judged_by_the_log: true,
         amount_is_nonce: true,
     };
     let run = Run {
@@ -232,6 +234,10 @@ fn rescued_by_late_copies(audit: &mut crate::invariants::Audit, late: &[provenan
         return;
     }
     for l in late {
+        // Re-sent and applied from the re-sent copy: a rescue, not lateness.
+        for late_orders in audit.late_not_lost.values_mut() {
+            late_orders.remove(&l.order_id);
+        }
         let cause = if l.injected {
             "applied from an injected copy (the first copy lost)"
         } else {
@@ -250,6 +256,7 @@ fn rescued_by_late_copies(audit: &mut crate::invariants::Audit, late: &[provenan
             ));
         }
     }
+    audit.late_not_lost.retain(|_, orders| !orders.is_empty());
     let injected = late.iter().filter(|l| l.injected).count();
     audit.seen(crate::invariants::NOTHING_LOST, late.iter().map(|l| l.at).min());
     audit.violations.push(format!(
@@ -478,4 +485,36 @@ async fn groups_lag(stack: &Stack) -> Vec<Option<i64>> {
     .await
     // A reader that panicked read nothing: every group unknown, never "0 behind".
     .unwrap_or_else(|_| vec![None; contract::topics::consumers::ALL.len()])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An order re-sent to past its deadline is late, not lost, while its
+    /// first copy is the one applied; the log showing the re-sent copy
+    /// applied makes it a rescue — and the run's failure.
+    #[test]
+    fn a_resent_order_is_late_unless_the_log_shows_its_resent_copy_applied() {
+        let (late, rescued) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+        let mut audit = crate::invariants::Audit::default();
+        audit
+            .late_not_lost
+            .insert("Resent:ReserveStock".into(), [late, rescued].into_iter().collect());
+        rescued_by_late_copies(&mut audit, &[]);
+        assert!(audit.violations.is_empty() && audit.rescued.is_empty());
+        let copy = provenance::LateCopy {
+            consumer: "inventory-service",
+            event_id: uuid::Uuid::new_v4(),
+            order_id: rescued,
+            injected: false,
+            first: 3,
+            applied: 9,
+            at: chrono::Utc::now(),
+        };
+        rescued_by_late_copies(&mut audit, &[copy]);
+        assert_eq!(audit.late_not_lost["Resent:ReserveStock"], [late].into_iter().collect());
+        assert!(audit.rescued.values().any(|o| o.contains(&rescued)));
+        assert_eq!(audit.violations.len(), 1, "{:?}", audit.violations);
+    }
 }

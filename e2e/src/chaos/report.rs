@@ -387,6 +387,19 @@ pub fn markdown(r: &Report) -> String {
         r.audit.events_answered_twice,
         r.audit.inbox_misses
     );
+    if !r.audit.late_not_lost.is_empty() {
+        let per: BTreeMap<&str, usize> = r
+            .audit
+            .late_not_lost
+            .iter()
+            .map(|(c, o)| (c.as_str(), o.len()))
+            .collect();
+        let _ = writeln!(
+            s,
+            "## Late, not lost\n\nOrders whose command the deadline reconciler re-sent while the first copy was \
+             still on its way (its consumer applied the first copy; the re-sent one was absorbed): {per:?}\n"
+        );
+    }
     let _ = writeln!(s, "## Rescued by the deadline reconciler\n");
     if r.audit.rescued.is_empty() {
         let _ = writeln!(s, "none: every order finished on its own messages\n");

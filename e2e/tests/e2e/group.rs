@@ -139,6 +139,7 @@ async fn three_instances_share_partitions_and_survive_sigkill_churn() {
         acknowledged,
         indeterminate: 0,
         rescue_expected: Default::default(),
+        resends_judged_by_the_log: false,
         amount_is_nonce: false,
     };
     let a = audit(&stack, &expected).await.unwrap();
