@@ -85,7 +85,7 @@ pub(super) async fn duplicates(
     Ok((total, racing))
 }
 
-/// Re-produces, with their event ids and marked [`INJECTED`], the last
+/// Re-produces, with their event ids and marked as injected, the last
 /// `tail` messages of each partition of `topic`: copies every reader's inbox
 /// must absorb (for a test that wants duplicates without a fault schedule).
 /// Returns how many were produced.

@@ -330,7 +330,10 @@ mod tests {
     /// each series draws at most ~400 points, a crowded lane draws cells.
     #[test]
     fn a_long_run_draws_buckets_not_every_second_and_fault() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/results/chaos-kafka-28000-seed-7.json");
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../docs/results/chaos-kafka-28000-seed-7.json"
+        );
         let mut r: Report = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         let (samples, timeline) = (r.samples.clone(), r.timeline.clone());
         let span = samples.last().unwrap().second + 1;
