@@ -177,7 +177,10 @@ impl Publisher for KillsTheClaimingConnection {
             // thread of its own with a runtime of its own.
             let options = self.pool.connect_options();
             std::thread::spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
                 runtime.block_on(async {
                     use sqlx::Connection as _;
                     let mut c = sqlx::PgConnection::connect_with(&options).await.unwrap();
@@ -225,10 +228,53 @@ async fn a_batch_whose_settling_fails_at_once_does_not_stop_the_relay() {
     let end = std::time::Instant::now() + Duration::from_secs(20);
     while db.pending().await > 0 {
         assert!(!run.is_finished(), "the relay stopped");
-        assert!(std::time::Instant::now() < end, "{} rows still pending", db.pending().await);
+        assert!(
+            std::time::Instant::now() < end,
+            "{} rows still pending",
+            db.pending().await
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     token.cancel();
     run.await.expect("the relay ran to its shutdown");
+    db.drop().await;
+}
+
+/// Refuses every row for good (too large, say), or as "try again".
+struct RefusesRows {
+    for_good: bool,
+}
+
+impl Publisher for RefusesRows {
+    async fn publish(&self, rows: &[PendingRow]) -> Vec<Result<(), PublishError>> {
+        rows.iter()
+            .map(|_| {
+                Err(PublishError {
+                    retriable: !self.for_good,
+                    message: "refused".into(),
+                })
+            })
+            .collect()
+    }
+}
+
+/// A round counts a row refused for good as parked, not failed (a failed
+/// row pauses the relay; a parked one must not), and a row refused for now
+/// as failed. Found by cargo mutants: `failed = refused − parked` with `+`
+/// survived every other test.
+#[tokio::test]
+async fn a_round_counts_parked_rows_apart_from_failed_ones() {
+    let _serial = SERIAL.lock().await;
+    let db = Db::new().await;
+    for (for_good, want) in [(true, (0, 2)), (false, (2, 0))] {
+        db.enqueue("t", Uuid::new_v4(), 0).await;
+        db.enqueue("t", Uuid::new_v4(), 1).await;
+        let round = Relay::new(db.pool.clone(), RefusesRows { for_good }, "t")
+            .run_once()
+            .await
+            .unwrap();
+        assert_eq!((round.failed, round.parked), want, "refused for good: {for_good}");
+        sqlx::query("DELETE FROM outbox").execute(&db.pool).await.unwrap();
+    }
     db.drop().await;
 }
