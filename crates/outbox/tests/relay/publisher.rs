@@ -278,3 +278,58 @@ async fn a_round_counts_parked_rows_apart_from_failed_ones() {
     }
     db.drop().await;
 }
+
+/// Takes every row after a pause, counting how many calls are in flight at
+/// once (the most seen).
+#[derive(Default)]
+struct InFlight {
+    now: AtomicUsize,
+    most: AtomicUsize,
+}
+
+struct SlowCounting(Arc<InFlight>);
+
+impl Publisher for SlowCounting {
+    async fn publish(&self, rows: &[PendingRow]) -> Vec<Result<(), PublishError>> {
+        let now = self.0.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.0.most.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        self.0.now.fetch_sub(1, Ordering::SeqCst);
+        rows.iter().map(|_| Ok(())).collect()
+    }
+}
+
+/// The pipeline keeps at most `in_flight` batches at the broker, and uses
+/// them: with 1, never two at once; with 3, three. Found by cargo mutants:
+/// `delivering < in_flight` as `<=` (one batch more than asked) survived
+/// every other test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pipeline_keeps_at_most_in_flight_batches_at_the_broker() {
+    let _serial = SERIAL.lock().await;
+    for in_flight in [1, 3] {
+        let db = Db::new().await;
+        // One row per order: every row is claimable at once, a batch of one each.
+        for seq in 0..12 {
+            db.enqueue("t", Uuid::new_v4(), seq).await;
+        }
+        let counts = Arc::new(InFlight::default());
+        let relay = Relay::new(db.pool.clone(), SlowCounting(counts.clone()), "t")
+            .batch(1)
+            .in_flight(in_flight)
+            .poll_interval(Duration::from_millis(10));
+        let token = tokio_util::sync::CancellationToken::new();
+        let run = tokio::spawn({
+            let token = token.clone();
+            async move { relay.run(token).await }
+        });
+        let end = std::time::Instant::now() + Duration::from_secs(20);
+        while db.pending().await > 0 {
+            assert!(std::time::Instant::now() < end, "not drained");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        token.cancel();
+        run.await.unwrap();
+        assert_eq!(counts.most.load(Ordering::SeqCst), in_flight, "batches at the broker at once");
+        db.drop().await;
+    }
+}
