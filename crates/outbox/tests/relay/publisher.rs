@@ -329,7 +329,11 @@ async fn the_pipeline_keeps_at_most_in_flight_batches_at_the_broker() {
         }
         token.cancel();
         run.await.unwrap();
-        assert_eq!(counts.most.load(Ordering::SeqCst), in_flight, "batches at the broker at once");
+        assert_eq!(
+            counts.most.load(Ordering::SeqCst),
+            in_flight,
+            "batches at the broker at once"
+        );
         db.drop().await;
     }
 }
