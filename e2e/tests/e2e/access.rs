@@ -116,6 +116,22 @@ async fn no_wrong_or_foreign_credential_opens_any_endpoint_or_writes_anything() 
         card: GOOD_CARD.into(),
     };
     let placed = client.place_and_settle(&new_key(), &order).await.unwrap();
+    // Its confirmation notice goes out after the order is CONFIRMED, from
+    // order-api's worker: wait for it, or it lands between the footprints.
+    let mut gateway = sqlx::PgConnection::connect(&stack.db_url("gateway")).await.unwrap();
+    let end = std::time::Instant::now() + Duration::from_secs(30);
+    while sqlx::query_scalar::<_, i64>("SELECT count(*) FROM notices")
+        .fetch_one(&mut gateway)
+        .await
+        .unwrap()
+        == 0
+    {
+        assert!(
+            std::time::Instant::now() < end,
+            "the confirmed order's notice was never sent"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let other_client = stack.create_api_key("another-shop").await.unwrap();
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(5))
