@@ -75,6 +75,28 @@ pub async fn setup_own_broker() -> (MutexGuard<'static, ()>, Broker, Db, String)
     (serial, broker, db, topic)
 }
 
+/// Runs `relay`'s pipeline until `db`'s outbox has nothing pending (20 s
+/// at most; the relay must not stop meanwhile), then shuts it down.
+pub async fn run_until_drained<P: outbox::relay::Publisher + Send + Sync + 'static>(relay: outbox::Relay<P>, db: &Db) {
+    let token = tokio_util::sync::CancellationToken::new();
+    let run = tokio::spawn({
+        let token = token.clone();
+        async move { relay.run(token).await }
+    });
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while db.pending().await > 0 {
+        assert!(!run.is_finished(), "the relay stopped");
+        assert!(
+            std::time::Instant::now() < end,
+            "{} rows still pending",
+            db.pending().await
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    token.cancel();
+    run.await.expect("the relay ran to its shutdown");
+}
+
 pub fn topic() -> String {
     format!("relay-test-{}", Uuid::new_v4().simple())
 }

@@ -220,23 +220,7 @@ async fn a_batch_whose_settling_fails_at_once_does_not_stop_the_relay() {
         calls: AtomicUsize::new(0),
     };
     let relay = Relay::new(db.pool.clone(), publisher, "t").poll_interval(Duration::from_millis(10));
-    let token = tokio_util::sync::CancellationToken::new();
-    let run = tokio::spawn({
-        let token = token.clone();
-        async move { relay.run(token).await }
-    });
-    let end = std::time::Instant::now() + Duration::from_secs(20);
-    while db.pending().await > 0 {
-        assert!(!run.is_finished(), "the relay stopped");
-        assert!(
-            std::time::Instant::now() < end,
-            "{} rows still pending",
-            db.pending().await
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    token.cancel();
-    run.await.expect("the relay ran to its shutdown");
+    super::common::run_until_drained(relay, &db).await;
     db.drop().await;
 }
 
@@ -317,18 +301,7 @@ async fn the_pipeline_keeps_at_most_in_flight_batches_at_the_broker() {
             .batch(1)
             .in_flight(in_flight)
             .poll_interval(Duration::from_millis(10));
-        let token = tokio_util::sync::CancellationToken::new();
-        let run = tokio::spawn({
-            let token = token.clone();
-            async move { relay.run(token).await }
-        });
-        let end = std::time::Instant::now() + Duration::from_secs(20);
-        while db.pending().await > 0 {
-            assert!(std::time::Instant::now() < end, "not drained");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        token.cancel();
-        run.await.unwrap();
+        super::common::run_until_drained(relay, &db).await;
         assert_eq!(
             counts.most.load(Ordering::SeqCst),
             in_flight,
