@@ -225,7 +225,7 @@ impl Stack {
             }
             stack.start_service(s).await?;
             if s == Service::Broker {
-                testkit::broker::wait_producer_ids(&stack.brokers(), Duration::from_secs(60)).await?;
+                testkit::broker::wait_producer_ids(&stack.brokers(), Duration::from_secs(120)).await?;
             }
         }
         stack.api_key = stack.create_api_key(DRIVER_CLIENT).await?;
@@ -381,7 +381,9 @@ impl Stack {
     pub async fn start_service(&mut self, s: Service) -> anyhow::Result<()> {
         for attempt in 1.. {
             self.spawn(s)?;
-            match self.wait_ready(s, Duration::from_secs(60)).await {
+            // Three JVMs on two cores busy with other tests took over a minute on CI.
+            let budget = Duration::from_secs(if s == Service::Broker { 180 } else { 60 });
+            match self.wait_ready(s, budget).await {
                 // Ports are picked free but bound only once the process gets
                 // that far: a concurrent test may have taken this one. Move.
                 Err(e)
@@ -555,10 +557,8 @@ impl Stack {
 async fn terminate(child: &mut Child) {
     if let Some(pid) = child.id() {
         let _ = crate::signal(pid, nix::sys::signal::Signal::SIGTERM);
-        if tokio::time::timeout(Duration::from_secs(10), child.wait())
-            .await
-            .is_ok()
-        {
+        let waited = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
+        if waited.is_ok() {
             return;
         }
     }

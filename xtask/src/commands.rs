@@ -66,6 +66,7 @@ pub async fn chaos(args: ChaosArgs) -> anyhow::Result<()> {
     let mut cfg = e2e::chaos::ChaosConfig::ci(seed);
     cfg.brokers = brokers;
     cfg.orders = orders;
+    cfg.max_orders = orders;
     cfg.clients = clients;
     cfg.rate_per_sec = rate;
     cfg.fault_interval = std::time::Duration::from_millis(fault_interval_ms);

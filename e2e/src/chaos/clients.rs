@@ -3,7 +3,7 @@
 //! confirmed orders — and count what they saw.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -41,8 +41,11 @@ pub struct ClientStats {
     pub unparsable_201: usize,
     /// Idempotency violations seen by clients (a key answered with two orders).
     pub violations: Vec<String>,
+    /// Orders placed: the plan's first orders, and as many more as the
+    /// fault schedule needed traffic for.
+    pub placed: usize,
     /// When the last order's first attempt was sent, ms after the start: the
-    /// arrival rate the clients offered is orders / this.
+    /// arrival rate the clients offered is `placed` / this.
     pub last_first_send_ms: u64,
 }
 
@@ -52,6 +55,8 @@ pub(super) type Acked = Arc<Mutex<BTreeMap<String, (Uuid, Kind)>>>;
 /// The running clients.
 pub(super) struct Clients {
     workers: Vec<tokio::task::JoinHandle<()>>,
+    /// Set when the orders past the first `min` are no longer needed.
+    enough: Arc<AtomicBool>,
     cancels: Arc<tokio::sync::Mutex<tokio::task::JoinSet<()>>>,
     /// What they saw.
     pub stats: Arc<Mutex<ClientStats>>,
@@ -61,22 +66,25 @@ pub(super) struct Clients {
 
 impl Clients {
     /// Starts `clients` workers taking the plan in order, order `i` no
-    /// earlier than `i / rate` seconds after `started`.
-    pub fn start(client: &Client, plan: Vec<Planned>, clients: usize, rate: f64, started: Instant) -> Self {
+    /// earlier than `i / rate` seconds after `started`: the first `min`
+    /// orders always, the rest until [`Clients::enough`].
+    pub fn start(client: &Client, plan: Vec<Planned>, min: usize, clients: usize, rate: f64, started: Instant) -> Self {
         let stats = Arc::new(Mutex::new(ClientStats::default()));
+        let enough = Arc::new(AtomicBool::new(false));
         let acked: Acked = Arc::default();
         let next = Arc::new(AtomicUsize::new(0));
         let plan = Arc::new(plan);
         let cancels = Arc::new(tokio::sync::Mutex::new(tokio::task::JoinSet::new()));
         let workers = (0..clients)
             .map(|_| {
-                let (client, stats, acked, next, plan, cancels) = (
+                let (client, stats, acked, next, plan, cancels, enough) = (
                     client.clone(),
                     stats.clone(),
                     acked.clone(),
                     next.clone(),
                     plan.clone(),
                     cancels.clone(),
+                    enough.clone(),
                 );
                 tokio::spawn(async move {
                     loop {
@@ -84,10 +92,14 @@ impl Clients {
                         let Some(p) = plan.get(i) else { return };
                         let due = started + Duration::from_secs_f64(i as f64 / rate);
                         tokio::time::sleep_until(due.into()).await;
+                        if i >= min && enough.load(Ordering::SeqCst) {
+                            return;
+                        }
                         {
                             let sent = started.elapsed().as_millis() as u64;
                             let mut s = stats.lock().expect("stats");
                             s.last_first_send_ms = s.last_first_send_ms.max(sent);
+                            s.placed += 1;
                         }
                         if let Some(id) = place(&client, p, &stats, &acked).await {
                             if p.cancel {
@@ -104,10 +116,17 @@ impl Clients {
             .collect();
         Self {
             workers,
+            enough,
             cancels,
             stats,
             acked,
         }
+    }
+
+    /// No more orders past the first `min` (they are placed only while the
+    /// schedule still needs traffic).
+    pub fn enough(&self) {
+        self.enough.store(true, Ordering::SeqCst);
     }
 
     /// Whether every order of the plan has been placed (or given up on).

@@ -34,15 +34,15 @@ fn initial_stock(orders: usize) -> [(&'static str, i32); 3] {
 pub(super) async fn drive(stack: &mut Stack, cfg: &ChaosConfig) -> anyhow::Result<Report> {
     let mut rng = StdRng::seed_from_u64(cfg.seed);
     let client = Client::new(stack, Duration::from_secs(2))?;
-    let stock = initial_stock(cfg.orders);
+    let stock = initial_stock(cfg.orders.max(cfg.max_orders));
     for (sku, n) in stock {
         client.seed_stock(sku, n).await?;
     }
-    let plan = plan::plan(&mut rng, cfg.orders);
+    let plan = plan::plan(&mut rng, cfg.orders.max(cfg.max_orders));
 
     let started = Instant::now();
     let started_at = chrono::Utc::now();
-    let clients = Clients::start(&client, plan, cfg.clients, cfg.rate_per_sec, started);
+    let clients = Clients::start(&client, plan, cfg.orders, cfg.clients, cfg.rate_per_sec, started);
     let sampler = Sampler::start(stack.db_url("orders"), clients.acked.clone(), cfg);
     let schedule = faults::run_schedule(stack, &client, &mut rng, cfg, started, &clients).await?;
     let (acked, stats) = clients.finish().await?;
@@ -186,7 +186,12 @@ struct Sampler {
 impl Sampler {
     fn start(orders_url: String, acked: Acked, cfg: &ChaosConfig) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
-        let (progress, total, flag) = (cfg.progress, cfg.orders, stop.clone());
+        let total = if cfg.max_orders > cfg.orders {
+            format!("{}+", cfg.orders)
+        } else {
+            cfg.orders.to_string()
+        };
+        let (progress, flag) = (cfg.progress, stop.clone());
         let task = tokio::spawn(async move {
             let mut samples = Vec::new();
             let t0 = Instant::now();
@@ -390,11 +395,11 @@ async fn verdict(
         }
     }
     let placed_per_sec = stats.acknowledged as f64 * 1000.0 / placing_ms.max(1) as f64;
-    let offered_per_sec = cfg.orders as f64 * 1000.0 / stats.last_first_send_ms.max(1) as f64;
+    let offered_per_sec = stats.placed as f64 * 1000.0 / stats.last_first_send_ms.max(1) as f64;
     Ok((
         Report {
             seed: cfg.seed,
-            orders: cfg.orders,
+            orders: stats.placed,
             negative_control: cfg.negative_control,
             layer_off: cfg.layer_off,
             outcomes,

@@ -333,8 +333,11 @@ pub(super) async fn run_schedule(
         if clients_done && placing_ms.is_none() {
             placing_ms = Some(started.elapsed().as_millis() as u64);
         }
-        if clients_done && fired_kinds.len() == kinds.len() {
-            break;
+        if fired_kinds.len() == kinds.len() {
+            clients.enough();
+            if clients_done {
+                break;
+            }
         }
         if clients_done {
             let left = left_after_clients.get_or_insert(kinds.len());

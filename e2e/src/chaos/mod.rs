@@ -38,6 +38,12 @@ pub struct ChaosConfig {
     pub seed: u64,
     /// Orders to place.
     pub orders: usize,
+    /// The most orders to place: past `orders`, the clients go on at the
+    /// same rate while some fault kind has not fired yet — a crash point
+    /// fires only on fresh work, so a fast run would otherwise end its load
+    /// before its schedule does. `orders` (the default) places exactly
+    /// `orders`.
+    pub max_orders: usize,
     /// Concurrent clients.
     pub clients: usize,
     /// Orders started per second (spreads the load over the fault schedule).
@@ -78,6 +84,7 @@ impl ChaosConfig {
         Self {
             seed,
             orders: 300,
+            max_orders: 300,
             clients: 8,
             rate_per_sec: 6.0,
             fault_interval: Duration::from_millis(800),
@@ -137,9 +144,10 @@ pub async fn run(cfg: &ChaosConfig) -> anyhow::Result<Report> {
     let run_dir = opts.run_dir.clone();
     if cfg.progress {
         eprintln!(
-            "chaos: seed {} · {} orders · logs in {}",
+            "chaos: seed {} · {}{} orders · logs in {}",
             cfg.seed,
             cfg.orders,
+            if cfg.max_orders > cfg.orders { "+" } else { "" },
             run_dir.display()
         );
     }
