@@ -16,6 +16,8 @@ use crate::proxy::FaultProxy;
 
 mod extra;
 mod observe;
+mod ports;
+use ports::free_port;
 mod options;
 mod postgres;
 mod restart;
@@ -66,7 +68,9 @@ impl Service {
         }
     }
 
-    /// Port used by `cargo xtask up` (fixed, documented in the README).
+    /// The API's port under `cargo xtask up` (documented in the README);
+    /// the admin port is this + 1100 (payment-service and outbox-relay
+    /// serve only that one).
     fn fixed_port(self) -> u16 {
         match self {
             Service::Broker => 9092,
@@ -83,6 +87,8 @@ impl Service {
 pub struct Stack {
     opts: StackOptions,
     ports: BTreeMap<Service, u16>,
+    /// The admin endpoints' ports (health, metrics), per service.
+    admin_ports: BTreeMap<Service, u16>,
     procs: BTreeMap<Service, Child>,
     http: reqwest::Client,
     /// Kills per service, for reports.
@@ -141,10 +147,16 @@ impl Drop for Stack {
 impl Stack {
     /// Starts the broker and all services and waits until each is ready.
     pub async fn start(mut opts: StackOptions) -> anyhow::Result<Self> {
-        let mut ports = BTreeMap::new();
+        let (mut ports, mut admin_ports) = (BTreeMap::new(), BTreeMap::new());
         for s in Service::ALL {
             let port = if opts.fixed_ports { s.fixed_port() } else { free_port()? };
             ports.insert(s, port);
+            let admin = if opts.fixed_ports {
+                s.fixed_port() + 1100
+            } else {
+                free_port()?
+            };
+            admin_ports.insert(s, admin);
         }
         std::fs::create_dir_all(opts.run_dir.join("logs"))?;
         let postgres = match &opts.own_postgres {
@@ -197,6 +209,7 @@ impl Stack {
         let mut stack = Stack {
             opts,
             ports,
+            admin_ports,
             procs: BTreeMap::new(),
             http: reqwest::Client::builder().timeout(Duration::from_secs(5)).build()?,
             kills: BTreeMap::new(),
@@ -242,7 +255,7 @@ impl Stack {
         format!("127.0.0.1:{}", self.ports[&s])
     }
 
-    /// Base HTTP URL of a service.
+    /// Base URL of a service's API (order-api, inventory-service, the gateway).
     pub fn url(&self, s: Service) -> String {
         format!("http://{}", self.addr(s))
     }
@@ -287,7 +300,10 @@ impl Stack {
     }
 
     fn env(&self, s: Service) -> Vec<(String, String)> {
-        let mut env: Vec<(String, String)> = vec![("HTTP_ADDR".into(), self.addr(s))];
+        let mut env: Vec<(String, String)> = vec![("ADMIN_ADDR".into(), self.admin_addr(s))];
+        if s.has_api() {
+            env.push(("HTTP_ADDR".into(), self.addr(s)));
+        }
         env.extend(self.secrets.env(s));
         let brokers = ("KAFKA_BROKERS".to_owned(), self.brokers());
         match s {
@@ -386,15 +402,10 @@ impl Stack {
             match self.wait_ready(s, budget).await {
                 // Ports are picked free but bound only once the process gets
                 // that far: a concurrent test may have taken this one. Move.
-                Err(e)
-                    if attempt < 3 && !self.opts.fixed_ports && !self.is_running(s) && port_taken(self.ports[&s]) =>
-                {
-                    eprintln!(
-                        "{}: port {} was taken meanwhile, moving ({e})",
-                        s.name(),
-                        self.ports[&s]
-                    );
+                Err(e) if attempt < 3 && !self.opts.fixed_ports && !self.is_running(s) && self.a_port_was_taken(s) => {
+                    eprintln!("{}: a port of its was taken meanwhile, moving ({e})", s.name());
                     self.ports.insert(s, free_port()?);
+                    self.admin_ports.insert(s, free_port()?);
                 }
                 result => return result,
             }
@@ -469,10 +480,10 @@ impl Stack {
                         .procs
                         .get(&s)
                         .and_then(Child::id)
-                        .is_some_and(|pid| testkit::process::listens_on(pid, self.ports[&s]));
+                        .is_some_and(|pid| testkit::process::listens_on(pid, self.admin_ports[&s]));
                     ours && self
                         .http
-                        .get(format!("{}/health/ready", self.url(s)))
+                        .get(format!("{}/health/ready", self.admin_url(s)))
                         .send()
                         .await
                         .is_ok_and(|r| r.status().is_success())
@@ -588,13 +599,4 @@ fn node_dir(run_dir: &std::path::Path, id: u32) -> PathBuf {
     } else {
         run_dir.join(format!("broker-{id}"))
     }
-}
-
-/// Whether something else listens on `port` now.
-fn port_taken(port: u16) -> bool {
-    std::net::TcpListener::bind(("127.0.0.1", port)).is_err()
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }

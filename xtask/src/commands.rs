@@ -193,9 +193,11 @@ pub async fn up() -> anyhow::Result<()> {
         "the services' secrets (the operator's INVENTORY_OPERATOR_KEY, the gateway callers' keys): .data/secrets.env"
     );
     eprintln!(
-        "stack up: order-api http://127.0.0.1:8080, inventory :8081, payment :8082, gateway :8083, relay :8084, broker 127.0.0.1:9092; logs in .data/logs. ctrl-c stops."
+        "stack up: order-api http://127.0.0.1:8080, inventory :8081, gateway :8083, broker 127.0.0.1:9092; logs in .data/logs. ctrl-c stops."
     );
-    eprintln!("metrics: http://127.0.0.1:808{{0..4}}/metrics (Prometheus text; queries in docs/observability.md)");
+    eprintln!(
+        "admin endpoints (/health/ready, /metrics, /openapi.json): order-api :9180, inventory :9181, payment :9182, gateway :9183, relay :9184 (Prometheus text; queries in docs/observability.md)"
+    );
     match std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT") {
         Ok(endpoint) => eprintln!("traces: exported over OTLP/HTTP to {endpoint}; trace ids are in every log line"),
         Err(_) => eprintln!(

@@ -169,6 +169,21 @@ impl Supervisor {
         self.spawn("http", crate::serve::serve(listener, app, limits, token));
     }
 
+    /// Serves the admin endpoints — `app`, usually [`crate::admin::router`]
+    /// plus the API's description — on their own `listener` as the task
+    /// `admin` until shutdown: the port of the orchestrator's probes and
+    /// Prometheus, never published beside the API.
+    pub fn serve_admin(&mut self, listener: TcpListener, app: Router) {
+        if let Ok(addr) = listener.local_addr() {
+            tracing::info!(%addr, "admin endpoints listening");
+        }
+        let token = self.token();
+        self.spawn(
+            "admin",
+            crate::serve::serve(listener, app, crate::ServeArgs::default(), token),
+        );
+    }
+
     /// Waits until shutdown, or until a task dies: then turns not-ready,
     /// cancels the rest and waits for them up to the grace period. Returns
     /// the first task's failure (a task ending early without an error is a

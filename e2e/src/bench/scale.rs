@@ -37,7 +37,7 @@ pub struct Instance {
 pub async fn scale_out(stack: &mut Stack, n: usize) -> anyhow::Result<Vec<Instance>> {
     let mut out = Vec::new();
     for (s, topic) in CONSUMERS {
-        let mut urls = vec![stack.url(s)];
+        let mut urls = vec![stack.admin_url(s)];
         for _ in 1..n {
             urls.push(stack.start_extra(s).await?.1);
         }

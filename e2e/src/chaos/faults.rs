@@ -155,7 +155,7 @@ enum Window {
 
 /// Revocations the stack's own instance of `s` has seen (its own metric).
 pub(super) async fn revocations(stack: &Stack, s: Service) -> f64 {
-    Stack::metric(&stack.url(s), "consumer_rebalances_total", &[("kind", "revoke")])
+    Stack::metric(&stack.admin_url(s), "consumer_rebalances_total", &[("kind", "revoke")])
         .await
         .unwrap_or(0.0)
 }
@@ -181,7 +181,7 @@ async fn close_window(
             let deadline = Instant::now() + WINDOW_GRACE;
             let injected = loop {
                 let now = Stack::metric(
-                    &stack.url(Service::Gateway),
+                    &stack.admin_url(Service::Gateway),
                     "gateway_injected_faults_total",
                     &[("fault", label)],
                 )
@@ -423,7 +423,7 @@ async fn inject(
         let (detail, fired) = crash_at(stack, &targets, crash_points).await?;
         return Ok((detail, fired, None));
     }
-    let gateway = stack.url(Service::Gateway);
+    let gateway = stack.admin_url(Service::Gateway);
     let gateway_counter = |label| {
         let gateway = gateway.clone();
         async move {

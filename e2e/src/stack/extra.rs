@@ -4,18 +4,24 @@
 use super::{free_port, terminate, Service, Stack};
 
 impl Stack {
-    /// Starts a second instance of a service (on its own admin port, same
-    /// database and consumer group) next to the first; returns its pid.
+    /// Starts a second instance of a service (on its own ports, same
+    /// database and consumer group) next to the first; returns its pid and
+    /// the base URL of its admin endpoints.
     pub async fn start_extra(&mut self, s: Service) -> anyhow::Result<(u32, String)> {
         anyhow::ensure!(s != Service::Broker, "one broker only");
         let mut env = self.env(s);
-        env.retain(|(k, _)| k != "HTTP_ADDR" && k != "FAILPOINTS" && k != "KAFKA_GROUP_INSTANCE_ID");
-        let addr = format!("127.0.0.1:{}", free_port()?);
-        env.push(("HTTP_ADDR".into(), addr.clone()));
+        env.retain(|(k, _)| {
+            !["HTTP_ADDR", "ADMIN_ADDR", "FAILPOINTS", "KAFKA_GROUP_INSTANCE_ID"].contains(&k.as_str())
+        });
+        if s.has_api() {
+            env.push(("HTTP_ADDR".into(), format!("127.0.0.1:{}", free_port()?)));
+        }
+        let admin = format!("127.0.0.1:{}", free_port()?);
+        env.push(("ADMIN_ADDR".into(), admin.clone()));
         let child = self.launch(s, env, &format!("{}-extra", s.name()))?;
         let pid = child.id().unwrap_or_default();
         self.extras.push((s, child));
-        Ok((pid, format!("http://{addr}")))
+        Ok((pid, format!("http://{admin}")))
     }
 
     /// SIGKILLs the extra instance with process id `pid`; false if there is none.

@@ -78,7 +78,7 @@ impl Stack {
         while tokio::time::Instant::now() < end {
             let mut probes = tokio::task::JoinSet::new();
             for s in WATCHED.into_iter().filter(|s| !unready_while_down.contains(s)) {
-                let (http, url) = (self.http.clone(), format!("{}/health/ready", self.url(s)));
+                let (http, url) = (self.http.clone(), format!("{}/health/ready", self.admin_url(s)));
                 probes.spawn(async move {
                     let answer = http.get(url).timeout(Duration::from_secs(2)).send().await;
                     (s, matches!(answer, Ok(r) if r.status().as_u16() == 503))

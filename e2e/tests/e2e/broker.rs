@@ -19,7 +19,9 @@ fn order(sku: &str) -> OrderRequest {
 
 /// `GET /health/ready` of `s`: its status and body (None while nothing answers).
 async fn readiness(stack: &e2e::Stack, s: Service) -> Option<(u16, String)> {
-    let r = reqwest::get(format!("{}/health/ready", stack.url(s))).await.ok()?;
+    let r = reqwest::get(format!("{}/health/ready", stack.admin_url(s)))
+        .await
+        .ok()?;
     Some((r.status().as_u16(), r.text().await.unwrap_or_default()))
 }
 

@@ -94,6 +94,7 @@ fn compose_services_use_exactly_the_variables_their_config_reads() {
             "OUTBOX_DATABASE_URLS",
             "KAFKA_BROKERS",
             "HTTP_ADDR",
+            "ADMIN_ADDR",
             "GATEWAY_URL",
         ] {
             if vars.contains(must) {
@@ -239,10 +240,11 @@ fn compose_sends_traces_to_jaeger_and_prometheus_scrapes_every_service() {
             Some("http://jaeger:4318"),
             "{name} must export spans to jaeger"
         );
-        let port = env["HTTP_ADDR"]
+        // The admin port, which nothing publishes.
+        let port = env["ADMIN_ADDR"]
             .as_str()
             .and_then(|a| a.rsplit(':').next())
-            .expect("HTTP_ADDR");
+            .expect("ADMIN_ADDR");
         assert!(
             targets.contains(&format!("{name}:{port}")),
             "prometheus does not scrape {name}:{port} ({targets:?})"
@@ -278,6 +280,24 @@ fn compose_publishes_only_the_api_the_uis_and_kafkas_host_listener_on_loopback()
         published,
         BTreeSet::from(["order-api", "jaeger", "prometheus", "grafana", "kafka"].map(str::to_owned))
     );
+    // order-api publishes its API's port, not its admin port (health,
+    // metrics, the API's description): Prometheus reaches that one on the
+    // compose network.
+    let api = &doc["services"]["order-api"];
+    let port = |var: &str| {
+        api["environment"][var]
+            .as_str()
+            .and_then(|a| a.rsplit(':').next())
+            .map(str::to_owned)
+            .expect(var)
+    };
+    let (http, admin) = (port("HTTP_ADDR"), port("ADMIN_ADDR"));
+    assert_ne!(http, admin);
+    assert_eq!(
+        api["ports"][0].as_str(),
+        Some(format!("127.0.0.1:{http}:{http}").as_str())
+    );
+    assert!(api["ports"][1].is_null(), "order-api publishes one port");
     // Kafka's host listener is advertised at the address it is published on,
     // so a tool on the host (cargo xtask dlq) reaches the broker itself.
     let kafka = &doc["services"]["kafka"];

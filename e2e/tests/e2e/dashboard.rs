@@ -171,7 +171,7 @@ async fn every_panel_returns_data_from_a_running_stack() {
     let targets: Vec<(&str, String)> = Service::ALL
         .into_iter()
         .filter(|s| *s != Service::Broker)
-        .map(|s| (s.name(), stack.url(s).trim_start_matches("http://").to_owned()))
+        .map(|s| (s.name(), stack.admin_url(s).trim_start_matches("http://").to_owned()))
         .collect();
     let prometheus = testkit::promtool::Server::start(&targets).expect("prometheus starts");
     let outcome = demo::run(

@@ -42,8 +42,8 @@ async fn three_instances_share_partitions_and_survive_sigkill_churn() {
         // join, so their joining makes it give partitions up: a revocation
         // for certain (a joiner arriving while the group still forms would
         // take its share with none).
-        wait_shared(&[stack.url(s)], topic).await;
-        instances.entry(s).or_default().push((0, stack.url(s)));
+        wait_shared(&[stack.admin_url(s)], topic).await;
+        instances.entry(s).or_default().push((0, stack.admin_url(s)));
         for _ in 0..2 {
             let extra = stack.start_extra(s).await.unwrap();
             instances.entry(s).or_default().push(extra);
@@ -127,7 +127,7 @@ async fn three_instances_share_partitions_and_survive_sigkill_churn() {
     // every inventory instance still running are counted.
     let mut revokes = 0.0;
     let alive = instances[&Service::Inventory].iter().map(|(_, u)| u.clone());
-    for url in std::iter::once(stack.url(Service::Inventory)).chain(alive) {
+    for url in std::iter::once(stack.admin_url(Service::Inventory)).chain(alive) {
         revokes += Stack::metric(&url, "consumer_rebalances_total", &[("kind", "revoke")])
             .await
             .unwrap_or(0.0);

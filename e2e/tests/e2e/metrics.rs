@@ -135,7 +135,7 @@ pub async fn check_pages(stack: &Stack) {
     let http = reqwest::Client::new();
     for (service, moved) in MOVED {
         let page = http
-            .get(format!("{}/metrics", stack.url(service)))
+            .get(format!("{}/metrics", stack.admin_url(service)))
             .send()
             .await
             .unwrap()

@@ -19,7 +19,7 @@ async fn ledger(stack: &e2e::Stack, order: Uuid) -> Vec<(String, String)> {
 }
 
 async fn metric(stack: &e2e::Stack, s: Service, name: &str) -> f64 {
-    let text = reqwest::get(format!("{}/metrics", stack.url(s)))
+    let text = reqwest::get(format!("{}/metrics", stack.admin_url(s)))
         .await
         .unwrap()
         .text()

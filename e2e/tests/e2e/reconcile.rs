@@ -97,7 +97,7 @@ async fn a_dead_lettered_charge_is_resent_at_its_deadline_and_the_order_ends_cha
         .await
         .unwrap();
     assert_eq!(status, "CONFIRMED");
-    let dead = e2e::Stack::metric(&stack.url(Service::Payment), "consumer_dead_lettered_total", &[])
+    let dead = e2e::Stack::metric(&stack.admin_url(Service::Payment), "consumer_dead_lettered_total", &[])
         .await
         .unwrap_or(0.0);
     assert_eq!(dead, 1.0, "the first ChargePayment went to the dead-letter topic");
@@ -152,13 +152,17 @@ async fn a_lost_reply_is_sent_again(name: &str, reply: &str, card: &str, command
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert_eq!(status, expected, "{:?}", history(&stack, order.id).await);
-    let dead = e2e::Stack::metric(&stack.url(Service::OrderApi), "consumer_dead_lettered_total", &[])
+    let dead = e2e::Stack::metric(&stack.admin_url(Service::OrderApi), "consumer_dead_lettered_total", &[])
         .await
         .unwrap_or(0.0);
     assert_eq!(dead, 1.0, "the first {reply} went to the dead-letter topic");
-    let again = e2e::Stack::metric(&stack.url(Service::Inventory), "consumer_replies_sent_again_total", &[])
-        .await
-        .unwrap_or(0.0);
+    let again = e2e::Stack::metric(
+        &stack.admin_url(Service::Inventory),
+        "consumer_replies_sent_again_total",
+        &[],
+    )
+    .await
+    .unwrap_or(0.0);
     assert!(
         again >= 1.0,
         "inventory answered the re-sent {command} with its kept reply ({again})"
@@ -265,7 +269,7 @@ async fn the_gateway_charged_and_payment_service_stayed_down_the_order_is_reconc
     // The late reply reaches the saga and is set aside, not applied.
     let started = Instant::now();
     while e2e::Stack::metric(
-        &stack.url(Service::OrderApi),
+        &stack.admin_url(Service::OrderApi),
         "saga_replies_after_reconciliation_total",
         &[],
     )

@@ -34,9 +34,13 @@ pub struct Config {
     /// The broker, the inbox retention and the negative controls.
     #[command(flatten)]
     pub saga: saga_kit::participant::ParticipantArgs,
-    /// Address of the admin/stock HTTP endpoints.
+    /// Address of the operator's stock endpoints.
     #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8081")]
     pub http_addr: SocketAddr,
+    /// Address of the admin endpoints (`/health/*`, `/metrics`, `/openapi.json`): the
+    /// orchestrator's probes and Prometheus, never published beside the API.
+    #[arg(long, env = "ADMIN_ADDR", default_value = "127.0.0.1:9181")]
+    pub admin_addr: SocketAddr,
     /// The HTTP port's limits: header and body read timeouts, connections at once.
     #[command(flatten)]
     pub http: service_kit::ServeArgs,
@@ -79,6 +83,7 @@ pub fn openapi_json() -> String {
 pub struct App {
     pool: PgPool,
     listener: TcpListener,
+    admin: TcpListener,
     config: Config,
 }
 
@@ -104,13 +109,24 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     config.saga.check(NAME, &SWITCHES, &[METRICS], None)?;
     let pool = connect(&config.db.url, config.db.pool_size).await?;
     let listener = TcpListener::bind(config.http_addr).await?;
-    Ok(App { pool, listener, config })
+    let admin = TcpListener::bind(config.admin_addr).await?;
+    Ok(App {
+        pool,
+        listener,
+        admin,
+        config,
+    })
 }
 
 impl App {
     /// The bound HTTP address.
     pub fn local_addr(&self) -> SocketAddr {
         self.listener.local_addr().expect("bound listener")
+    }
+
+    /// The bound admin address.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin.local_addr().expect("bound listener")
     }
 
     /// Runs the stock consumer (reservations in, replies out), its inbox
@@ -130,10 +146,11 @@ impl App {
                 operator,
                 service_kit::bearer::require,
             ))
-            .route("/openapi.json", service_kit::http::openapi_route::<_, ApiDoc>())
-            .with_state(self.pool.clone())
-            .merge(service_kit::admin::router(self.pool.clone(), tasks.health()));
+            .with_state(self.pool.clone());
+        let admin = service_kit::admin::router(self.pool.clone(), tasks.health())
+            .route("/openapi.json", service_kit::http::openapi_route::<(), ApiDoc>());
         tasks.serve(self.listener, app, self.config.http.clone());
+        tasks.serve_admin(self.admin, admin);
         tasks.wait().await
     }
 }

@@ -58,6 +58,11 @@ pub struct Config {
     /// HTTP address.
     #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8083")]
     pub http_addr: SocketAddr,
+    /// Address of the admin endpoints (`/health/*`, `/metrics`,
+    /// `/openapi.json`): the orchestrator's probes and Prometheus, never
+    /// published beside the API.
+    #[arg(long, env = "ADMIN_ADDR", default_value = "127.0.0.1:9183")]
+    pub admin_addr: SocketAddr,
     /// The HTTP port's limits: header and body read timeouts, connections at once.
     #[command(flatten)]
     pub http: service_kit::ServeArgs,
@@ -213,6 +218,7 @@ pub fn openapi_json() -> String {
 pub struct App {
     state: AppState,
     listener: TcpListener,
+    admin_listener: TcpListener,
     admin: bool,
     callers: Callers,
     grants: grants::Grants,
@@ -236,6 +242,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     )
     .await?;
     let listener = TcpListener::bind(config.http_addr).await?;
+    let admin_listener = TcpListener::bind(config.admin_addr).await?;
     let state = AppState {
         pool,
         faults: Arc::new(faults::FaultSwitch::new(config.faults)),
@@ -248,6 +255,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     Ok(App {
         state,
         listener,
+        admin_listener,
         admin: config.admin,
         callers: config.clients,
         grants: config.grants,
@@ -259,6 +267,11 @@ impl App {
     /// The bound address.
     pub fn local_addr(&self) -> SocketAddr {
         self.listener.local_addr().expect("bound listener")
+    }
+
+    /// The bound admin address.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_listener.local_addr().expect("bound listener")
     }
 
     /// Serves until `shutdown`, or until a task dies (then returns its error).
@@ -298,12 +311,10 @@ impl App {
         if self.admin {
             api = api.route("/admin/faults", get(faults::get).put(faults::put));
         }
-        let api = api
-            .route_layer(axum::middleware::from_fn_with_state(
-                self.callers.clone(),
-                service_kit::bearer::require,
-            ))
-            .route("/openapi.json", service_kit::http::openapi_route::<_, ApiDoc>());
+        let api = api.route_layer(axum::middleware::from_fn_with_state(
+            self.callers.clone(),
+            service_kit::bearer::require,
+        ));
         let pool = self.state.pool.clone();
         tasks.spawn_purge(
             "idempotency reaper",
@@ -311,10 +322,10 @@ impl App {
             pool,
             idempotency::reap_from,
         );
-        let app = api
-            .with_state(self.state.clone())
-            .merge(service_kit::admin::router(self.state.pool.clone(), tasks.health()));
-        tasks.serve(self.listener, app, self.limits);
+        let admin = service_kit::admin::router(self.state.pool.clone(), tasks.health())
+            .route("/openapi.json", service_kit::http::openapi_route::<(), ApiDoc>());
+        tasks.serve(self.listener, api.with_state(self.state.clone()), self.limits);
+        tasks.serve_admin(self.admin_listener, admin);
         tasks.wait().await
     }
 }
@@ -357,6 +368,8 @@ pub async fn start_local(database_url: &str, shutdown: CancellationToken) -> any
         "--database-url",
         database_url,
         "--http-addr",
+        "127.0.0.1:0",
+        "--admin-addr",
         "127.0.0.1:0",
         "--clients",
         &clients,

@@ -40,9 +40,13 @@ pub struct Config {
     /// The broker, the inbox retention and the negative controls.
     #[command(flatten)]
     pub saga: saga_kit::participant::ParticipantArgs,
-    /// Address of the HTTP API (also serves /health and /metrics).
+    /// Address of the HTTP API.
     #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8080")]
     pub http_addr: SocketAddr,
+    /// Address of the admin endpoints (`/health/*`, `/metrics`, `/openapi.json`): the
+    /// orchestrator's probes and Prometheus, never published beside the API.
+    #[arg(long, env = "ADMIN_ADDR", default_value = "127.0.0.1:9180")]
+    pub admin_addr: SocketAddr,
     /// The HTTP port's limits: header and body read timeouts, connections at once.
     #[command(flatten)]
     pub http: service_kit::ServeArgs,
@@ -103,6 +107,7 @@ impl axum::extract::FromRef<AppState> for idempotency::FingerprintKey {
 pub struct App {
     state: AppState,
     listener: TcpListener,
+    admin: TcpListener,
     config: Config,
 }
 
@@ -130,6 +135,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     idempotency::describe_metrics();
     let pool = connect(&config.db.url, config.db.pool_size).await?;
     let listener = TcpListener::bind(config.http_addr).await?;
+    let admin = TcpListener::bind(config.admin_addr).await?;
     let auth = auth::Auth::new(pool.clone(), config.auth.clone());
     let state = AppState {
         pool,
@@ -141,6 +147,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     Ok(App {
         state,
         listener,
+        admin,
         config,
     })
 }
@@ -149,6 +156,11 @@ impl App {
     /// The bound HTTP address (useful with port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.listener.local_addr().expect("bound listener")
+    }
+
+    /// The bound admin address (useful with port 0).
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin.local_addr().expect("bound listener")
     }
 
     /// What the handlers share (a test reads its pool and its authentication).
@@ -212,9 +224,12 @@ impl App {
             "card backfill",
             orders::run_legacy_card_backfill(self.state.pool.clone(), self.state.gateway.clone(), tasks.token()),
         );
-        let app =
-            http::router(self.state.clone()).merge(service_kit::admin::router(self.state.pool.clone(), tasks.health()));
-        tasks.serve(self.listener, app, self.config.http.clone());
+        tasks.serve(
+            self.listener,
+            http::router(self.state.clone()),
+            self.config.http.clone(),
+        );
+        tasks.serve_admin(self.admin, http::admin_router(self.state.clone(), tasks.health()));
         tasks.wait().await
     }
 }

@@ -32,12 +32,10 @@ pub struct Config {
     /// The broker.
     #[command(flatten)]
     pub kafka: kafka::KafkaArgs,
-    /// Address of the admin endpoints.
-    #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8084")]
-    pub http_addr: SocketAddr,
-    /// The HTTP port's limits: header and body read timeouts, connections at once.
-    #[command(flatten)]
-    pub http: service_kit::ServeArgs,
+    /// Address of the admin endpoints (`/health/*`, `/metrics`), its only
+    /// HTTP port: the orchestrator's probes and Prometheus, never published.
+    #[arg(long, env = "ADMIN_ADDR", default_value = "127.0.0.1:9184")]
+    pub admin_addr: SocketAddr,
     /// Rows claimed per round.
     #[arg(long, env = "RELAY_BATCH", default_value_t = 1024)]
     pub batch: i64,
@@ -89,7 +87,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         sources.push((name, pool));
     }
     anyhow::ensure!(!sources.is_empty(), "OUTBOX_DATABASE_URLS names no database");
-    let listener = TcpListener::bind(config.http_addr).await?;
+    let listener = TcpListener::bind(config.admin_addr).await?;
     Ok(App {
         sources,
         listener,
@@ -112,11 +110,7 @@ impl App {
         // broker answers and its topics are made sure of.
         let waiting = tasks.health().wait_for("kafka");
         let admin_pool = self.sources[0].1.clone();
-        tasks.serve(
-            self.listener,
-            service_kit::admin::router(admin_pool, tasks.health()),
-            self.config.http.clone(),
-        );
+        tasks.serve_admin(self.listener, service_kit::admin::router(admin_pool, tasks.health()));
         if !self.config.kafka.ready_for(&topics::ALL, tasks.token()).await? {
             return tasks.wait().await;
         }

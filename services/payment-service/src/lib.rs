@@ -31,12 +31,10 @@ pub struct Config {
     /// The broker, the inbox retention and the negative controls.
     #[command(flatten)]
     pub saga: saga_kit::participant::ParticipantArgs,
-    /// Address of the admin endpoints.
-    #[arg(long, env = "HTTP_ADDR", default_value = "127.0.0.1:8082")]
-    pub http_addr: SocketAddr,
-    /// The HTTP port's limits: header and body read timeouts, connections at once.
-    #[command(flatten)]
-    pub http: service_kit::ServeArgs,
+    /// Address of the admin endpoints (`/health/*`, `/metrics`), its only
+    /// HTTP port: the orchestrator's probes and Prometheus, never published.
+    #[arg(long, env = "ADMIN_ADDR", default_value = "127.0.0.1:9182")]
+    pub admin_addr: SocketAddr,
     /// The payment gateway (charges and refunds) and payment-service's
     /// credential there.
     #[command(flatten)]
@@ -100,7 +98,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         config.gateway.api_key.expose(),
         config.gateway.timeout(),
     )?;
-    let listener = TcpListener::bind(config.http_addr).await?;
+    let listener = TcpListener::bind(config.admin_addr).await?;
     let deps = Deps { pool, gateway };
     Ok(App { deps, listener, config })
 }
@@ -131,10 +129,9 @@ impl App {
                 async move { reconcile::scan(&deps, deadline).await }
             },
         );
-        tasks.serve(
+        tasks.serve_admin(
             self.listener,
             service_kit::admin::router(self.deps.pool.clone(), tasks.health()),
-            self.config.http.clone(),
         );
         tasks.wait().await
     }

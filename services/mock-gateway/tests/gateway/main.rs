@@ -8,6 +8,8 @@ use uuid::Uuid;
 
 struct Gateway {
     base: String,
+    /// The admin endpoints' base URL (health, metrics, the API's description).
+    admin: String,
     /// Presents caller `tests`'s credential on every request.
     http: reqwest::Client,
     /// Caller `someone-else`'s credential.
@@ -33,6 +35,7 @@ impl Gateway {
                 pool_size: 16,
             },
             http_addr: "127.0.0.1:0".parse().unwrap(),
+            admin_addr: "127.0.0.1:0".parse().unwrap(),
             http: service_kit::ServeArgs::default(),
             clients: format!("tests={key},someone-else={other_key}").parse().unwrap(),
             readers: Default::default(),
@@ -52,6 +55,7 @@ impl Gateway {
         };
         let app = mock_gateway::build(config).await.unwrap();
         let base = format!("http://{}", app.local_addr());
+        let admin = format!("http://{}", app.admin_addr());
         let token = tokio_util::sync::CancellationToken::new();
         tokio::spawn(app.run(token.clone()));
         let auth = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}")).unwrap();
@@ -64,6 +68,7 @@ impl Gateway {
             .unwrap();
         Self {
             base,
+            admin,
             http,
             other_key,
             _db: db,
@@ -392,7 +397,7 @@ async fn the_served_openapi_document_is_the_committed_one() {
     let gw = Gateway::start(Default::default()).await;
     let served = gw
         .http
-        .get(format!("{}/openapi.json", gw.base))
+        .get(format!("{}/openapi.json", gw.admin))
         .send()
         .await
         .unwrap()
@@ -400,6 +405,14 @@ async fn the_served_openapi_document_is_the_committed_one() {
         .await
         .unwrap();
     assert_eq!(served, generated);
+    // The admin endpoints answer on the admin port only.
+    for path in ["/openapi.json", "/metrics", "/health/ready", "/health/live"] {
+        let public = gw.http.get(format!("{}{path}", gw.base)).send().await.unwrap();
+        assert_eq!(public.status(), 404, "{path} on the public port");
+        let admin = reqwest::get(format!("{}{path}", gw.admin)).await.unwrap();
+        // Ready or not yet (the consumer may still be joining), but answered.
+        assert_ne!(admin.status(), 404, "{path} on the admin port");
+    }
     gw.stop().await;
 }
 

@@ -51,6 +51,12 @@ pub fn router(state: AppState) -> Router {
         .route("/orders/{id}", get(orders::show))
         .route("/orders/{id}/cancel", post(orders::cancel))
         .route_layer(auth)
-        .route("/openapi.json", service_kit::http::openapi_route::<_, ApiDoc>())
         .with_state(state)
+}
+
+/// The admin router: health, metrics and `/openapi.json`, on the admin
+/// listener only.
+pub fn admin_router(state: AppState, health: service_kit::Health) -> Router {
+    service_kit::admin::router(state.pool, health)
+        .route("/openapi.json", service_kit::http::openapi_route::<(), ApiDoc>())
 }

@@ -21,6 +21,8 @@ use testkit::TempDb;
 /// A running API on a fresh database.
 pub struct TestApi {
     pub addr: SocketAddr,
+    /// The admin endpoints (health, metrics, the API's description).
+    pub admin: SocketAddr,
     pub pool: PgPool,
     pub http: reqwest::Client,
     /// Dropped with this value, also when the test panics.
@@ -70,6 +72,8 @@ impl TestApi {
             &brokers,
             "--http-addr",
             "127.0.0.1:0",
+            "--admin-addr",
+            "127.0.0.1:0",
             "--gateway-url",
             &gateway.url,
             "--gateway-api-key",
@@ -84,10 +88,12 @@ impl TestApi {
         .expect("configuration");
         config.auth = limits;
         let app = order_api::build(config).await.expect("order-api");
-        let (addr, pool, auth) = (app.local_addr(), app.state().pool.clone(), app.state().auth.clone());
+        let (addr, admin) = (app.local_addr(), app.admin_addr());
+        let (pool, auth) = (app.state().pool.clone(), app.state().auth.clone());
         tokio::spawn(app.run(service.clone()));
         Self {
             addr,
+            admin,
             pool,
             http: reqwest::Client::new(),
             _db: db,

@@ -1,0 +1,40 @@
+//! Ports: each service's API port (order-api, inventory-service's stock
+//! endpoints, the gateway) and admin port (health, metrics, the API's
+//! description), free ones or `cargo xtask up`'s fixed ones.
+
+use super::{Service, Stack};
+
+impl Service {
+    /// Whether the service serves an API beside its admin endpoints
+    /// (payment-service and outbox-relay serve only the admin endpoints).
+    pub fn has_api(self) -> bool {
+        matches!(self, Service::OrderApi | Service::Inventory | Service::Gateway)
+    }
+}
+
+impl Stack {
+    /// `host:port` of a service's admin endpoints.
+    pub fn admin_addr(&self, s: Service) -> String {
+        format!("127.0.0.1:{}", self.admin_ports[&s])
+    }
+
+    /// Base URL of a service's admin endpoints: `/health/*`, `/metrics`,
+    /// `/openapi.json`.
+    pub fn admin_url(&self, s: Service) -> String {
+        format!("http://{}", self.admin_addr(s))
+    }
+
+    /// Whether one of `s`'s ports is taken by another process now.
+    pub(super) fn a_port_was_taken(&self, s: Service) -> bool {
+        (s.has_api() && port_taken(self.ports[&s])) || port_taken(self.admin_ports[&s])
+    }
+}
+
+/// Whether something else listens on `port` now.
+fn port_taken(port: u16) -> bool {
+    std::net::TcpListener::bind(("127.0.0.1", port)).is_err()
+}
+
+pub(super) fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
