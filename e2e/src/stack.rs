@@ -300,10 +300,7 @@ impl Stack {
     }
 
     fn env(&self, s: Service) -> Vec<(String, String)> {
-        let mut env: Vec<(String, String)> = vec![("ADMIN_ADDR".into(), self.admin_addr(s))];
-        if s.has_api() {
-            env.push(("HTTP_ADDR".into(), self.addr(s)));
-        }
+        let mut env = self.address_env(s);
         env.extend(self.secrets.env(s));
         let brokers = ("KAFKA_BROKERS".to_owned(), self.brokers());
         match s {

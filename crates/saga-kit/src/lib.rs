@@ -11,6 +11,8 @@
 //!   as supervised tasks;
 //! - [`participant`]: what a participant service checks and connects
 //!   before it runs;
+//! - [`journey`]: one order's footprint in a service's database (outbox
+//!   rows, inbox records, redeliveries absorbed), for its admin endpoint;
 //! - [`retention`]: the retention chain a consumer service refuses to start
 //!   without.
 //!
@@ -27,6 +29,7 @@
 pub mod consumer;
 pub mod emit;
 pub mod inject;
+pub mod journey;
 pub mod participant;
 pub mod retention;
 

@@ -20,6 +20,7 @@
 
 pub mod asyncapi;
 pub mod broker;
+pub mod browser;
 pub mod db;
 pub mod jsonschema;
 pub mod openapi;

@@ -24,6 +24,20 @@ impl Stack {
         format!("http://{}", self.admin_addr(s))
     }
 
+    /// The addresses `s` listens on, and (order-api) where its journey
+    /// page reads the participants' parts.
+    pub(super) fn address_env(&self, s: Service) -> Vec<(String, String)> {
+        let mut env = vec![("ADMIN_ADDR".to_owned(), self.admin_addr(s))];
+        if s.has_api() {
+            env.push(("HTTP_ADDR".into(), self.addr(s)));
+        }
+        if s == Service::OrderApi {
+            env.push(("INVENTORY_ADMIN_URL".into(), self.admin_url(Service::Inventory)));
+            env.push(("PAYMENT_ADMIN_URL".into(), self.admin_url(Service::Payment)));
+        }
+        env
+    }
+
     /// Whether one of `s`'s ports is taken by another process now.
     pub(super) fn a_port_was_taken(&self, s: Service) -> bool {
         (s.has_api() && port_taken(self.ports[&s])) || port_taken(self.admin_ports[&s])

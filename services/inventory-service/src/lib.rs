@@ -148,7 +148,8 @@ impl App {
             ))
             .with_state(self.pool.clone());
         let admin = service_kit::admin::router(self.pool.clone(), tasks.health())
-            .route("/openapi.json", service_kit::http::openapi_route::<(), ApiDoc>());
+            .route("/openapi.json", service_kit::http::openapi_route::<(), ApiDoc>())
+            .merge(saga_kit::journey::router(self.pool.clone()));
         tasks.serve(self.listener, app, self.config.http.clone());
         tasks.serve_admin(self.admin, admin);
         tasks.wait().await

@@ -9,6 +9,7 @@ pub mod admin;
 pub mod auth;
 pub mod gateway;
 pub mod http;
+pub mod journey;
 pub mod notices;
 pub mod orders;
 pub mod saga;
@@ -50,6 +51,10 @@ pub struct Config {
     /// The HTTP port's limits: header and body read timeouts, connections at once.
     #[command(flatten)]
     pub http: service_kit::ServeArgs,
+    /// Where an order's journey reads the participants' parts (their admin
+    /// ports) and links its trace.
+    #[command(flatten)]
+    pub journey: journey::JourneyArgs,
     /// The payment gateway: its card vault (every new order's card number
     /// becomes a token there) and its record of operations (reconciliation);
     /// order-api's credential there.
@@ -229,7 +234,8 @@ impl App {
             http::router(self.state.clone()),
             self.config.http.clone(),
         );
-        tasks.serve_admin(self.admin, http::admin_router(self.state.clone(), tasks.health()));
+        let admin = http::admin_router(self.state.clone(), tasks.health(), self.config.journey.clone());
+        tasks.serve_admin(self.admin, admin);
         tasks.wait().await
     }
 }

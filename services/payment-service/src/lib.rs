@@ -6,6 +6,7 @@ mod controls;
 pub mod gateway;
 pub mod payments;
 pub mod reconcile;
+pub mod records;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -129,10 +130,10 @@ impl App {
                 async move { reconcile::scan(&deps, deadline).await }
             },
         );
-        tasks.serve_admin(
-            self.listener,
-            service_kit::admin::router(self.deps.pool.clone(), tasks.health()),
-        );
+        let admin = service_kit::admin::router(self.deps.pool.clone(), tasks.health())
+            .merge(saga_kit::journey::router(self.deps.pool.clone()))
+            .merge(records::router(self.deps.pool.clone()));
+        tasks.serve_admin(self.listener, admin);
         tasks.wait().await
     }
 }

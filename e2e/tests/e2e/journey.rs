@@ -1,0 +1,149 @@
+//! One order's journey on order-api's admin port — the JSON and the page
+//! drawing it, in headless Chromium — for an order whose first command the
+//! relay published twice (a crash between publishing and marking): every
+//! message written, published and applied, the copy inventory-service's
+//! inbox absorbed, the gateway's record under the charge's key, the trace.
+
+use std::time::Duration;
+
+use e2e::driver::{new_key, Client, OrderRequest, GOOD_CARD};
+use e2e::stack::Service;
+use serde_json::Value;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_orders_journey_shows_each_step_and_the_copy_an_inbox_absorbed() {
+    let mut stack = crate::stack("journey").await;
+    let client = Client::new(&stack, Duration::from_secs(5)).unwrap();
+    client.seed_stock("WIDGET", 10).await.unwrap();
+    // The relay publishes the order's first command and dies before marking
+    // it: started again, it publishes it again.
+    let point = outbox::relay::CRASH_AFTER_PUBLISH_BEFORE_MARK;
+    stack.arm(Service::Relay, point);
+    stack.restart_unready(Service::Relay).await.unwrap();
+    let order = OrderRequest {
+        sku: "WIDGET".into(),
+        quantity: 2,
+        amount_cents: 1_250,
+        card: GOOD_CARD.into(),
+    };
+    let id = client
+        .place_order(&new_key(), &order, Duration::from_secs(10))
+        .await
+        .unwrap()
+        .id;
+    stack.wait_exit(Service::Relay, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(
+        stack.crash_point_reports(Service::Relay, point),
+        1,
+        "the crash point fired"
+    );
+    stack.disarm(Service::Relay);
+    stack.start_service(Service::Relay).await.unwrap();
+    let finals = client.wait_terminal(&[id], Duration::from_secs(60)).await.unwrap();
+    assert_eq!(finals[&id].status, "CONFIRMED");
+
+    let admin = stack.admin_url(Service::OrderApi);
+    let read = || async {
+        let r = reqwest::get(format!("{admin}/orders/{id}/journey")).await.unwrap();
+        r.json::<Value>().await.unwrap()
+    };
+    // inventory-service answers the repeated command with its stored reply,
+    // under the reply's first id: the saga's inbox absorbs that copy too,
+    // unless the two copies of the command came in one batch. A few seconds
+    // for it to land.
+    let mut journey = read().await;
+    for _ in 0..20 {
+        if journey.to_string().matches("redelivered cop").count() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        journey = read().await;
+    }
+    assert_eq!(journey["missing"], serde_json::json!([]), "{journey:#}");
+    let steps = journey["steps"].as_array().unwrap();
+    let of = |kind: &str| steps.iter().filter(|s| s["kind"] == kind).collect::<Vec<_>>();
+    // Every message written is published and applied by exactly one inbox:
+    // order-api's two commands, the participants' two replies.
+    let sent = of("sent");
+    assert_eq!(sent.len(), 4, "{sent:#?}");
+    for s in &sent {
+        let applied: Vec<_> = of("received")
+            .into_iter()
+            .filter(|r| r["event_id"] == s["event_id"])
+            .collect();
+        assert_eq!(applied.len(), 1, "{} applied once: {applied:#?}", s["what"]);
+        assert!(
+            applied[0]["offset"].is_i64(),
+            "where the copy was read: {:#}",
+            applied[0]
+        );
+        assert!(of("published").iter().any(|p| p["event_id"] == s["event_id"]));
+    }
+    // The command published again is absorbed by inventory-service's inbox
+    // (and the reply it sends again for it, if any, by the saga's).
+    let absorbed: Vec<_> = of("received")
+        .into_iter()
+        .filter(|r| r["redeliveries"].as_i64() > Some(0))
+        .collect();
+    let first_command = &sent.iter().find(|s| s["service"] == "order-api").unwrap()["event_id"];
+    let command: Vec<_> = absorbed.iter().filter(|r| &r["event_id"] == first_command).collect();
+    assert_eq!(command.len(), 1, "{absorbed:#?}");
+    assert_eq!(command[0]["service"], "inventory-service");
+    assert!(absorbed
+        .iter()
+        .all(|r| r["what"].as_str().unwrap().contains("1 redelivered copy absorbed")));
+    assert!(
+        absorbed.len() <= 2 && absorbed.iter().skip(1).all(|r| r["service"] == "order-api"),
+        "{absorbed:#?}"
+    );
+    // The states, oldest first, end CONFIRMED; the charge's key has its
+    // ledger entry; the trace is linked.
+    let states = of("state");
+    assert!(states.first().unwrap()["what"].as_str().unwrap().contains("PENDING"));
+    assert!(states.last().unwrap()["what"].as_str().unwrap().contains("→ CONFIRMED"));
+    let gateway = of("gateway");
+    assert_eq!(gateway.len(), 1, "{gateway:#?}");
+    assert!(
+        gateway[0]["what"].as_str().unwrap().contains("ledger entry"),
+        "{:#}",
+        gateway[0]
+    );
+    assert_eq!(gateway[0]["key"], of("payment")[0]["key"]);
+    let trace = journey["trace_id"].as_str().unwrap();
+    assert_eq!(trace.len(), 32);
+    assert!(journey["trace_url"]
+        .as_str()
+        .unwrap()
+        .ends_with(&format!("/trace/{trace}")));
+    let at: Vec<&str> = steps.iter().map(|s| s["at"].as_str().unwrap()).collect();
+    assert!(at.windows(2).all(|w| w[0] <= w[1]), "oldest first");
+
+    // The page draws every step, the absorbed copy marked, the trace linked.
+    let page = format!("{admin}/journey?order={id}");
+    let dom = tokio::task::spawn_blocking({
+        let page = page.clone();
+        move || testkit::browser::dom(&page)
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(dom.contains(&format!("data-drawn=\"{}\"", steps.len())), "{dom}");
+    assert_eq!(dom.matches("class=\"step ").count(), steps.len(), "{dom}");
+    assert_eq!(dom.matches("what absorbed").count(), absorbed.len(), "{dom}");
+    assert!(dom.contains(&format!("/trace/{trace}")), "{dom}");
+    assert!(dom.contains("CONFIRMED"), "{dom}");
+    // Its picture, for the tour (docs/img/journey.png, written again with
+    // EO_UPDATE_SCREENSHOTS=1).
+    let shot = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/journey.png");
+    tokio::task::spawn_blocking({
+        let shot = shot.clone();
+        move || testkit::browser::screenshot(&page, &shot, 1100, 1180)
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    if std::env::var_os("EO_UPDATE_SCREENSHOTS").is_some() {
+        let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/img/journey.png");
+        std::fs::copy(&shot, docs).unwrap();
+    }
+}
