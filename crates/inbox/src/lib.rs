@@ -37,26 +37,11 @@ use sqlx::migrate::Migrator;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+/// The broken inboxes the chaos suite swaps in (feature
+/// `negative-controls`): each function below that one of them replaces
+/// hands over to it in its first statement, compiled only with the feature.
 #[cfg(feature = "negative-controls")]
 pub mod negative_controls;
-
-/// Without the `negative-controls` feature the inbox is always on.
-#[cfg(not(feature = "negative-controls"))]
-mod negative_controls {
-    pub(crate) const fn off() -> bool {
-        false
-    }
-    pub(crate) const fn apart() -> bool {
-        false
-    }
-}
-
-/// NEGATIVE CONTROL ONLY (`negative_controls::turn_off`, feature
-/// `negative-controls`): the inbox records nothing and reports every event
-/// as new.
-fn disabled() -> bool {
-    negative_controls::off()
-}
 
 /// The inbox table's migrations (versions 1002xxxxxx).
 pub fn migrator() -> Migrator {
@@ -77,8 +62,9 @@ pub enum Recorded {
 /// On a duplicate the redelivery is counted (in the same transaction: commit
 /// it to keep the count, roll back to drop it) and the caller skips its effect.
 pub async fn record(conn: &mut PgConnection, consumer: &str, event_id: Uuid) -> sqlx::Result<Recorded> {
-    if disabled() {
-        return Ok(Recorded::New);
+    #[cfg(feature = "negative-controls")]
+    if negative_controls::off() {
+        return Ok(negative_controls::record());
     }
     let inserted = sqlx::query(
         "INSERT INTO inbox (consumer, event_id) VALUES ($1, $2) ON CONFLICT (consumer, event_id) DO NOTHING",
@@ -121,8 +107,9 @@ pub async fn record_batch(
     consumer: &str,
     deliveries: &[Delivery],
 ) -> sqlx::Result<Vec<Recorded>> {
-    if disabled() {
-        return Ok(vec![Recorded::New; deliveries.len()]);
+    #[cfg(feature = "negative-controls")]
+    if negative_controls::off() {
+        return Ok(negative_controls::record_batch(deliveries));
     }
     let ids: Vec<Uuid> = deliveries.iter().map(|d| d.event_id).collect();
     let partitions: Vec<Option<i32>> = deliveries.iter().map(|d| d.source.map(|s| s.0)).collect();
@@ -181,21 +168,17 @@ impl Fresh {
 /// for `consumer` in it ([`record_batch`]): the caller applies the effects
 /// of [`Fresh::indices`] in the returned transaction and commits — the
 /// inbox rows and the effects together, or neither.
-///
-/// NEGATIVE CONTROL ONLY (`negative_controls::commit_apart`, feature
-/// `negative-controls`): the inbox rows commit on their own first, and a
-/// new transaction is returned for the effects.
 pub async fn begin_batch(
     pool: &sqlx::PgPool,
     consumer: &str,
     deliveries: &[Delivery],
 ) -> sqlx::Result<(sqlx::Transaction<'static, sqlx::Postgres>, Fresh)> {
+    #[cfg(feature = "negative-controls")]
+    if negative_controls::apart() {
+        return negative_controls::begin_batch(pool, consumer, deliveries).await;
+    }
     let mut tx = pool.begin().await?;
     let recorded = record_batch(&mut tx, consumer, deliveries).await?;
-    if negative_controls::apart() {
-        tx.commit().await?;
-        tx = pool.begin().await?;
-    }
     Ok((tx, Fresh(recorded)))
 }
 
@@ -221,10 +204,13 @@ pub struct Reply {
 /// Keeps, in the caller's transaction, the replies `consumer`'s effect
 /// emitted: each `(event_id, reply)` under the event it answers, in the
 /// order given. The event's inbox row must be in the same transaction (the
-/// replies live and are purged with it). Nothing is kept with the inbox
-/// switched off (the negative control records no rows to keep them under).
+/// replies live and are purged with it).
 pub async fn record_replies(conn: &mut PgConnection, consumer: &str, replies: &[(Uuid, Reply)]) -> sqlx::Result<()> {
-    if replies.is_empty() || disabled() {
+    #[cfg(feature = "negative-controls")]
+    if negative_controls::off() {
+        return Ok(());
+    }
+    if replies.is_empty() {
         return Ok(());
     }
     let col = |f: fn(&Reply) -> &str| replies.iter().map(|(_, r)| f(r).to_owned()).collect::<Vec<_>>();
@@ -318,7 +304,8 @@ pub async fn seen(
     consumer: &str,
     event_ids: &[Uuid],
 ) -> sqlx::Result<std::collections::HashSet<Uuid>> {
-    if disabled() {
+    #[cfg(feature = "negative-controls")]
+    if negative_controls::off() {
         return Ok(Default::default());
     }
     let seen = sqlx::query_scalar("SELECT event_id FROM inbox WHERE consumer = $1 AND event_id = ANY($2)")

@@ -221,7 +221,6 @@ where
         handler,
         max_batch: settings.max_batch.max(1),
         max_attempts: settings.kafka.consumer_max_attempts.max(1),
-        ack_first: crate::negative_controls::acks_first(),
         shutdown: life.clone(),
         revoked: CancellationToken::new(),
         _done: None,
@@ -339,9 +338,6 @@ struct Lane<T, H> {
     max_batch: usize,
     /// Transient failures in a row before a message is dead-lettered.
     max_attempts: u32,
-    /// NEGATIVE CONTROL: store and commit each batch's offsets before
-    /// handling it (acknowledge first).
-    ack_first: bool,
     shutdown: CancellationToken,
     /// Cancelled when the partition is revoked from this member.
     revoked: CancellationToken,
@@ -360,7 +356,6 @@ impl<T, H> Lane<T, H> {
             handler: self.handler.clone(),
             max_batch: self.max_batch,
             max_attempts: self.max_attempts,
-            ack_first: self.ack_first,
             shutdown: self.shutdown.clone(),
             revoked,
             _done: Some(done),
@@ -396,11 +391,8 @@ where
                     Err(_) => break,
                 }
             }
-            if self.ack_first {
-                self.acknowledge_first(&batch);
-                self.handle(&batch).await;
-                continue;
-            }
+            #[cfg(feature = "negative-controls")]
+            crate::negative_controls::before_handling(&self.consumer, &self.name, &batch);
             // Shutdown mid-batch: leave its offsets for redelivery.
             let Some(new) = self.handle(&batch).await else {
                 return;
@@ -419,19 +411,6 @@ where
             {
                 tracing::warn!(consumer = &*self.name, error = %e, "offset store failed");
             }
-        }
-    }
-
-    /// NEGATIVE CONTROL (`UNSAFE_OFFSET_BEFORE_HANDLING`): the batch's last offset stored
-    /// and committed before any of it is handled, as a consumer that commits at receipt does.
-    fn acknowledge_first(&self, batch: &[OwnedMessage]) {
-        let last = batch.last().expect("a batch has a message");
-        let acked = self
-            .consumer
-            .store_offset(last.topic(), last.partition(), last.offset())
-            .and_then(|()| self.consumer.commit_consumer_state(CommitMode::Sync));
-        if let Err(e) = acked {
-            tracing::warn!(consumer = &*self.name, error = %e, "offset commit before handling failed");
         }
     }
 

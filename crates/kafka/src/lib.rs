@@ -20,17 +20,12 @@ pub mod consumer;
 pub mod dlq;
 pub mod group;
 mod lag;
+/// The broken consumer the chaos suite swaps in (feature
+/// `negative-controls`): each lane hands its batch to it before handling,
+/// compiled only with the feature.
 #[cfg(feature = "negative-controls")]
 pub mod negative_controls;
 pub mod read;
-
-/// Without the `negative-controls` feature nothing can be turned off.
-#[cfg(not(feature = "negative-controls"))]
-mod negative_controls {
-    pub(crate) const fn acks_first() -> bool {
-        false
-    }
-}
 
 pub use client::{
     client_config, dead_letter_topic, ensure_topics, ensure_topics_with, producer, producer_with_timeout, publish,

@@ -82,15 +82,10 @@ impl Publisher for KafkaPublisher {
                 event_type = %row.event_type,
             );
             let traceparent = (self.trace)(&span, row.traceparent.as_deref());
-            let (event_id, body) = if crate::negative_controls::mints() {
-                // NEGATIVE CONTROL ONLY: every publish carries a new event id
-                // instead of the one fixed when the row was written, so a row
-                // published again (a relay crash between the broker's ack and
-                // the mark) is a new event to every inbox.
-                minted(&row.body)
-            } else {
-                (row.event_id.clone(), row.body.clone())
-            };
+            // The identity fixed when the row was written, on every copy.
+            let (event_id, body) = (row.event_id.clone(), row.body.clone());
+            #[cfg(feature = "negative-controls")]
+            let (event_id, body) = crate::negative_controls::identity(event_id, body);
             let headers = headers(&event_id, &row.event_type, traceparent.as_deref());
             let (producer, topic, key) = (&self.producer, &row.topic, &row.key);
             async move { publish(producer, topic, key, body.as_bytes(), headers).await }.instrument(span)
@@ -121,27 +116,15 @@ fn refusal(e: KafkaError) -> PublishError {
     }
 }
 
-/// The body with a fresh `event_id` (negative control only).
-fn minted(body: &str) -> (String, String) {
-    let id = uuid::Uuid::now_v7().to_string();
-    let mut value: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
-    if let Some(obj) = value.as_object_mut() {
-        obj.insert("event_id".into(), serde_json::Value::String(id.clone()));
-    }
-    (id, value.to_string())
-}
-
 /// The idempotent producer on top of `base` (a client configuration):
 /// `enable.idempotence=true` implies `acks=all` and lets the broker drop the
 /// duplicates *it* would create on internal retries. It cannot drop a
 /// republish of the same outbox row after a relay crash — that is the
 /// inbox's job.
-///
-/// NEGATIVE CONTROL ONLY (`negative_controls::no_producer_idempotence`,
-/// feature `negative-controls`): a producer without idempotence.
 pub fn idempotent_producer(mut base: ClientConfig, timeout: Duration) -> KafkaResult<FutureProducer> {
-    let idempotent = !crate::negative_controls::producer_not_idempotent();
-    base.set("enable.idempotence", idempotent.to_string());
+    base.set("enable.idempotence", "true");
+    #[cfg(feature = "negative-controls")]
+    crate::negative_controls::producer_settings(&mut base);
     with_delivery_settings(base, timeout).create()
 }
 
@@ -197,15 +180,6 @@ pub async fn publish(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_negative_control_mints_a_new_id_into_the_body() {
-        let (id, body) = minted(r#"{"event_id":"first","payload":1}"#);
-        let value: serde_json::Value = serde_json::from_str(&body).unwrap();
-        assert_ne!(id, "first");
-        assert_eq!(value["event_id"], id.as_str());
-        assert_eq!(value["payload"], 1, "the rest of the body kept");
-    }
 
     #[test]
     fn a_record_too_large_or_malformed_is_parked_anything_else_retried() {

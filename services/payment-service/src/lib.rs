@@ -2,6 +2,7 @@
 //! the gateway, and replies on `order.events` through its outbox.
 
 #[cfg(feature = "failpoints")]
+#[cfg(feature = "failpoints")]
 mod controls;
 pub mod gateway;
 pub mod payments;
