@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use sqlx::{PgPool, Postgres, Transaction};
 
-use crate::{claim, lookup, store, Claim, Error, StoredResponse};
+use crate::{claim_any, lookup_any, store, Claim, Error, StoredResponse};
 
 /// Identity of a keyed request.
 #[derive(Debug, Clone, Copy)]
@@ -36,6 +36,18 @@ pub struct Keyed<'a> {
     pub key: &'a str,
     /// [`crate::fingerprint`] of the request.
     pub fingerprint: &'a str,
+    /// Its fingerprint under the previous key while the key is rotated
+    /// (matched, never stored).
+    pub previous_fingerprint: Option<&'a str>,
+}
+
+impl Keyed<'_> {
+    /// The fingerprints a stored key may carry to be this request's.
+    fn accepted(&self) -> Vec<&str> {
+        std::iter::once(self.fingerprint)
+            .chain(self.previous_fingerprint)
+            .collect()
+    }
 }
 
 /// How a keyed request ended.
@@ -66,7 +78,7 @@ pub enum Begun {
 /// completed, is in flight, or belongs to another request.
 pub async fn begin(pool: &PgPool, request: Keyed<'_>) -> Result<Begun, Error> {
     let mut tx = pool.begin().await?;
-    let answered = match claim(&mut tx, request.scope, request.key, request.fingerprint).await? {
+    let answered = match claim_any(&mut tx, request.scope, request.key, &request.accepted()).await? {
         Claim::New => return Ok(Begun::New(tx)),
         Claim::Replay(stored) => Outcome::Replayed(stored),
         Claim::InFlight => Outcome::InFlight,
@@ -96,7 +108,7 @@ pub async fn complete(
     tx.rollback().await?;
     let mut conn = pool.acquire().await?;
     Ok(
-        match lookup(&mut conn, request.scope, request.key, request.fingerprint).await? {
+        match lookup_any(&mut conn, request.scope, request.key, &request.accepted()).await? {
             Some(Claim::Replay(stored)) => Outcome::Replayed(stored),
             Some(Claim::Mismatch) => Outcome::Mismatch,
             _ => Outcome::InFlight,

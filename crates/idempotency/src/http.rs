@@ -98,8 +98,9 @@ pub struct KeyArgs {
     pub ttl_secs: u64,
     /// Secret the request fingerprints are keyed with (HMAC-SHA256): a body
     /// may hold a card number, and an unkeyed hash of it can be reversed.
-    /// No default; changing it makes a retry of a request sent before the
-    /// change a 422 (its fingerprint no longer matches).
+    /// No default. To rotate it, set the old one as
+    /// `IDEMPOTENCY_FINGERPRINT_KEY_PREVIOUS` for as long as keys live: a
+    /// retry of a request stored under the old key still matches.
     #[arg(
         long = "idempotency-fingerprint-key",
         env = "IDEMPOTENCY_FINGERPRINT_KEY",
@@ -107,6 +108,16 @@ pub struct KeyArgs {
         hide_env_values = true
     )]
     pub fingerprint_key: Secret,
+    /// The fingerprint key before the last rotation, still accepted for
+    /// matching (never for storing) until every key stored under it has
+    /// expired.
+    #[arg(
+        long = "idempotency-fingerprint-key-previous",
+        env = "IDEMPOTENCY_FINGERPRINT_KEY_PREVIOUS",
+        value_name = "IDEMPOTENCY_FINGERPRINT_KEY_PREVIOUS",
+        hide_env_values = true
+    )]
+    pub previous_fingerprint_key: Option<Secret>,
 }
 
 impl KeyArgs {
@@ -115,21 +126,52 @@ impl KeyArgs {
         Duration::from_secs(self.ttl_secs)
     }
 
-    /// The fingerprint key.
+    /// The fingerprint key (and the one before it, while rotating).
     pub fn fingerprint_key(&self) -> FingerprintKey {
-        FingerprintKey(self.fingerprint_key.clone())
+        let key = FingerprintKey::new(self.fingerprint_key.clone());
+        match &self.previous_fingerprint_key {
+            Some(previous) => key.rotated_from(previous.clone()),
+            None => key,
+        }
     }
 }
 
 /// The secret request fingerprints are keyed with. A service's state gives
 /// it to [`Idempotent`] through `FromRef`.
 #[derive(Debug, Clone)]
-pub struct FingerprintKey(pub Secret);
+pub struct FingerprintKey {
+    key: Secret,
+    previous: Option<Secret>,
+}
 
 impl FingerprintKey {
+    /// Fingerprints keyed with `key`.
+    pub fn new(key: Secret) -> Self {
+        Self { key, previous: None }
+    }
+
+    /// While rotating: a request also matches a stored fingerprint taken
+    /// under `previous` (new ones are stored under the current key).
+    pub fn rotated_from(self, previous: Secret) -> Self {
+        Self {
+            previous: Some(previous),
+            ..self
+        }
+    }
+
+    /// The current key.
+    pub(crate) fn current(&self) -> &Secret {
+        &self.key
+    }
+
+    /// The key before the last rotation, if still accepted.
+    pub(crate) fn previous(&self) -> Option<FingerprintKey> {
+        self.previous.clone().map(Self::new)
+    }
+
     /// A fixed key for unit tests.
     pub fn for_tests() -> Self {
-        Self(Secret::new("fingerprint-key-for-unit-tests-only").expect("long enough"))
+        Self::new(Secret::new("fingerprint-key-for-unit-tests-only").expect("long enough"))
     }
 }
 
@@ -156,6 +198,8 @@ pub struct Idempotent<E> {
     pub scope: String,
     /// [`crate::fingerprint`] of method, path and body, keyed.
     pub fingerprint: String,
+    /// The same under the previous key, while the key is rotated.
+    pub previous_fingerprint: Option<String>,
     /// The request body.
     pub body: Bytes,
     refusal: PhantomData<fn() -> E>,
@@ -180,14 +224,15 @@ where
         let body = Bytes::from_request(req, state)
             .await
             .map_err(|e| bad(format!("unreadable body: {}", e.body_text())))?;
-        // NEGATIVE CONTROL ONLY: every request gets a key of its own.
-        let key = if crate::unsafe_disabled() {
-            uuid::Uuid::new_v4().to_string()
-        } else {
-            key.0
-        };
+        let key = key.0;
+        #[cfg(feature = "negative-controls")]
+        let key = crate::negative_controls::key(key);
+        let previous_fingerprint = fingerprint_key
+            .previous()
+            .map(|previous| crate::fingerprint(&previous, method.as_str(), &path, &body));
         Ok(Self {
             fingerprint: crate::fingerprint(&fingerprint_key, method.as_str(), &path, &body),
+            previous_fingerprint,
             key,
             scope,
             body,
@@ -203,6 +248,7 @@ impl<E> Idempotent<E> {
             scope: &self.scope,
             key: &self.key,
             fingerprint: &self.fingerprint,
+            previous_fingerprint: self.previous_fingerprint.as_deref(),
         }
     }
 }
@@ -284,6 +330,33 @@ mod tests {
         assert_eq!(unauthenticated.0, Refused::Unauthenticated, "no scope, no request");
     }
 
+    /// While the key is rotated, the extractor fingerprints a request under
+    /// both: the current key's is stored, the previous one's matched.
+    #[tokio::test]
+    async fn a_rotated_key_fingerprints_under_the_current_and_the_previous_key() {
+        let old = FingerprintKey::for_tests();
+        let new = crate::Secret::new(&"n".repeat(40)).unwrap();
+        let rotating = FingerprintKey::new(new.clone()).rotated_from(old.current().clone());
+        let request = || {
+            HttpRequest::post("/orders")
+                .header("idempotency-key", "k")
+                .extension(Scope("shop".into()))
+                .body(axum::body::Body::from("{}"))
+                .unwrap()
+        };
+        let r: Idempotent<Refusal> = Idempotent::from_request(request(), &rotating).await.unwrap();
+        assert_eq!(
+            r.fingerprint,
+            crate::fingerprint(&FingerprintKey::new(new), "POST", "/orders", b"{}")
+        );
+        assert_eq!(
+            r.previous_fingerprint.as_deref(),
+            Some(crate::fingerprint(&old, "POST", "/orders", b"{}").as_str())
+        );
+        let plain: Idempotent<Refusal> = Idempotent::from_request(request(), &old).await.unwrap();
+        assert_eq!(plain.previous_fingerprint, None);
+    }
+
     #[tokio::test]
     async fn refuses_a_missing_key() {
         let missing = extract("/orders", None, Some("shop"), "{}").await.unwrap_err();
@@ -334,6 +407,7 @@ mod tests {
         let args = KeyArgs {
             ttl_secs: 86_400,
             fingerprint_key: crate::Secret::new(&"k".repeat(32)).unwrap(),
+            previous_fingerprint_key: None,
         };
         assert_eq!(args.ttl(), Duration::from_secs(86_400));
     }

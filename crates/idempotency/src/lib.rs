@@ -91,22 +91,10 @@ pub enum Error {
 /// Result type of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// The broken layer the chaos suite swaps in (feature `negative-controls`):
+/// the extractor hands its key over to it, compiled only with the feature.
 #[cfg(feature = "negative-controls")]
 pub mod negative_controls;
-
-/// Without the `negative-controls` feature the layer is always on.
-#[cfg(not(feature = "negative-controls"))]
-mod negative_controls {
-    pub(crate) const fn off() -> bool {
-        false
-    }
-}
-
-/// NEGATIVE CONTROL ONLY (`negative_controls::turn_off`, feature
-/// `negative-controls`): every request gets a key of its own — the layer is off.
-pub(crate) fn unsafe_disabled() -> bool {
-    negative_controls::off()
-}
 
 /// The idempotency table's migrations (versions 1003xxxxxx).
 pub fn migrator() -> Migrator {
@@ -190,7 +178,8 @@ pub fn fingerprint(key: &FingerprintKey, method: &str, path: &str, body: &[u8]) 
         .ok()
         .and_then(|v| serde_json::to_vec(&v).ok())
         .unwrap_or_else(|| body.to_vec());
-    let mut mac = Hmac::<Sha256>::new_from_slice(key.0.expose().as_bytes()).expect("HMAC takes a key of any length");
+    let mut mac =
+        Hmac::<Sha256>::new_from_slice(key.current().expose().as_bytes()).expect("HMAC takes a key of any length");
     mac.update(method.as_bytes());
     mac.update(&[0]);
     mac.update(path.as_bytes());
@@ -208,6 +197,13 @@ pub fn fingerprint(key: &FingerprintKey, method: &str, path: &str, body: &[u8]) 
 /// is not seen and the request runs — and [`store`] then finds the key
 /// taken, so the caller rolls back and replays (see [`complete`]).
 pub async fn claim(conn: &mut PgConnection, scope: &str, key: &str, fingerprint: &str) -> Result<Claim> {
+    claim_any(conn, scope, key, &[fingerprint]).await
+}
+
+/// [`claim`] for a request that may match a stored key under any of
+/// `fingerprints` (the current key's and, while it is rotated, the
+/// previous one's).
+pub(crate) async fn claim_any(conn: &mut PgConnection, scope: &str, key: &str, fingerprints: &[&str]) -> Result<Claim> {
     // A 64-bit hash collision of the lock key can only cause a spurious 409.
     let row = sqlx::query(
         "SELECT pg_try_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 7)) AS locked,
@@ -222,7 +218,7 @@ pub async fn claim(conn: &mut PgConnection, scope: &str, key: &str, fingerprint:
     let locked: bool = row.get("locked");
     let expired: Option<bool> = row.get("expired");
     match expired {
-        Some(false) => Ok(stored_outcome(&row, fingerprint)),
+        Some(false) => Ok(stored_outcome(&row, fingerprints)),
         Some(true) if locked => {
             sqlx::query("DELETE FROM idempotency_keys WHERE scope = $1 AND key = $2 AND expires_at <= now()")
                 .bind(scope)
@@ -238,6 +234,16 @@ pub async fn claim(conn: &mut PgConnection, scope: &str, key: &str, fingerprint:
 
 /// The stored outcome of a completed key, if it is there and unexpired.
 pub async fn lookup(conn: &mut PgConnection, scope: &str, key: &str, fingerprint: &str) -> Result<Option<Claim>> {
+    lookup_any(conn, scope, key, &[fingerprint]).await
+}
+
+/// [`lookup`] under any of `fingerprints`, as [`claim_any`].
+pub(crate) async fn lookup_any(
+    conn: &mut PgConnection,
+    scope: &str,
+    key: &str,
+    fingerprints: &[&str],
+) -> Result<Option<Claim>> {
     let row = sqlx::query(
         "SELECT fingerprint, status_code, headers, body FROM idempotency_keys
          WHERE scope = $1 AND key = $2 AND expires_at > now()",
@@ -246,11 +252,11 @@ pub async fn lookup(conn: &mut PgConnection, scope: &str, key: &str, fingerprint
     .bind(key)
     .fetch_optional(&mut *conn)
     .await?;
-    Ok(row.map(|r| stored_outcome(&r, fingerprint)))
+    Ok(row.map(|r| stored_outcome(&r, fingerprints)))
 }
 
-fn stored_outcome(row: &sqlx::postgres::PgRow, fingerprint: &str) -> Claim {
-    if row.get::<&str, _>("fingerprint") != fingerprint {
+fn stored_outcome(row: &sqlx::postgres::PgRow, fingerprints: &[&str]) -> Claim {
+    if !fingerprints.contains(&row.get::<&str, _>("fingerprint")) {
         return Claim::Mismatch;
     }
     let headers: sqlx::types::Json<Vec<(String, String)>> = row.get("headers");
@@ -355,13 +361,13 @@ mod tests {
     fn without_the_key_the_fingerprint_cannot_be_recomputed() {
         let body = br#"{"card":"4242424242424242"}"#;
         let a = fingerprint(
-            &FingerprintKey(Secret::new(&"a".repeat(32)).unwrap()),
+            &FingerprintKey::new(Secret::new(&"a".repeat(32)).unwrap()),
             "POST",
             "/orders",
             body,
         );
         let b = fingerprint(
-            &FingerprintKey(Secret::new(&"b".repeat(32)).unwrap()),
+            &FingerprintKey::new(Secret::new(&"b".repeat(32)).unwrap()),
             "POST",
             "/orders",
             body,

@@ -28,6 +28,13 @@ impl Callers {
         Self(Arc::new(vec![(name.to_owned(), secret)]))
     }
 
+    /// One caller whose secret is being rotated: the new one and, while
+    /// given, the old one name it.
+    pub fn rotating(name: &str, secret: Secret, previous: Option<Secret>) -> Self {
+        let secrets = std::iter::once(secret).chain(previous);
+        Self(Arc::new(secrets.map(|s| (name.to_owned(), s)).collect()))
+    }
+
     /// The caller presenting `presented`, if any. Every entry is compared,
     /// so the time taken does not say which one matched.
     pub fn caller(&self, presented: &str) -> Option<&str> {
@@ -199,6 +206,11 @@ mod tests {
         assert_eq!(callers.caller(&secret('a')), Some("order-api"), "the old one");
         assert_eq!(callers.caller(&secret('n')), Some("order-api"), "the new one");
         assert_eq!(callers.caller(&secret('c')), None);
+        let operator = |previous| Callers::rotating("operator", secret('n').parse().unwrap(), previous);
+        let both = operator(Some(secret('a').parse().unwrap()));
+        assert_eq!(both.caller(&secret('a')), Some("operator"), "the old one, while given");
+        assert_eq!(both.caller(&secret('n')), Some("operator"));
+        assert_eq!(operator(None).caller(&secret('a')), None, "the old one, once dropped");
     }
 
     #[test]

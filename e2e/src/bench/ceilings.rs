@@ -154,6 +154,7 @@ pub async fn database(clients: usize, duration: Duration) -> anyhow::Result<Data
                 scope: "bench",
                 key: &key,
                 fingerprint: "f",
+                previous_fingerprint: None,
             };
             let idempotency::Begun::New(mut tx) = idempotency::begin(&pool, request).await? else {
                 anyhow::bail!("a fresh key was answered without running");

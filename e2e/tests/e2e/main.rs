@@ -20,6 +20,7 @@ mod notices;
 mod offsets;
 mod payments;
 mod reconcile;
+mod rotation;
 mod saga;
 mod scenarios;
 mod supervisor;

@@ -87,7 +87,7 @@ async fn main() -> anyhow::Result<()> {
     let relay = outbox::Relay::new(pool.clone(), outbox::KafkaPublisher::new(&brokers)?, "shop");
     tokio::spawn(async move { relay.run(tokio_util::sync::CancellationToken::new()).await });
     let counter = count_notes(pool.clone(), brokers);
-    let key = FingerprintKey(Secret::new(&var("FINGERPRINT_KEY")?).map_err(anyhow::Error::msg)?);
+    let key = FingerprintKey::new(Secret::new(&var("FINGERPRINT_KEY")?).map_err(anyhow::Error::msg)?);
     let app = axum::Router::new()
         .route("/notes", axum::routing::post(add_note))
         .layer(Extension(Scope("every-client".into()))) // your authentication sets the caller's scope

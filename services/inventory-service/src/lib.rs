@@ -53,6 +53,15 @@ pub struct Config {
         hide_env_values = true
     )]
     pub operator_key: service_kit::Secret,
+    /// The operator's credential before the last rotation, accepted beside
+    /// the new one until every operator has the new one.
+    #[arg(
+        long,
+        env = "INVENTORY_OPERATOR_KEY_PREVIOUS",
+        value_name = "INVENTORY_OPERATOR_KEY_PREVIOUS",
+        hide_env_values = true
+    )]
+    pub previous_operator_key: Option<service_kit::Secret>,
     /// Logs.
     #[command(flatten)]
     pub log: LogArgs,
@@ -138,7 +147,11 @@ impl App {
         consumer.spawn_batches(&mut tasks, self.pool.clone(), |pool, envelopes| async move {
             stock::handle_batch(&pool, envelopes).await
         });
-        let operator = service_kit::bearer::Callers::one("operator", self.config.operator_key.clone());
+        let operator = service_kit::bearer::Callers::rotating(
+            "operator",
+            self.config.operator_key.clone(),
+            self.config.previous_operator_key.clone(),
+        );
         let app = Router::new()
             .route("/stock", get(http::list))
             .route("/stock/{sku}", put(http::set))

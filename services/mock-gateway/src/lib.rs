@@ -98,8 +98,10 @@ pub struct Config {
     /// Idempotency-Key lifetime.
     #[command(flatten)]
     pub keys: idempotency::KeyArgs,
-    /// Key of the vault's card fingerprints (HMAC-SHA256), no default;
-    /// changing it gives known cards new tokens.
+    /// Key of the vault's card fingerprints (HMAC-SHA256), no default. To
+    /// rotate it, set the old one as `GATEWAY_VAULT_KEY_PREVIOUS`: a known
+    /// card keeps its token (its fingerprint is re-keyed when it is next
+    /// seen); without it, a change gives known cards new tokens.
     #[arg(
         long,
         env = "GATEWAY_VAULT_KEY",
@@ -107,6 +109,15 @@ pub struct Config {
         hide_env_values = true
     )]
     pub vault_key: Secret,
+    /// The vault key before the last rotation, while cards fingerprinted
+    /// under it may still come.
+    #[arg(
+        long,
+        env = "GATEWAY_VAULT_KEY_PREVIOUS",
+        value_name = "GATEWAY_VAULT_KEY_PREVIOUS",
+        hide_env_values = true
+    )]
+    pub previous_vault_key: Option<Secret>,
     /// Initial faults.
     #[command(flatten)]
     pub faults: faults::Faults,
@@ -129,6 +140,8 @@ pub struct AppState {
     pub key_ttl: Duration,
     /// Key of the vault's card fingerprints.
     pub vault_key: Secret,
+    /// The one before it, while it is rotated.
+    pub previous_vault_key: Option<Secret>,
     /// Key of the Idempotency-Key request fingerprints.
     pub fingerprint_key: FingerprintKey,
     /// Who may read whose operations.
@@ -248,6 +261,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         faults: Arc::new(faults::FaultSwitch::new(config.faults)),
         key_ttl: config.keys.ttl(),
         vault_key: config.vault_key,
+        previous_vault_key: config.previous_vault_key,
         fingerprint_key: config.keys.fingerprint_key(),
         readers: config.readers,
         tokenise_limit: Arc::new(vault::limiter(config.tokenise_per_sec)),

@@ -28,12 +28,29 @@ pub fn is_card_number(card: &str) -> bool {
     (12..=19).contains(&card.len()) && card.bytes().all(|b| b.is_ascii_digit())
 }
 
-/// The token of `card`, minted on first sight (one per card).
-pub async fn tokenise(pool: &PgPool, vault_key: &[u8], card: &str) -> Result<CardToken, GatewayError> {
+/// The token of `card`, minted on first sight (one per card). While the
+/// vault key is rotated, a card fingerprinted under `previous` is re-keyed
+/// to `vault_key` first, and keeps its token.
+pub async fn tokenise(
+    pool: &PgPool,
+    vault_key: &[u8],
+    previous: Option<&[u8]>,
+    card: &str,
+) -> Result<CardToken, GatewayError> {
     if !is_card_number(card) {
         return Err(GatewayError::Unprocessable("card must be 12..=19 digits".into()));
     }
     let fp = fingerprint(vault_key, card);
+    if let Some(previous) = previous {
+        sqlx::query(
+            "UPDATE card_tokens SET fingerprint = $1 WHERE fingerprint = $2
+             AND NOT EXISTS (SELECT 1 FROM card_tokens WHERE fingerprint = $1)",
+        )
+        .bind(&fp)
+        .bind(fingerprint(previous, card))
+        .execute(pool)
+        .await?;
+    }
     let last4 = card[card.len() - 4..].to_owned();
     let minted = format!("tok_{}", uuid::Uuid::new_v4().simple());
     // Insert-or-read: concurrent first sights get one token. When another
@@ -104,7 +121,8 @@ pub async fn create(
         return Ok(resp);
     }
     let req: TokenRequest = crate::ledger::parse(&body)?;
-    let token = tokenise(&state.pool, state.vault_key.expose().as_bytes(), &req.card).await?;
+    let previous = state.previous_vault_key.as_ref().map(|k| k.expose().as_bytes());
+    let token = tokenise(&state.pool, state.vault_key.expose().as_bytes(), previous, &req.card).await?;
     telemetry::metrics::incr("gateway_tokens_issued_total", &[]);
     Ok((StatusCode::CREATED, Json(token)).into_response())
 }

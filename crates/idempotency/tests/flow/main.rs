@@ -28,6 +28,7 @@ fn keyed<'a>(key: &'a str, fingerprint: &'a str) -> Keyed<'a> {
         scope: "c",
         key,
         fingerprint,
+        previous_fingerprint: None,
     }
 }
 
@@ -266,4 +267,37 @@ async fn finish_stores_a_final_error_and_rolls_any_other_back() {
         .unwrap();
     assert_eq!(outcome, Outcome::Completed(response("done")));
     pool.close().await;
+}
+
+/// Rotating the fingerprint key: a retry of a request stored under the old
+/// key is replayed while the old key is still accepted (the request's
+/// `previous_fingerprint`), and refused as another request once it is not.
+#[tokio::test]
+async fn a_retry_across_a_fingerprint_key_rotation_replays_while_the_old_key_is_accepted() {
+    use idempotency::{fingerprint, FingerprintKey, Secret};
+    let (pool, _db) = db().await;
+    let (old, new) = (
+        Secret::new(&"o".repeat(40)).unwrap(),
+        Secret::new(&"n".repeat(40)).unwrap(),
+    );
+    let body = br#"{"sku":"WIDGET","quantity":1}"#;
+    let print = |key: Secret| fingerprint(&FingerprintKey::new(key), "POST", "/orders", body);
+    // Stored before the rotation, under the old key.
+    let before = print(old.clone());
+    let mut tx = claimed(&pool, keyed("k", &before)).await;
+    effect(&mut tx).await;
+    let first = response("first");
+    let outcome = idempotency::complete(&pool, tx, keyed("k", &before), TTL, &first);
+    assert!(matches!(outcome.await.unwrap(), Outcome::Completed(_)));
+    // The retry after it, fingerprinted under the new key and the old one.
+    let (now, previous) = (print(new), print(old));
+    assert_ne!(now, before, "another key, another fingerprint");
+    let retry = Keyed {
+        previous_fingerprint: Some(&previous),
+        ..keyed("k", &now)
+    };
+    assert_eq!(answered(&pool, retry).await, Outcome::Replayed(response("first")));
+    // Once the old key is no longer accepted, the same retry is another request.
+    assert_eq!(answered(&pool, keyed("k", &now)).await, Outcome::Mismatch);
+    assert_eq!(effects(&pool).await, 1);
 }
