@@ -145,6 +145,19 @@ async fn every_secret_rotated_under_load_fails_no_order() {
     );
     stack.restart(Service::Gateway).await.unwrap();
     more_orders(&load, 10).await;
+    // An order acknowledged before order-api's rotation, whose client lost
+    // the answer: it sends the same request again after it.
+    let lost_answer = OrderRequest {
+        sku: "WIDGET".into(),
+        quantity: 1,
+        amount_cents: 99,
+        card: GOOD_CARD.into(),
+    };
+    let resent_key = new_key();
+    let first = client
+        .place_order(&resent_key, &lost_answer, Duration::from_secs(30))
+        .await
+        .unwrap();
     // 2. The services move to theirs.
     stack.set_env(Service::OrderApi, "GATEWAY_API_KEY", &new.order_api_gateway);
     stack.set_env(
@@ -158,6 +171,13 @@ async fn every_secret_rotated_under_load_fails_no_order() {
         &old.order_api_fingerprint,
     );
     stack.restart(Service::OrderApi).await.unwrap();
+    let again = client.post_order(&resent_key, &lost_answer).await.unwrap();
+    assert_eq!((again.status, again.replayed), (201, true), "{}", again.body);
+    assert!(
+        again.body.contains(&first.id.to_string()),
+        "the same order: {}",
+        again.body
+    );
     more_orders(&load, 10).await;
     stack.set_env(Service::Payment, "GATEWAY_API_KEY", &new.payment_gateway);
     stack.restart(Service::Payment).await.unwrap();
@@ -194,7 +214,8 @@ async fn every_secret_rotated_under_load_fails_no_order() {
     stack.set_env(Service::Inventory, "INVENTORY_OPERATOR_KEY_PREVIOUS", "");
     stack.restart(Service::Inventory).await.unwrap();
     more_orders(&load, 20).await;
-    let (placed, failures) = load.stop().await;
+    let (mut placed, failures) = load.stop().await;
+    placed.push(first.id);
     assert_eq!(failures, Vec::<String>::new(), "every order was acknowledged");
 
     // Every order ended CONFIRMED, with one card token across the vault's rotation.
