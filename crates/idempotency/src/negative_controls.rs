@@ -3,7 +3,7 @@
 //! Idempotency-Key layer broken on purpose — a key that names nothing, so
 //! that a retry is a new request — so that the chaos suite can show it
 //! notices. Chosen once, at a process's start; the extractor
-//! ([`crate::http::Idempotent`]) hands its key to [`key`], compiled only
+//! ([`crate::http::Idempotent`]) hands its key to `key`, compiled only
 //! with the feature. Built without it, this module does not exist and the
 //! layer cannot be turned off.
 

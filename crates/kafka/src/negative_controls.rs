@@ -2,7 +2,7 @@
 //! failpoints builds turn it on through its `switches` crate): a consumer
 //! that acknowledges before it processes, swapped in on purpose so that the
 //! chaos suite can show it notices. Chosen once, at a process's start; each
-//! lane hands its batch to [`before_handling`] before handling it, compiled
+//! lane hands its batch to `before_handling` before handling it, compiled
 //! only with the feature. Built without it, this module does not exist and
 //! nothing here can be turned on.
 

@@ -2,8 +2,8 @@
 //! failpoints builds turn it on through its `switches` crate): the two
 //! protections of the publishing side broken on purpose, so that the chaos
 //! suite can show it notices. Each is chosen once, at a process's start;
-//! the Kafka publisher hands a row's identity ([`identity`]) and its
-//! producer's settings ([`producer_settings`]) over here, compiled only
+//! the Kafka publisher hands a row's identity (`identity`) and its
+//! producer's settings (`producer_settings`) over here, compiled only
 //! with the feature. Built without it, this module does not exist.
 
 use std::sync::atomic::{AtomicBool, Ordering};
