@@ -73,7 +73,7 @@ pub enum Begun {
     Answered(Outcome),
 }
 
-/// Opens the request's transaction and claims its key in it ([`claim`]):
+/// Opens the request's transaction and claims its key in it ([`crate::claim`]):
 /// the transaction to do the work in, or the answer when the key was
 /// completed, is in flight, or belongs to another request.
 pub async fn begin(pool: &PgPool, request: Keyed<'_>) -> Result<Begun, Error> {
@@ -92,7 +92,7 @@ pub async fn begin(pool: &PgPool, request: Keyed<'_>) -> Result<Begun, Error> {
 
 /// Stores `response` under the request's key in `tx` and commits it with
 /// the work done there: [`Outcome::Completed`]. When a concurrent first
-/// request completed the key after this one's claim (see [`claim`]), this
+/// request completed the key after this one's claim (see [`crate::claim`]), this
 /// one's work is rolled back and that request's answer returned instead.
 pub async fn complete(
     pool: &PgPool,
