@@ -14,6 +14,7 @@ use tokio::process::{Child, Command};
 
 use crate::proxy::FaultProxy;
 
+mod cleanup;
 mod extra;
 mod observe;
 mod ports;
@@ -115,34 +116,6 @@ pub struct Stack {
 
 /// The client the stack provisions an API key for at start.
 pub const DRIVER_CLIENT: &str = "e2e-driver";
-
-impl Drop for Stack {
-    /// A test that panics still leaves no databases behind: processes die
-    /// with their handles (`kill_on_drop`), databases are dropped here.
-    fn drop(&mut self) {
-        if self.finished {
-            return;
-        }
-        for child in self
-            .procs
-            .values_mut()
-            .chain(self.extras.iter_mut().map(|(_, c)| c))
-            .chain(self.node_procs.values_mut())
-        {
-            let _ = child.start_kill();
-        }
-        // An own server is killed with its field; its data is in the run directory.
-        if self.postgres.is_some() {
-            return;
-        }
-        let urls: Vec<String> = ["orders", "inventory", "payments", "gateway"]
-            .map(|d| self.db_url(d))
-            .to_vec();
-        // A moment for the killed processes to go.
-        std::thread::sleep(Duration::from_millis(200));
-        testkit::db::drop_databases_blocking(urls);
-    }
-}
 
 impl Stack {
     /// Starts the broker and all services and waits until each is ready.

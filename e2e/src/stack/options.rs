@@ -43,6 +43,11 @@ pub struct StackOptions {
     /// ([`Stack::process_uid`]), so that a partition can cut one of them
     /// off by its uid ([`testkit::partition::Cut`]).
     pub isolated_uids: bool,
+    /// Dropped without [`super::Stack::shutdown`] and not while a test
+    /// panics, the stack removes its run directory (a passing test leaves
+    /// nothing in /tmp; a failing one its logs). Off by default: a tool that
+    /// stops on an error keeps its logs.
+    pub remove_run_dir_on_drop: bool,
 }
 
 impl StackOptions {
@@ -66,6 +71,7 @@ impl StackOptions {
             secrets: None,
             own_postgres: None,
             isolated_uids: false,
+            remove_run_dir_on_drop: false,
         })
     }
 }

@@ -123,6 +123,7 @@ async fn every_curl_in_the_readme_and_docs_answers_as_documented() {
     let _share = crate::share().await;
     let mut opts = e2e::StackOptions::ephemeral("examples").unwrap();
     opts.fixed_ports = true;
+    opts.remove_run_dir_on_drop = true;
     let stack = e2e::Stack::start(opts).await.expect("stack starts on the fixed ports");
     let workdir = stack.options().run_dir.join("workspace");
     std::fs::create_dir_all(workdir.join(".data")).unwrap();

@@ -71,7 +71,8 @@ pub async fn share() -> OwnedRwLockReadGuard<()> {
 /// Boots a fresh stack for one test.
 pub async fn stack(label: &str) -> TestStack {
     let share = MACHINE.clone().read_owned().await;
-    let opts = e2e::StackOptions::ephemeral(label).expect("stack options");
+    let mut opts = e2e::StackOptions::ephemeral(label).expect("stack options");
+    opts.remove_run_dir_on_drop = true;
     TestStack {
         stack: e2e::Stack::start(opts).await.expect("stack starts"),
         _share: share,
