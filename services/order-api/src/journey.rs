@@ -138,10 +138,12 @@ pub async fn page() -> impl IntoResponse {
 /// The journey of order `id` (None: no such order).
 pub async fn of(src: &Sources, id: Uuid) -> sqlx::Result<Option<Journey>> {
     let pool = &src.state.pool;
-    let Some(order) = crate::orders::get(&mut *pool.acquire().await?, id).await? else {
+    let mut conn = pool.acquire().await?;
+    let Some(order) = crate::orders::get(&mut conn, id).await? else {
         return Ok(None);
     };
-    let history = crate::orders::history(&mut *pool.acquire().await?, id).await?;
+    let history = crate::orders::history(&mut conn, id).await?;
+    drop(conn);
     let commands = saga_kit::journey::sent(pool, id).await?;
     // The trace context of the order's first message: version, trace id, span id, flags.
     let trace_id = commands
