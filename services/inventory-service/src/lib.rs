@@ -160,7 +160,7 @@ impl App {
                 service_kit::bearer::require,
             ))
             .with_state(self.pool.clone());
-        let admin = service_kit::admin::router(self.pool.clone(), tasks.health())
+        let admin = service_kit::admin::router(&self.pool, tasks.health())
             .route("/openapi.json", service_kit::http::openapi_route::<(), ApiDoc>())
             .merge(saga_kit::journey::router(self.pool.clone()));
         tasks.serve(self.listener, app, self.config.http.clone());

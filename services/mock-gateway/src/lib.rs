@@ -336,7 +336,7 @@ impl App {
             pool,
             idempotency::reap_from,
         );
-        let admin = service_kit::admin::router(self.state.pool.clone(), tasks.health())
+        let admin = service_kit::admin::router(&self.state.pool, tasks.health())
             .route("/openapi.json", service_kit::http::openapi_route::<(), ApiDoc>());
         tasks.serve(self.listener, api.with_state(self.state.clone()), self.limits);
         tasks.serve_admin(self.admin_listener, admin);

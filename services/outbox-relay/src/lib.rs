@@ -110,7 +110,7 @@ impl App {
         // broker answers and its topics are made sure of.
         let waiting = tasks.health().wait_for("kafka");
         let admin_pool = self.sources[0].1.clone();
-        tasks.serve_admin(self.listener, service_kit::admin::router(admin_pool, tasks.health()));
+        tasks.serve_admin(self.listener, service_kit::admin::router(&admin_pool, tasks.health()));
         if !self.config.kafka.ready_for(&topics::ALL, tasks.token()).await? {
             return tasks.wait().await;
         }

@@ -131,7 +131,7 @@ impl App {
                 async move { reconcile::scan(&deps, deadline).await }
             },
         );
-        let admin = service_kit::admin::router(self.deps.pool.clone(), tasks.health())
+        let admin = service_kit::admin::router(&self.deps.pool, tasks.health())
             .merge(saga_kit::journey::router(self.deps.pool.clone()))
             .merge(records::router(self.deps.pool.clone()));
         tasks.serve_admin(self.listener, admin);

@@ -35,7 +35,7 @@ async fn a_dead_consumer_turns_the_service_not_ready_and_fails_it() {
     });
     let token = tasks.token();
     let reaper_stopped = tokio::spawn(async move { token.cancelled().await });
-    let router = service_kit::admin::router(pool, tasks.health());
+    let router = service_kit::admin::router(&pool, tasks.health());
     assert_eq!(ready(&router).await.0, StatusCode::OK, "alive and the database answers");
 
     let supervised = tokio::spawn(tasks.wait());
@@ -49,4 +49,27 @@ async fn a_dead_consumer_turns_the_service_not_ready_and_fails_it() {
         "{why}"
     );
     reaper_stopped.await.expect("the other tasks were told to stop");
+}
+
+/// Every connection of the service's pool busy (a backlog of requests) is
+/// load, not a database that stopped answering: readiness asks on its own
+/// connection and stays ready.
+#[tokio::test]
+async fn a_pool_busy_with_requests_leaves_the_service_ready() {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(std::time::Duration::from_secs(5))
+        .connect(&format!("{}/postgres", testkit::db::server_url()))
+        .await
+        .unwrap();
+    let tasks = Supervisor::new(CancellationToken::new());
+    let router = service_kit::admin::router(&pool, tasks.health());
+    let held = pool.acquire().await.unwrap();
+    assert_eq!(
+        ready(&router).await,
+        (StatusCode::OK, "ready".to_owned()),
+        "the pool's only connection held by a request"
+    );
+    drop(held);
+    tasks.token().cancel();
 }

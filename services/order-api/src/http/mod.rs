@@ -61,7 +61,7 @@ pub fn admin_router(state: AppState, health: service_kit::Health, journey: crate
         .route("/orders/{id}/journey", get(crate::journey::show))
         .route("/journey", get(crate::journey::page))
         .with_state(crate::journey::Sources::new(state.clone(), journey));
-    service_kit::admin::router(state.pool, health)
+    service_kit::admin::router(&state.pool, health)
         .route("/openapi.json", service_kit::http::openapi_route::<(), ApiDoc>())
         .merge(journeys)
 }
