@@ -10,6 +10,10 @@ use uuid::Uuid;
 
 use crate::stack::Stack;
 
+mod rescued;
+use rescued::check_rescued;
+pub use rescued::{rescued, Rescued};
+
 /// The invariants, by the names reports and tests use.
 pub const ORDER_PER_KEY: &str = "one order per key";
 /// Money.
@@ -81,9 +85,10 @@ pub struct Audit {
     pub rescued: BTreeMap<String, BTreeSet<Uuid>>,
     /// The history rows behind [`Audit::rescued`] (the first 20), as evidence.
     pub rescue_evidence: Vec<String>,
-    /// Orders only re-sent to, per action, whose first copy the log shows
-    /// applied: late past the deadline (overlapping faults), not lost. (The
-    /// re-sent copy applied makes the order a rescue instead.)
+    /// Orders only re-sent to, or reconciled before their reply arrived,
+    /// per action, whose first copy the log shows applied: late past the
+    /// deadline (overlapping faults), not lost. (A later copy applied makes
+    /// the order a rescue instead.)
     pub late_not_lost: BTreeMap<String, BTreeSet<Uuid>>,
     /// When each broken invariant's first evidence was written (an inbox
     /// miss, a reconciler's history row, a second capture, a stuck order's
@@ -414,123 +419,6 @@ async fn ground_truth(
             "{STOCK_CONSERVED}: {} reservations do not match their order's outcome, {unknown} of unknown orders (first: {})",
             mismatched.len(),
             mismatched.first().map_or("-", String::as_str)
-        ));
-    }
-    Ok(())
-}
-
-/// The orders the deadline reconciler acted on, read from their history.
-#[derive(Debug, Clone, Default)]
-pub struct Rescued {
-    /// Orders per action (the history's cause).
-    pub per_cause: BTreeMap<String, BTreeSet<Uuid>>,
-    /// The history rows that say so (the first 20), as evidence.
-    pub evidence: Vec<String>,
-    /// When the reconciler first acted.
-    pub first: Option<chrono::DateTime<chrono::Utc>>,
-}
-
-/// A history row: order, cause, from, to, when.
-type HistoryRow = (Uuid, String, Option<String>, String, chrono::DateTime<chrono::Utc>);
-
-/// Reads [`Rescued`] from the orders database's history.
-pub async fn rescued(db: &mut PgConnection) -> anyhow::Result<Rescued> {
-    let rows: Vec<HistoryRow> = sqlx::query_as(
-        "SELECT order_id, cause, from_status, to_status, at FROM order_history
-         WHERE cause LIKE 'Resent:%' OR cause LIKE 'Reconciled:%' OR cause = 'DeadlineExceeded'
-         ORDER BY id",
-    )
-    .fetch_all(&mut *db)
-    .await?;
-    let mut r = Rescued::default();
-    for (order, cause, from, to, at) in &rows {
-        r.per_cause.entry(cause.clone()).or_default().insert(*order);
-        r.first = Some(r.first.map_or(*at, |first| first.min(*at)));
-        if r.evidence.len() < 20 {
-            r.evidence.push(format!(
-                "{} order {order}: {} → {to} by {cause}",
-                at.format("%H:%M:%S%.3f"),
-                from.as_deref().unwrap_or("-")
-            ));
-        }
-    }
-    Ok(r)
-}
-
-/// Nothing rescued in silence: a re-send or a reconciliation means a
-/// message did not arrive before its deadline — lost (acknowledged before
-/// it was handled, recorded without its effect) or stuck. The reconciler
-/// hides that from the order's status, so the audit counts it and accepts
-/// exactly the orders the run lost on purpose.
-async fn check_rescued(
-    db: &mut PgConnection,
-    payments_db: &mut PgConnection,
-    expected: &Expected,
-    a: &mut Audit,
-) -> anyhow::Result<()> {
-    let Rescued {
-        per_cause,
-        evidence,
-        mut first,
-    } = rescued(db).await?;
-    (a.rescued, a.rescue_evidence) = (per_cause, evidence);
-    // payment-service's own reconciler settles an operation left PENDING
-    // past its deadline from the gateway's record: a command or a result
-    // that did not arrive in time, as much a rescue as order-api's.
-    let settled: Vec<(Uuid, String, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
-        "SELECT order_id, kind, reconciled_at FROM payments WHERE reconciled_at IS NOT NULL ORDER BY reconciled_at",
-    )
-    .fetch_all(payments_db)
-    .await?;
-    for (order, kind, at) in settled {
-        a.rescued
-            .entry("payment-service reconciled".into())
-            .or_default()
-            .insert(order);
-        first = Some(first.map_or(at, |f| f.min(at)));
-        if a.rescue_evidence.len() < 20 {
-            a.rescue_evidence.push(format!(
-                "{} order {order}: {kind} settled by payment-service's reconciler",
-                at.format("%H:%M:%S%.3f")
-            ));
-        }
-    }
-    if expected.resends_judged_by_the_log {
-        // Orders only re-sent to: the log decides (late copies), not the re-send.
-        let other: BTreeSet<Uuid> = a
-            .rescued
-            .iter()
-            .filter(|(cause, _)| !cause.starts_with("Resent:"))
-            .flat_map(|(_, orders)| orders.iter().copied())
-            .collect();
-        for (cause, orders) in std::mem::take(&mut a.rescued) {
-            let (late, rescued): (BTreeSet<Uuid>, BTreeSet<Uuid>) = orders
-                .into_iter()
-                .partition(|o| cause.starts_with("Resent:") && !other.contains(o));
-            for (map, orders) in [(&mut a.late_not_lost, late), (&mut a.rescued, rescued)] {
-                map.extend((!orders.is_empty()).then(|| (cause.clone(), orders)));
-            }
-        }
-        first = first.filter(|_| !a.rescued.is_empty());
-    }
-    let touched: BTreeSet<Uuid> = a.rescued.values().flatten().copied().collect();
-    let unexpected: Vec<&Uuid> = touched.difference(&expected.rescue_expected).collect();
-    if !unexpected.is_empty() {
-        a.seen(NOTHING_LOST, first);
-        let per_cause: BTreeMap<&str, usize> = a.rescued.iter().map(|(c, o)| (c.as_str(), o.len())).collect();
-        a.violations.push(format!(
-            "{NOTHING_LOST}: {} orders reached the deadline reconciler in a run that loses no message on purpose \
-             (orders per action: {per_cause:?}; first: {}) — a message was lost and rescued in silence",
-            unexpected.len(),
-            a.rescue_evidence.first().map_or("", String::as_str)
-        ));
-    }
-    let missed: Vec<&Uuid> = expected.rescue_expected.difference(&touched).collect();
-    if !missed.is_empty() {
-        a.violations.push(format!(
-            "{NOTHING_LOST}: {} orders lost on purpose never reached the reconciler (first: {})",
-            missed.len(),
-            missed[0]
         ));
     }
     Ok(())

@@ -396,8 +396,10 @@ pub fn markdown(r: &Report) -> String {
             .collect();
         let _ = writeln!(
             s,
-            "## Late, not lost\n\nOrders whose command the deadline reconciler re-sent while the first copy was \
-             still on its way (its consumer applied the first copy; the re-sent one was absorbed): {per:?}\n"
+            "## Late, not lost\n\nOrders the deadline reconciler acted on while the first copy of the message it \
+             stood in for was still on its way — a command re-sent (its consumer applied the first copy; the \
+             re-sent one was absorbed), or a reply reconciled from its sender's record (the reply arrived after, \
+             and its first copy was applied as a no-op): {per:?}\n"
         );
     }
     let _ = writeln!(s, "## Rescued by the deadline reconciler\n");
