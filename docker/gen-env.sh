@@ -4,8 +4,27 @@
 # .env is ignored by git and by docker builds. Keep it: a new vault key gives
 # known cards new tokens, a new fingerprint key makes retries of requests
 # sent before the change a 422, new credentials must reach both sides.
+#
+# It also makes the stack's private certificate authority and the gateway's
+# server certificate (openssl) in $TLS_DIR (default docker/tls, ignored by
+# git): the gateway serves https with it, its callers trust ca.pem only.
+# The CA's key is not kept: a new certificate takes a new run of this script.
 set -eu
 secret() { od -An -N32 -tx1 /dev/urandom | tr -d ' \n'; }
+tls_dir=${TLS_DIR:-$(dirname "$0")/tls}
+mkdir -p "$tls_dir"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 825 \
+    -subj "/CN=effectively-once compose CA" -keyout "$work/ca-key.pem" -out "$tls_dir/ca.pem" \
+    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null
+openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=mock-gateway" \
+    -keyout "$tls_dir/mock-gateway-key.pem" -out "$work/gateway.csr" 2>/dev/null
+printf 'subjectAltName=DNS:mock-gateway,DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' > "$work/ext"
+openssl x509 -req -in "$work/gateway.csr" -CA "$tls_dir/ca.pem" -CAkey "$work/ca-key.pem" -set_serial "0x$(od -An -N8 -tx1 /dev/urandom | tr -d " \n")" \
+    -days 825 -extfile "$work/ext" -out "$tls_dir/mock-gateway.pem" 2>/dev/null
+# The gateway's container runs as nobody: its key must be readable there.
+chmod 644 "$tls_dir/mock-gateway-key.pem"
 echo "POSTGRES_PASSWORD=$(secret)"
 echo "GATEWAY_VAULT_KEY=$(secret)"
 echo "GATEWAY_FINGERPRINT_KEY=$(secret)"

@@ -76,7 +76,7 @@ impl Client {
     /// A client for `stack`'s services.
     pub fn new(stack: &Stack, timeout: Duration) -> anyhow::Result<Self> {
         Ok(Self {
-            http: reqwest::Client::builder().timeout(timeout).build()?,
+            http: stack.http_client(timeout)?,
             orders: stack.url(Service::OrderApi),
             inventory: stack.url(Service::Inventory),
             gateway: stack.url(Service::Gateway),

@@ -25,6 +25,7 @@ mod restart;
 mod uids;
 use uids::chown_tree;
 mod secrets;
+mod tls;
 pub use options::{default_bin_dir, StackOptions};
 pub use restart::{Killed, Restarted};
 pub use secrets::Secrets;
@@ -112,6 +113,8 @@ pub struct Stack {
     api_key: String,
     /// The services' secrets, random for this stack.
     secrets: Secrets,
+    /// The CA the gateway's certificate is signed by (`run_dir/tls`).
+    tls: tls::StackTls,
 }
 
 /// The client the stack provisions an API key for at start.
@@ -179,6 +182,7 @@ impl Stack {
                 chown_tree(&node_dir(&opts.run_dir, n.id), Self::uid_of_node(n.id))?;
             }
         }
+        let run_dir_tls = opts.run_dir.join("tls");
         let mut stack = Stack {
             opts,
             ports,
@@ -195,6 +199,7 @@ impl Stack {
             postgres,
             api_key: String::new(),
             secrets: Secrets::generate(),
+            tls: tls::StackTls::generate(run_dir_tls)?,
         };
         if let Some(kept) = stack.opts.secrets.clone() {
             stack.secrets = kept;
@@ -228,9 +233,11 @@ impl Stack {
         format!("127.0.0.1:{}", self.ports[&s])
     }
 
-    /// Base URL of a service's API (order-api, inventory-service, the gateway).
+    /// Base URL of a service's API (order-api, inventory-service, the
+    /// gateway — https, signed by [`Stack::ca_pem`]).
     pub fn url(&self, s: Service) -> String {
-        format!("http://{}", self.addr(s))
+        let scheme = if s == Service::Gateway { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr(s))
     }
 
     /// The Kafka nodes: ids, client, controller and advertised ports.
@@ -275,6 +282,7 @@ impl Stack {
     fn env(&self, s: Service) -> Vec<(String, String)> {
         let mut env = self.address_env(s);
         env.extend(self.secrets.env(s));
+        env.extend(self.tls.env(s));
         let brokers = ("KAFKA_BROKERS".to_owned(), self.brokers());
         match s {
             Service::Broker => env.clear(),
@@ -293,7 +301,7 @@ impl Stack {
                     "GATEWAY_URL".into(),
                     self.proxy
                         .as_ref()
-                        .map_or_else(|| self.url(Service::Gateway), |p| format!("http://{}", p.addr)),
+                        .map_or_else(|| self.url(Service::Gateway), |p| format!("https://{}", p.addr)),
                 ),
                 brokers,
             ]),

@@ -193,7 +193,7 @@ pub async fn up() -> anyhow::Result<()> {
         "the services' secrets (the operator's INVENTORY_OPERATOR_KEY, the gateway callers' keys): .data/secrets.env"
     );
     eprintln!(
-        "stack up: order-api http://127.0.0.1:8080, inventory :8081, gateway :8083, broker 127.0.0.1:9092; logs in .data/logs. ctrl-c stops."
+        "stack up: order-api http://127.0.0.1:8080, inventory :8081, gateway https://127.0.0.1:8083 (its CA: .data/tls/ca.pem), broker 127.0.0.1:9092; logs in .data/logs. ctrl-c stops."
     );
     eprintln!(
         "admin endpoints (/health/ready, /metrics, /openapi.json): order-api :9180, inventory :9181, payment :9182, gateway :9183, relay :9184 (Prometheus text; queries in docs/observability.md)"

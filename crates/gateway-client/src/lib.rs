@@ -52,15 +52,32 @@ impl Client {
     /// A client for `base` presenting the bearer credential `key`, with a
     /// per-request `timeout`. Connections are kept alive and pooled.
     pub fn new(base: &str, key: &str, timeout: Duration) -> Result<Self, reqwest::Error> {
+        Self::build(base, key, timeout, reqwest::Client::builder())
+    }
+
+    /// [`Client::new`] trusting, for `https://`, only the certificate
+    /// authorities `roots` — the gateway's own CA — not the system's.
+    pub fn with_roots(
+        base: &str,
+        key: &str,
+        timeout: Duration,
+        roots: Vec<reqwest::Certificate>,
+    ) -> Result<Self, reqwest::Error> {
+        Self::build(base, key, timeout, reqwest::Client::builder().tls_certs_only(roots))
+    }
+
+    fn build(
+        base: &str,
+        key: &str,
+        timeout: Duration,
+        builder: reqwest::ClientBuilder,
+    ) -> Result<Self, reqwest::Error> {
         let mut auth = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}"))
             .unwrap_or_else(|_| reqwest::header::HeaderValue::from_static("Bearer -"));
         auth.set_sensitive(true);
         let headers = reqwest::header::HeaderMap::from_iter([(reqwest::header::AUTHORIZATION, auth)]);
         Ok(Self {
-            http: reqwest::Client::builder()
-                .default_headers(headers)
-                .timeout(timeout)
-                .build()?,
+            http: builder.default_headers(headers).timeout(timeout).build()?,
             base: base.trim_end_matches('/').to_owned(),
         })
     }

@@ -11,7 +11,12 @@
 //!   fails, the handler answers with an error and the connection ends.
 //! - **Connection cap**: `HTTP_MAX_CONNECTIONS` served at once; beyond it,
 //!   a new connection waits in the listen backlog until one closes.
+//! - **TLS** (rustls), when `HTTP_TLS_CERT_FILE` and `HTTP_TLS_KEY_FILE`
+//!   name a PEM certificate chain and its key: the handshake runs in the
+//!   connection's own task, within the header timeout, so a client that
+//!   stalls it holds only its own connection.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,6 +45,65 @@ pub struct ServeArgs {
     /// Connections served at once; more wait in the listen backlog until one closes.
     #[arg(long, env = "HTTP_MAX_CONNECTIONS", default_value_t = 4096)]
     pub max_connections: usize,
+    /// Serve TLS with this PEM certificate chain (the server's certificate
+    /// first); needs `HTTP_TLS_KEY_FILE`. Unset: plain HTTP.
+    #[arg(long, env = "HTTP_TLS_CERT_FILE", requires = "tls_key_file")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// The PEM private key of `HTTP_TLS_CERT_FILE`'s certificate.
+    #[arg(long, env = "HTTP_TLS_KEY_FILE", requires = "tls_cert_file")]
+    pub tls_key_file: Option<PathBuf>,
+}
+
+/// Why the port's TLS settings cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A PEM file could not be read or holds no certificate / key.
+    #[error("{var} ({path}): {error}")]
+    File {
+        /// The variable that named it.
+        var: &'static str,
+        /// The file.
+        path: String,
+        /// What was wrong.
+        error: String,
+    },
+    /// The certificate and key do not make a server configuration.
+    #[error("HTTP_TLS_CERT_FILE / HTTP_TLS_KEY_FILE: {0}")]
+    Config(#[from] rustls::Error),
+}
+
+impl ServeArgs {
+    /// The TLS acceptor of these settings, or `None` for plain HTTP.
+    pub fn tls(&self) -> Result<Option<tokio_rustls::TlsAcceptor>, TlsError> {
+        use rustls::pki_types::pem::PemObject as _;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let (Some(cert), Some(key)) = (&self.tls_cert_file, &self.tls_key_file) else {
+            return Ok(None);
+        };
+        let file_error = |var: &'static str, path: &PathBuf, error: String| TlsError::File {
+            var,
+            path: path.display().to_string(),
+            error,
+        };
+        let chain = CertificateDer::pem_file_iter(cert)
+            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| file_error("HTTP_TLS_CERT_FILE", cert, e.to_string()))?;
+        if chain.is_empty() {
+            return Err(file_error(
+                "HTTP_TLS_CERT_FILE",
+                cert,
+                "no certificate in the file".into(),
+            ));
+        }
+        let key = PrivateKeyDer::from_pem_file(key).map_err(|e| file_error("HTTP_TLS_KEY_FILE", key, e.to_string()))?;
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_no_client_auth()
+            .with_single_cert(chain, key)?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))))
+    }
 }
 
 impl Default for ServeArgs {
@@ -48,6 +112,8 @@ impl Default for ServeArgs {
             header_timeout_secs: 30,
             body_timeout_secs: 30,
             max_connections: 4096,
+            tls_cert_file: None,
+            tls_key_file: None,
         }
     }
 }
@@ -55,12 +121,15 @@ impl Default for ServeArgs {
 /// Serves `app` on `listener` within `limits` until `shutdown`; then stops
 /// accepting and lets the open connections finish their requests. Handlers
 /// see the peer's address as `ConnectInfo<SocketAddr>` (per-address limits).
+/// Fails at once if `limits` names TLS files it cannot use.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: ServeArgs,
     shutdown: CancellationToken,
-) -> std::io::Result<()> {
+) -> Result<(), TlsError> {
+    let tls = limits.tls()?;
+    let handshake_timeout = Duration::from_secs(limits.header_timeout_secs);
     let app = app.layer(tower_http::timeout::RequestBodyTimeoutLayer::new(Duration::from_secs(
         limits.body_timeout_secs,
     )));
@@ -94,10 +163,32 @@ pub async fn serve(
                 req.extensions_mut().insert(ConnectInfo(peer));
                 req.map(axum::body::Body::new)
             });
-        let connection =
-            graceful.watch(http1.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service)));
+        let (http1, watcher, tls) = (http1.clone(), graceful.watcher(), tls.clone());
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
+            let service = TowerToHyperService::new(service);
+            let ended = match tls {
+                None => {
+                    watcher
+                        .watch(http1.serve_connection(TokioIo::new(stream), service))
+                        .await
+                }
+                Some(tls) => match tokio::time::timeout(handshake_timeout, tls.accept(stream)).await {
+                    Ok(Ok(stream)) => {
+                        watcher
+                            .watch(http1.serve_connection(TokioIo::new(stream), service))
+                            .await
+                    }
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, %peer, "TLS handshake failed");
+                        Ok(())
+                    }
+                    Err(_) => {
+                        tracing::debug!(%peer, "TLS handshake timed out");
+                        Ok(())
+                    }
+                },
+            };
+            if let Err(e) = ended {
                 tracing::debug!(error = %e, %peer, "connection ended");
             }
             drop(permit);

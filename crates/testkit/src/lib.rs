@@ -16,6 +16,7 @@
 //! - [`proxy`]: a TCP fault proxy (latency, reset, blackhole, swallowed responses);
 //! - [`promtool`]: Prometheus's checker and a server of a test's own, found or unpacked from Debian's package;
 //! - [`schemathesis`]: the OpenAPI fuzzer, found or installed in a virtualenv;
+//! - [`tls`]: a private certificate authority and the loopback server certificates it signs;
 //! - [`topics`]: topics created and read back whole without the crate under test;
 
 pub mod asyncapi;
@@ -30,6 +31,7 @@ pub mod process;
 pub mod promtool;
 pub mod proxy;
 pub mod schemathesis;
+pub mod tls;
 pub mod topics;
 
 pub use broker::Broker;

@@ -133,10 +133,7 @@ async fn no_wrong_or_foreign_credential_opens_any_endpoint_or_writes_anything() 
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let other_client = stack.create_api_key("another-shop").await.unwrap();
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
+    let http = stack.http_client(Duration::from_secs(5)).unwrap();
     let wrong = "eo_0123456789abcdef0123456789abcdef01234567";
     let id = placed.id;
     let charge = json!({"order_id": id, "amount_cents": 100, "card_token": "tok_x"});

@@ -6,6 +6,8 @@ use std::collections::BTreeSet;
 
 use clap::CommandFactory;
 
+mod tls;
+
 fn declared<C: CommandFactory>() -> BTreeSet<String> {
     C::command()
         .get_arguments()

@@ -128,6 +128,8 @@ async fn every_curl_in_the_readme_and_docs_answers_as_documented() {
     let workdir = stack.options().run_dir.join("workspace");
     std::fs::create_dir_all(workdir.join(".data")).unwrap();
     std::fs::write(workdir.join(".data/secrets.env"), stack.secrets().to_env_file()).unwrap();
+    std::fs::create_dir_all(workdir.join(".data/tls")).unwrap();
+    std::fs::write(workdir.join(".data/tls/ca.pem"), stack.ca_pem()).unwrap();
     let key = stack.create_api_key("shop-1").await.unwrap();
     std::fs::write(workdir.join(".data/api-key"), &key).unwrap();
 

@@ -30,9 +30,11 @@ async fn fuzz(
     let schema = format!("{}/../docs/openapi/{document}.json", env!("CARGO_MANIFEST_DIR"));
     let url = stack.url(service);
     let auth = format!("Authorization: Bearer {credential}");
+    let ca = stack.ca_file().display().to_string();
     let out = tokio::task::spawn_blocking(move || {
         Command::new(st)
             .args(["run", &schema, "--url", &url, "--checks", "all"])
+            .args(["--tls-verify", &ca])
             .args(["--header", &auth])
             .args(["--exclude-checks", "positive_data_acceptance"])
             .args(["--max-examples", &examples.to_string()])

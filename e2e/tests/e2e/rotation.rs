@@ -97,9 +97,12 @@ async fn more_orders(load: &Load, more: usize) {
     panic!("the clients placed no {more} more orders in 60 s");
 }
 
-/// `GET url` with `Authorization: Bearer secret`: its status.
-async fn status_with(url: &str, secret: &str) -> u16 {
-    reqwest::Client::new()
+/// `GET url` with `Authorization: Bearer secret`: its status (the
+/// gateway's CA trusted).
+async fn status_with(stack: &e2e::Stack, url: &str, secret: &str) -> u16 {
+    stack
+        .http_client(Duration::from_secs(10))
+        .unwrap()
         .get(url)
         .bearer_auth(secret)
         .send()
@@ -186,11 +189,11 @@ async fn every_secret_rotated_under_load_fails_no_order() {
     stack.restart(Service::Inventory).await.unwrap();
     let stock = format!("{}/stock", stack.url(Service::Inventory));
     assert_eq!(
-        status_with(&stock, &old.operator).await,
+        status_with(&stack, &stock, &old.operator).await,
         200,
         "the old operator key, while both are accepted"
     );
-    assert_eq!(status_with(&stock, &new.operator).await, 200);
+    assert_eq!(status_with(&stack, &stock, &new.operator).await, 200);
     more_orders(&load, 10).await;
     // The client's API key: a new one, used, then the old one revoked.
     let orders = sqlx::PgPool::connect(&stack.db_url("orders")).await.unwrap();
@@ -238,22 +241,26 @@ async fn every_secret_rotated_under_load_fails_no_order() {
         ("order-api", &old.order_api_gateway, &new.order_api_gateway),
         ("payment-service", &old.payment_gateway, &new.payment_gateway),
     ] {
-        assert_eq!(status_with(&ledger, old).await, 401, "{name}'s old gateway key");
-        assert_ne!(status_with(&ledger, new).await, 401, "{name}'s new gateway key");
+        assert_eq!(status_with(&stack, &ledger, old).await, 401, "{name}'s old gateway key");
+        assert_ne!(status_with(&stack, &ledger, new).await, 401, "{name}'s new gateway key");
     }
-    assert_eq!(status_with(&stock, &old.operator).await, 401, "the old operator key");
-    assert_eq!(status_with(&stock, &new.operator).await, 200);
+    assert_eq!(
+        status_with(&stack, &stock, &old.operator).await,
+        401,
+        "the old operator key"
+    );
+    assert_eq!(status_with(&stack, &stock, &new.operator).await, 200);
     let order = format!("{}/orders/{}", stack.url(Service::OrderApi), placed[0]);
     // A revoked key is refused within API_KEY_CACHE_SECS (30 s by default).
     let mut refused = false;
     for _ in 0..70 {
-        if status_with(&order, &old_api_key).await == 401 {
+        if status_with(&stack, &order, &old_api_key).await == 401 {
             refused = true;
             break;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     assert!(refused, "the revoked API key is still accepted");
-    assert_eq!(status_with(&order, &new_api_key).await, 200);
+    assert_eq!(status_with(&stack, &order, &new_api_key).await, 200);
     println!("{} orders placed across the rotation, all CONFIRMED", placed.len());
 }

@@ -42,11 +42,17 @@ impl Client {
     /// A client for `base` presenting credential `key`, with a per-request
     /// `timeout`.
     pub fn new(base: &str, key: &service_kit::Secret, timeout: Duration) -> anyhow::Result<Self> {
-        Ok(Self {
-            gateway: gateway_client::Client::new(base, key.expose(), timeout)?,
+        Ok(Self::over(gateway_client::Client::new(base, key.expose(), timeout)?))
+    }
+
+    /// This process's cache over `gateway` (as `GatewayArgs::client` builds
+    /// it: https, the gateway's CA).
+    pub fn over(gateway: gateway_client::Client) -> Self {
+        Self {
+            gateway,
             tokens: TokenCache::new(TOKEN_CACHE_SIZE),
             digest_key: std::sync::Arc::new(rand::random()),
-        })
+        }
     }
 
     /// The token of `card` (`POST /v1/tokens`, unless this process has

@@ -145,7 +145,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
     let state = AppState {
         pool,
         idempotency_ttl: config.keys.ttl(),
-        gateway: gateway::Client::new(&config.gateway.url, &config.gateway.api_key, config.gateway.timeout())?,
+        gateway: gateway::Client::over(config.gateway.client()?),
         auth,
         fingerprint_key: config.keys.fingerprint_key(),
     };

@@ -95,11 +95,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         vec![sqlx::migrate!("../../migrations/payments")],
     )
     .await?;
-    let gateway = gateway::Client::new(
-        &config.gateway.url,
-        config.gateway.api_key.expose(),
-        config.gateway.timeout(),
-    )?;
+    let gateway = config.gateway.client()?;
     let listener = TcpListener::bind(config.admin_addr).await?;
     let deps = Deps { pool, gateway };
     Ok(App { deps, listener, config })

@@ -1,6 +1,8 @@
 //! The HTTP port's limits against real sockets: a client that trickles its
 //! headers or idles is cut off, a body that stops coming is refused, and
-//! beyond the connection cap a new connection waits until one closes.
+//! beyond the connection cap a new connection waits until one closes; with
+//! TLS, only a client that trusts the server's CA is served, and a stalled
+//! handshake holds nothing but its own connection.
 
 use std::time::{Duration, Instant};
 
@@ -28,6 +30,7 @@ fn limits(header: u64, body: u64, connections: usize) -> ServeArgs {
         header_timeout_secs: header,
         body_timeout_secs: body,
         max_connections: connections,
+        ..ServeArgs::default()
     }
 }
 
@@ -120,4 +123,65 @@ async fn beyond_the_connection_cap_a_new_connection_waits_for_one_to_close() {
     );
     drop(first);
     stop.cancel();
+}
+
+/// The port with TLS: a client trusting the CA gets its answer; plain HTTP,
+/// a client trusting only the system's roots, and a handshake that never
+/// starts get nothing — and the stalled handshake is cut off within the
+/// header timeout without holding up anyone else. Removal tried: the TLS
+/// acceptor bypassed (every connection served plain) — the trusting
+/// client's request fails.
+#[tokio::test]
+async fn with_tls_only_a_client_trusting_the_ca_is_served() {
+    let dir = std::env::temp_dir().join(format!("eo-serve-tls-{}", uuid::Uuid::new_v4().simple()));
+    let ca = testkit::tls::Authority::generate("serve test CA").unwrap();
+    let files = ca.write_loopback(&dir, "server").unwrap();
+    let tls = ServeArgs {
+        tls_cert_file: Some(files.cert.clone()),
+        tls_key_file: Some(files.key.clone()),
+        ..limits(1, 30, 64)
+    };
+    let (addr, stop) = start(tls).await;
+    // A client that opens a connection and never says hello.
+    let mut stalled = TcpStream::connect(addr).await.unwrap();
+    let roots = reqwest::Certificate::from_pem(ca.cert_pem.as_bytes()).unwrap();
+    let trusting = reqwest::Client::builder().tls_certs_only([roots]).build().unwrap();
+    for host in ["localhost", "127.0.0.1"] {
+        let url = format!("https://{host}:{}/ok", addr.port());
+        let resp = trusting.get(&url).send().await.unwrap();
+        assert_eq!(resp.text().await.unwrap(), "ok", "{url}");
+    }
+    let plain = reqwest::get(format!("http://{addr}/ok")).await;
+    assert!(plain.is_err(), "plain HTTP on the TLS port: {plain:?}");
+    let untrusting = reqwest::Client::new()
+        .get(format!("https://127.0.0.1:{}/ok", addr.port()))
+        .send()
+        .await;
+    assert!(
+        untrusting.is_err(),
+        "a client that does not trust the CA: {untrusting:?}"
+    );
+    let (_, closed) = until_closed(&mut stalled, Duration::from_secs(4)).await;
+    assert!(closed.is_some(), "the stalled handshake was never cut off");
+    stop.cancel();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// TLS files that cannot be used stop the server at once, naming the variable.
+#[tokio::test]
+async fn unusable_tls_files_stop_the_server_naming_the_variable() {
+    let missing = ServeArgs {
+        tls_cert_file: Some("/nonexistent/cert.pem".into()),
+        tls_key_file: Some("/nonexistent/key.pem".into()),
+        ..ServeArgs::default()
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let err = service_kit::serve::serve(listener, Router::new(), missing, CancellationToken::new())
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("HTTP_TLS_CERT_FILE (/nonexistent/cert.pem)"),
+        "{err}"
+    );
 }

@@ -1,0 +1,62 @@
+//! The stack's private CA: the gateway serves https with a certificate it
+//! signs, and the gateway's callers (order-api, payment-service, the
+//! drivers) trust it and nothing else for that hop.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::{Service, Stack};
+
+/// The CA's certificate and the gateway's files, under `run_dir/tls`.
+pub(super) struct StackTls {
+    ca_pem: String,
+    ca_file: PathBuf,
+    gateway: testkit::tls::ServerFiles,
+}
+
+impl StackTls {
+    /// A fresh CA and a loopback certificate for the gateway, in `dir`.
+    pub(super) fn generate(dir: PathBuf) -> anyhow::Result<Self> {
+        let ca = testkit::tls::Authority::generate("effectively-once test CA")?;
+        let gateway = ca.write_loopback(&dir, "mock-gateway")?;
+        Ok(Self {
+            ca_pem: ca.cert_pem,
+            ca_file: dir.join("ca.pem"),
+            gateway,
+        })
+    }
+
+    /// The TLS settings of `s`: the gateway's certificate, its callers' CA.
+    pub(super) fn env(&self, s: Service) -> Vec<(String, String)> {
+        let path = |p: &PathBuf| p.display().to_string();
+        match s {
+            Service::Gateway => vec![
+                ("HTTP_TLS_CERT_FILE".into(), path(&self.gateway.cert)),
+                ("HTTP_TLS_KEY_FILE".into(), path(&self.gateway.key)),
+            ],
+            Service::OrderApi | Service::Payment => vec![("GATEWAY_CA_FILE".into(), path(&self.ca_file))],
+            _ => Vec::new(),
+        }
+    }
+}
+
+impl Stack {
+    /// The stack CA's certificate (PEM), which signed the gateway's.
+    pub fn ca_pem(&self) -> &str {
+        &self.tls.ca_pem
+    }
+
+    /// The file of [`Stack::ca_pem`] (a tool's `--tls-verify`, say).
+    pub fn ca_file(&self) -> &std::path::Path {
+        &self.tls.ca_file
+    }
+
+    /// An HTTP client with `timeout` that trusts the stack's CA (besides
+    /// the system's roots): for the gateway's https port.
+    pub fn http_client(&self, timeout: Duration) -> anyhow::Result<reqwest::Client> {
+        Ok(reqwest::Client::builder()
+            .timeout(timeout)
+            .add_root_certificate(reqwest::Certificate::from_pem(self.tls.ca_pem.as_bytes())?)
+            .build()?)
+    }
+}
