@@ -3,11 +3,14 @@
 #   sh docker/gen-env.sh > .env
 # .env is ignored by git and by docker builds. Keep it: a new vault key gives
 # known cards new tokens, a new fingerprint key makes retries of requests
-# sent before the change a 422, new credentials must reach both sides.
+# sent before the change a 422, new credentials must reach both sides, and
+# the database roles' passwords are set once, when PostgreSQL's volume is
+# first initialised (docker/postgres-init.sh).
 #
-# It also makes the stack's private certificate authority and the gateway's
-# server certificate (openssl) in $TLS_DIR (default docker/tls, ignored by
-# git): the gateway serves https with it, its callers trust ca.pem only.
+# It also makes the stack's private certificate authority and two server
+# certificates signed by it (openssl) in $TLS_DIR (default docker/tls,
+# ignored by git): the gateway's (https) and PostgreSQL's (TLS, the services
+# connect with sslmode=verify-full); the services trust ca.pem only.
 # The CA's key is not kept: a new certificate takes a new run of this script.
 set -eu
 secret() { od -An -N32 -tx1 /dev/urandom | tr -d ' \n'; }
@@ -18,14 +21,25 @@ trap 'rm -rf "$work"' EXIT
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 825 \
     -subj "/CN=effectively-once compose CA" -keyout "$work/ca-key.pem" -out "$tls_dir/ca.pem" \
     -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null
-openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=mock-gateway" \
-    -keyout "$tls_dir/mock-gateway-key.pem" -out "$work/gateway.csr" 2>/dev/null
-printf 'subjectAltName=DNS:mock-gateway,DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' > "$work/ext"
-openssl x509 -req -in "$work/gateway.csr" -CA "$tls_dir/ca.pem" -CAkey "$work/ca-key.pem" -set_serial "0x$(od -An -N8 -tx1 /dev/urandom | tr -d " \n")" \
-    -days 825 -extfile "$work/ext" -out "$tls_dir/mock-gateway.pem" 2>/dev/null
-# The gateway's container runs as nobody: its key must be readable there.
-chmod 644 "$tls_dir/mock-gateway-key.pem"
+# issue <name>: <name>.pem and <name>-key.pem for the host <name> (and loopback).
+issue() {
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=$1" \
+        -keyout "$tls_dir/$1-key.pem" -out "$work/$1.csr" 2>/dev/null
+    printf 'subjectAltName=DNS:%s,DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' "$1" > "$work/$1.ext"
+    openssl x509 -req -in "$work/$1.csr" -CA "$tls_dir/ca.pem" -CAkey "$work/ca-key.pem" \
+        -set_serial "0x$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')" \
+        -days 825 -extfile "$work/$1.ext" -out "$tls_dir/$1.pem" 2>/dev/null
+    # Read inside the containers by their own users (nobody, postgres).
+    chmod 644 "$tls_dir/$1-key.pem"
+}
+issue mock-gateway
+issue postgres
 echo "POSTGRES_PASSWORD=$(secret)"
+echo "ORDER_API_DB_PASSWORD=$(secret)"
+echo "INVENTORY_DB_PASSWORD=$(secret)"
+echo "PAYMENT_DB_PASSWORD=$(secret)"
+echo "GATEWAY_DB_PASSWORD=$(secret)"
+echo "RELAY_DB_PASSWORD=$(secret)"
 echo "GATEWAY_VAULT_KEY=$(secret)"
 echo "GATEWAY_FINGERPRINT_KEY=$(secret)"
 echo "ORDER_API_FINGERPRINT_KEY=$(secret)"

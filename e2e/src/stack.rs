@@ -24,6 +24,7 @@ mod postgres;
 mod restart;
 mod uids;
 use uids::chown_tree;
+mod roles;
 mod secrets;
 mod tls;
 pub use options::{default_bin_dir, StackOptions};
@@ -115,6 +116,8 @@ pub struct Stack {
     secrets: Secrets,
     /// The CA the gateway's certificate is signed by (`run_dir/tls`).
     tls: tls::StackTls,
+    /// The services' database roles.
+    roles: roles::Roles,
 }
 
 /// The client the stack provisions an API key for at start.
@@ -182,7 +185,7 @@ impl Stack {
                 chown_tree(&node_dir(&opts.run_dir, n.id), Self::uid_of_node(n.id))?;
             }
         }
-        let run_dir_tls = opts.run_dir.join("tls");
+        let (run_dir_tls, db_prefix) = (opts.run_dir.join("tls"), opts.db_prefix.clone());
         let mut stack = Stack {
             opts,
             ports,
@@ -200,7 +203,9 @@ impl Stack {
             api_key: String::new(),
             secrets: Secrets::generate(),
             tls: tls::StackTls::generate(run_dir_tls)?,
+            roles: roles::Roles::new(&db_prefix),
         };
+        stack.roles.bootstrap(&stack.opts.pg_base, |d| stack.db_name(d)).await?;
         if let Some(kept) = stack.opts.secrets.clone() {
             stack.secrets = kept;
         }
@@ -270,15 +275,6 @@ impl Stack {
         Ok(())
     }
 
-    /// Full URL of one service database (`orders`, `inventory`, `payments`, `gateway`).
-    pub fn db_url(&self, db: &str) -> String {
-        if self.opts.db_prefix.is_empty() {
-            format!("{}/{db}", self.opts.pg_base)
-        } else {
-            format!("{}/{}_{db}", self.opts.pg_base, self.opts.db_prefix)
-        }
-    }
-
     fn env(&self, s: Service) -> Vec<(String, String)> {
         let mut env = self.address_env(s);
         env.extend(self.secrets.env(s));
@@ -287,16 +283,16 @@ impl Stack {
         match s {
             Service::Broker => env.clear(),
             Service::Gateway => {
-                env.push(("DATABASE_URL".into(), self.db_url("gateway")));
+                env.push(("DATABASE_URL".into(), self.service_db_url(s, "gateway")));
                 // The fault switch exists in test builds only (debug builds carry
                 // the failpoints, `cargo xtask`'s rule); a release gateway refuses it.
                 if cfg!(debug_assertions) {
                     env.push(("GATEWAY_ADMIN".into(), "true".into()));
                 }
             }
-            Service::Inventory => env.extend([("DATABASE_URL".into(), self.db_url("inventory")), brokers]),
+            Service::Inventory => env.extend([("DATABASE_URL".into(), self.service_db_url(s, "inventory")), brokers]),
             Service::Payment => env.extend([
-                ("DATABASE_URL".into(), self.db_url("payments")),
+                ("DATABASE_URL".into(), self.service_db_url(s, "payments")),
                 (
                     "GATEWAY_URL".into(),
                     self.proxy
@@ -306,14 +302,14 @@ impl Stack {
                 brokers,
             ]),
             Service::OrderApi => env.extend([
-                ("DATABASE_URL".into(), self.db_url("orders")),
+                ("DATABASE_URL".into(), self.service_db_url(s, "orders")),
                 ("GATEWAY_URL".into(), self.url(Service::Gateway)),
                 brokers,
             ]),
             Service::Relay => env.extend([
                 (
                     "OUTBOX_DATABASE_URLS".into(),
-                    ["orders", "inventory", "payments"].map(|d| self.db_url(d)).join(","),
+                    roles::RELAYED.map(|d| self.service_db_url(s, d)).join(","),
                 ),
                 brokers,
             ]),
@@ -323,6 +319,8 @@ impl Stack {
             // group member: restarted after a SIGKILL it takes its
             // partitions back at once. Extra instances are dynamic members.
             env.push(("KAFKA_GROUP_INSTANCE_ID".into(), format!("{}-1", s.name())));
+            let relay = self.roles.name(Service::Relay).unwrap_or_default();
+            env.push(("OUTBOX_RELAY_ROLE".into(), relay.to_owned()));
         }
         if s != Service::Broker && s != Service::Gateway && self.broker_nodes.len() > 1 {
             let replicas = self.broker_nodes.len().min(3);
@@ -508,9 +506,10 @@ impl Stack {
         self.kill_extras().await;
         self.stop_processes().await;
         if self.postgres.take().is_none() {
-            for db in ["orders", "inventory", "payments", "gateway"] {
+            for (_, db) in roles::OWNED {
                 testkit::db::drop_database(&self.db_url(db)).await?;
             }
+            roles::drop_roles(&self.opts.pg_base, &self.roles.all()).await?;
         }
         self.finished = true;
         if remove_run_dir {

@@ -73,6 +73,34 @@ pub fn migrator() -> Migrator {
     sqlx::migrate!("./migrations")
 }
 
+/// Grants the relay's database role what a relay does with this database's
+/// outbox, and nothing more: read, mark and delete `outbox` rows, book
+/// batches in `outbox_inflight`. The service that owns the tables calls it
+/// after [`migrator`] ran, so a relay under its own role reads no other
+/// table of the service (least privilege: the orders, the card tokens, the
+/// idempotency keys stay the owner's). Already held, nothing is granted
+/// again (concurrent `GRANT`s on one table can fail with "tuple concurrently
+/// updated"); a role that does not exist is an error.
+pub async fn grant_relay(pool: &sqlx::PgPool, role: &str) -> sqlx::Result<()> {
+    let held: bool = sqlx::query_scalar(
+        "SELECT has_table_privilege($1, 'outbox', 'SELECT, UPDATE, DELETE')
+            AND has_table_privilege($1, 'outbox_inflight', 'SELECT, INSERT, DELETE')",
+    )
+    .bind(role)
+    .fetch_one(pool)
+    .await?;
+    if held {
+        return Ok(());
+    }
+    let role = format!("\"{}\"", role.replace('"', "\"\""));
+    sqlx::raw_sql(&format!(
+        "GRANT SELECT, UPDATE, DELETE ON outbox TO {role}; GRANT SELECT, INSERT, DELETE ON outbox_inflight TO {role};"
+    ))
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
 /// One event as its service wrote it, ready for the outbox table. The
 /// outbox does not care what the event means: the relay publishes `body`
 /// byte for byte to `topic` under `key`, with `event_id`, `event_type` and

@@ -18,6 +18,11 @@ pub struct ParticipantArgs {
     /// Negative controls (test builds only): the layers this service can switch off.
     #[command(flatten)]
     pub switches: switches::Switches,
+    /// The outbox relay's database role, granted at start what a relay does
+    /// with this service's outbox and nothing else (`outbox::grant_relay`).
+    /// Unset: no grant (the relay signs in as the tables' owner or a superuser).
+    #[arg(long, env = "OUTBOX_RELAY_ROLE")]
+    pub relay_role: Option<String>,
 }
 
 impl ParticipantArgs {
@@ -40,6 +45,19 @@ impl ParticipantArgs {
         telemetry::metrics::describe(&[kafka::METRICS, crate::METRICS, service_kit::http::METRICS]);
         telemetry::metrics::describe(metrics);
         outbox::describe_metrics();
+        Ok(())
+    }
+}
+
+impl ParticipantArgs {
+    /// Grants [`ParticipantArgs::relay_role`], when set, the relay's
+    /// privileges on the outbox of `pool`'s database (after [`connect`]).
+    pub async fn grant_relay(&self, pool: &PgPool) -> anyhow::Result<()> {
+        if let Some(role) = &self.relay_role {
+            outbox::grant_relay(pool, role)
+                .await
+                .map_err(|e| anyhow::anyhow!("granting the relay's role {role} its outbox privileges: {e}"))?;
+        }
         Ok(())
     }
 }

@@ -12,10 +12,19 @@ use crate::{Error, Result};
 
 /// Creates the database named in `url` if it does not exist yet.
 ///
-/// Connects to the server's `postgres` database to do so; a concurrent
-/// creation by another process is tolerated.
+/// Connects to the database itself first: a deployment's bootstrap
+/// (compose's init script, the test stack) creates it and its owner, and
+/// a service's role — no `CREATEDB`, no `CONNECT` on other databases —
+/// never touches the server's `postgres` database. Only when the database
+/// does not exist (3D000: local development with a superuser's URL) is it
+/// created from there; a concurrent creation by another process is tolerated.
 pub async fn ensure_database(url: &str) -> Result<()> {
     let opts = parse(url)?;
+    match PgConnection::connect_with(&opts).await {
+        Ok(conn) => return Ok(conn.close().await?),
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("3D000") => {}
+        Err(e) => return Err(e.into()),
+    }
     let name = opts.get_database().unwrap_or("postgres").to_owned();
     let mut admin = PgConnection::connect_with(&opts.clone().database("postgres")).await?;
     let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
@@ -83,6 +92,13 @@ pub async fn connect(url: &str, max_connections: u32, migrators: Vec<Migrator>) 
 /// for connections behind another (its HTTP requests).
 pub async fn pool(url: &str, max_connections: u32) -> Result<PgPool> {
     Ok(pool_options(max_connections).connect_with(parse(url)?).await?)
+}
+
+/// A pool on a database another process creates and migrates (the
+/// outbox relay's on a service's): no connection is opened until one is
+/// needed, so the process starts whether or not the database exists yet.
+pub fn pool_lazy(url: &str, max_connections: u32) -> Result<PgPool> {
+    Ok(pool_options(max_connections).connect_lazy_with(parse(url)?))
 }
 
 /// A pooled connection idle at least this long is pinged before it is

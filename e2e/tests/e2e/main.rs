@@ -19,6 +19,7 @@ mod metrics;
 mod notices;
 mod offsets;
 mod payments;
+mod privileges;
 mod reconcile;
 mod rotation;
 mod saga;

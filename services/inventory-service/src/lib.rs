@@ -117,6 +117,7 @@ pub const SWITCHES: [switches::Switch; 3] = [
 pub async fn build(config: Config) -> anyhow::Result<App> {
     config.saga.check(NAME, &SWITCHES, &[METRICS], None)?;
     let pool = connect(&config.db.url, config.db.pool_size).await?;
+    config.saga.grant_relay(&pool).await?;
     let listener = TcpListener::bind(config.http_addr).await?;
     let admin = TcpListener::bind(config.admin_addr).await?;
     Ok(App {

@@ -138,14 +138,17 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         .saga
         .check(NAME, &SWITCHES, &[METRICS, gateway_client::METRICS], None)?;
     idempotency::describe_metrics();
+    // The gateway's settings first: an http:// URL is refused before any connection.
+    let gateway = gateway::Client::over(config.gateway.client()?);
     let pool = connect(&config.db.url, config.db.pool_size).await?;
+    config.saga.grant_relay(&pool).await?;
     let listener = TcpListener::bind(config.http_addr).await?;
     let admin = TcpListener::bind(config.admin_addr).await?;
     let auth = auth::Auth::new(pool.clone(), config.auth.clone());
     let state = AppState {
         pool,
         idempotency_ttl: config.keys.ttl(),
-        gateway: gateway::Client::over(config.gateway.client()?),
+        gateway,
         auth,
         fingerprint_key: config.keys.fingerprint_key(),
     };

@@ -71,8 +71,10 @@ pub struct App {
     config: Config,
 }
 
-/// Connects to every source (creating the database and the outbox table if
-/// the owning service has not started yet) and binds the admin endpoint.
+/// Opens a pool on every source and binds the admin endpoint. The relay
+/// creates and migrates nothing: each database and its outbox are the owning
+/// service's (and, under a role of its own, the relay may not create them);
+/// [`App::run`] waits until every outbox can be read.
 pub async fn build(config: Config) -> anyhow::Result<App> {
     config.switches.install("outbox-relay", &SWITCHES)?;
     telemetry::metrics::describe(&[kafka::METRICS, service_kit::http::METRICS]);
@@ -83,7 +85,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         // One claiming transaction per batch in flight, the batch bookkeeping
         // beside a claim, the idle probe, and housekeeping.
         let connections = config.in_flight.max(1) as u32 + 3;
-        let pool = service_kit::db::connect(url, connections, vec![outbox::migrator()]).await?;
+        let pool = service_kit::db::pool_lazy(url, connections)?;
         sources.push((name, pool));
     }
     anyhow::ensure!(!sources.is_empty(), "OUTBOX_DATABASE_URLS names no database");
@@ -112,6 +114,11 @@ impl App {
         let admin_pool = self.sources[0].1.clone();
         tasks.serve_admin(self.listener, service_kit::admin::router(&admin_pool, tasks.health()));
         if !self.config.kafka.ready_for(&topics::ALL, tasks.token()).await? {
+            return tasks.wait().await;
+        }
+        drop(waiting);
+        let waiting = tasks.health().wait_for("the services' outbox tables");
+        if !outboxes_readable(&self.sources, tasks.token()).await {
             return tasks.wait().await;
         }
         drop(waiting);
@@ -153,5 +160,32 @@ mod tests {
     fn the_configuration_is_well_formed() {
         use clap::CommandFactory as _;
         super::Config::command().debug_assert();
+    }
+}
+
+/// Waits until the outbox of every source can be read — its database and
+/// table created by the owning service, and the relay's role granted them —
+/// retrying each second and saying every 10 s what it waits for. `false`
+/// if `shutdown` came first.
+async fn outboxes_readable(sources: &[(String, PgPool)], shutdown: CancellationToken) -> bool {
+    let mut said = None::<std::time::Instant>;
+    loop {
+        let mut missing = Vec::new();
+        for (name, pool) in sources {
+            if let Err(e) = sqlx::query("SELECT 1 FROM outbox LIMIT 0").execute(pool).await {
+                missing.push(format!("{name}: {e}"));
+            }
+        }
+        if missing.is_empty() {
+            return true;
+        }
+        if said.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+            tracing::warn!(waiting_for = ?missing, "an outbox cannot be read yet: waiting for its service");
+            said = Some(std::time::Instant::now());
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return false,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
     }
 }

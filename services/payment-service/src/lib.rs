@@ -89,13 +89,15 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         &[METRICS, gateway_client::METRICS],
         Some(config.gateway_key_ttl_secs),
     )?;
+    // The gateway's settings first: an http:// URL is refused before any connection.
+    let gateway = config.gateway.client()?;
     let pool = saga_kit::participant::connect(
         &config.db.url,
         config.db.pool_size,
         vec![sqlx::migrate!("../../migrations/payments")],
     )
     .await?;
-    let gateway = config.gateway.client()?;
+    config.saga.grant_relay(&pool).await?;
     let listener = TcpListener::bind(config.admin_addr).await?;
     let deps = Deps { pool, gateway };
     Ok(App { deps, listener, config })

@@ -356,6 +356,46 @@ async fn an_idle_relay_publishes_a_new_row_within_its_poll_interval() {
     db.drop().await;
 }
 
+/// Transactions the server has counted for the current database so far.
+async fn transactions(pool: &sqlx::PgPool) -> i64 {
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::query("SELECT pg_stat_clear_snapshot()")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query_scalar("SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap()
+}
+
+/// An idle relay costs one probe per poll interval, not a claim per turn
+/// of its loop: over 3 s at 100 ms, a few dozen transactions on its
+/// database. (The server flushes a backend's counts at most once a second,
+/// so the window starts and ends with a second's margin.) Removal tried:
+/// `wait_for_rows` returning at once (cargo mutants' survivor) — the relay
+/// claims in a loop, thousands of transactions, and this fails.
+#[tokio::test]
+async fn an_idle_relay_probes_once_per_poll_interval() {
+    let _serial = SERIAL.lock().await;
+    let db = Db::new().await;
+    let relay = Relay::new(db.pool.clone(), NullPublisher, "t").poll_interval(Duration::from_millis(100));
+    let token = tokio_util::sync::CancellationToken::new();
+    let run = tokio::spawn({
+        let token = token.clone();
+        async move { relay.run(token).await }
+    });
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let before = transactions(&db.pool).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let during = transactions(&db.pool).await - before;
+    token.cancel();
+    run.await.unwrap();
+    // 30 probes and this test's own two reads; a spinning relay makes thousands.
+    assert!(during < 150, "an idle relay ran {during} transactions in 3 s");
+    db.drop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_whose_ack_is_lost_is_retried_and_the_broker_keeps_one_copy() {
     let outcome = lost_ack::lost_ack_round().await;

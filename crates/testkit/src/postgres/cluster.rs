@@ -148,6 +148,38 @@ impl Cluster {
         Ok(pid)
     }
 
+    /// The data directory (`PGDATA`).
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    /// The directory of the server's Unix socket (`PGHOST` for psql).
+    pub fn socket_dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The server's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Stops the server cleanly (a fast shutdown: SIGINT) and waits for it.
+    pub fn stop(&mut self) -> anyhow::Result<()> {
+        let mut child = self.postmaster.take().context("the server is not running")?;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGINT,
+        )?;
+        child.wait()?;
+        Ok(())
+    }
+
+    /// The `postgres` user's uid and gid, for a command run as the server's
+    /// owner (a script that writes into [`Cluster::data_dir`]).
+    pub fn owner() -> anyhow::Result<(u32, u32)> {
+        postgres_user()
+    }
+
     /// Crashes the server: SIGKILL to the postmaster and every backend at
     /// once (no shutdown checkpoint, nothing flushed that was not already),
     /// and reaps the postmaster.

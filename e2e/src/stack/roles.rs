@@ -1,0 +1,188 @@
+//! Least privilege in the test stack, as compose's init script sets it up:
+//! a database role per service — no superuser, no `CREATEDB`, no
+//! `CREATEROLE` — owning only its own database, which no other role may
+//! connect to; the relay's role may connect to the three participants'
+//! databases, where each service grants it its outbox and nothing else
+//! (`OUTBOX_RELAY_ROLE`). The bootstrap (this module, as the server's
+//! superuser) creates the roles and databases; the services create nothing.
+//! Tests read and write through the superuser's URL ([`Stack::db_url`]).
+
+use std::collections::BTreeMap;
+
+use sqlx::{Connection as _, PgConnection};
+
+use super::{Service, Stack};
+
+/// The databases and their owners.
+pub(super) const OWNED: [(Service, &str); 4] = [
+    (Service::OrderApi, "orders"),
+    (Service::Inventory, "inventory"),
+    (Service::Payment, "payments"),
+    (Service::Gateway, "gateway"),
+];
+
+/// The databases whose outbox the relay publishes.
+pub(super) const RELAYED: [&str; 3] = ["orders", "inventory", "payments"];
+
+/// The services' roles and passwords of one stack.
+pub(super) struct Roles {
+    names: BTreeMap<Service, String>,
+    passwords: BTreeMap<Service, String>,
+}
+
+/// `name` quoted as an SQL identifier.
+fn ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+impl Roles {
+    /// Roles named after the stack's database prefix (roles are the whole
+    /// server's: two stacks on one server never share one).
+    pub(super) fn new(db_prefix: &str) -> Self {
+        let prefix = if db_prefix.is_empty() { "eo" } else { db_prefix };
+        let mut names = BTreeMap::new();
+        let mut passwords = BTreeMap::new();
+        for s in [
+            Service::OrderApi,
+            Service::Inventory,
+            Service::Payment,
+            Service::Gateway,
+            Service::Relay,
+        ] {
+            names.insert(s, format!("{prefix}_{}", s.name().replace('-', "_")));
+            passwords.insert(s, uuid::Uuid::new_v4().simple().to_string());
+        }
+        Self { names, passwords }
+    }
+
+    /// The role of `s`, if it has one.
+    pub(super) fn name(&self, s: Service) -> Option<&str> {
+        self.names.get(&s).map(String::as_str)
+    }
+
+    /// Every role's name.
+    pub(super) fn all(&self) -> Vec<String> {
+        self.names.values().cloned().collect()
+    }
+
+    /// `admin_url` (the superuser's, on the server) as `s`'s role, on `db`.
+    pub(super) fn url(&self, admin_url: &str, s: Service, db: &str) -> String {
+        let (scheme, rest) = admin_url.split_once("://").unwrap_or(("postgres", admin_url));
+        let host = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+        let host = host.split('/').next().unwrap_or(host);
+        format!("{scheme}://{}:{}@{host}/{db}", self.names[&s], self.passwords[&s])
+    }
+
+    /// Creates (or, for a stack started again on its databases, resets) the
+    /// roles, and each database owned by its service's role with `CONNECT`
+    /// taken from everyone else; `db_name` maps a database to its full name.
+    pub(super) async fn bootstrap(&self, admin_url: &str, db_name: impl Fn(&str) -> String) -> anyhow::Result<()> {
+        let mut admin = PgConnection::connect(&format!("{}/postgres", admin_url.trim_end_matches('/'))).await?;
+        for (s, name) in &self.names {
+            let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)")
+                .bind(name)
+                .fetch_one(&mut admin)
+                .await?;
+            let verb = if exists { "ALTER" } else { "CREATE" };
+            // A password is a literal in ROLE statements: it is hex here.
+            sqlx::query(&format!(
+                "{verb} ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION PASSWORD '{}'",
+                ident(name),
+                self.passwords[s]
+            ))
+            .execute(&mut admin)
+            .await?;
+        }
+        for (s, db) in OWNED {
+            let (db, owner) = (db_name(db), ident(&self.names[&s]));
+            let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+                .bind(&db)
+                .fetch_one(&mut admin)
+                .await?;
+            if exists {
+                sqlx::query(&format!("ALTER DATABASE {} OWNER TO {owner}", ident(&db)))
+                    .execute(&mut admin)
+                    .await?;
+                self.own_tables(admin_url, &db, &self.names[&s]).await?;
+            } else {
+                sqlx::query(&format!("CREATE DATABASE {} OWNER {owner}", ident(&db)))
+                    .execute(&mut admin)
+                    .await?;
+            }
+            sqlx::query(&format!("REVOKE ALL ON DATABASE {} FROM PUBLIC", ident(&db)))
+                .execute(&mut admin)
+                .await?;
+        }
+        for db in RELAYED {
+            sqlx::query(&format!(
+                "GRANT CONNECT ON DATABASE {} TO {}",
+                ident(&db_name(db)),
+                ident(&self.names[&Service::Relay])
+            ))
+            .execute(&mut admin)
+            .await?;
+        }
+        admin.close().await?;
+        Ok(())
+    }
+
+    /// Hands the tables of a database made before its role existed (a
+    /// `cargo xtask up` of an earlier version) to that role.
+    async fn own_tables(&self, admin_url: &str, db: &str, owner: &str) -> anyhow::Result<()> {
+        let mut conn = PgConnection::connect(&format!("{}/{db}", admin_url.trim_end_matches('/'))).await?;
+        let tables: Vec<String> = sqlx::query_scalar(
+            "SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') AND pg_get_userbyid(c.relowner) <> $1",
+        )
+        .bind(owner)
+        .fetch_all(&mut conn)
+        .await?;
+        for t in tables {
+            sqlx::query(&format!("ALTER TABLE {} OWNER TO {}", ident(&t), ident(owner)))
+                .execute(&mut conn)
+                .await?;
+        }
+        conn.close().await?;
+        Ok(())
+    }
+}
+
+/// Drops `roles` on the server at `admin_url` (after their databases).
+pub(super) async fn drop_roles(admin_url: &str, roles: &[String]) -> anyhow::Result<()> {
+    let mut admin = PgConnection::connect(&format!("{}/postgres", admin_url.trim_end_matches('/'))).await?;
+    for r in roles {
+        sqlx::query(&format!("DROP ROLE IF EXISTS {}", ident(r)))
+            .execute(&mut admin)
+            .await?;
+    }
+    admin.close().await?;
+    Ok(())
+}
+
+impl Stack {
+    /// The full name of one service database (`orders`, `inventory`,
+    /// `payments`, `gateway`): the stack's prefix and the name.
+    pub fn db_name(&self, db: &str) -> String {
+        match self.opts.db_prefix.as_str() {
+            "" => db.to_owned(),
+            prefix => format!("{prefix}_{db}"),
+        }
+    }
+
+    /// Full URL of one service database, as the server's superuser: what
+    /// tests read and write through.
+    pub fn db_url(&self, db: &str) -> String {
+        format!("{}/{}", self.opts.pg_base, self.db_name(db))
+    }
+
+    /// The database URL `s` signs in with: its own role on its own
+    /// database (`db`), never the superuser's.
+    pub fn service_db_url(&self, s: Service, db: &str) -> String {
+        self.roles.url(&self.opts.pg_base, s, &self.db_name(db))
+    }
+
+    /// The database role of `s` (the relay's too), if it has one.
+    pub fn db_role(&self, s: Service) -> Option<&str> {
+        self.roles.name(s)
+    }
+}
