@@ -356,6 +356,63 @@ async fn an_idle_relay_publishes_a_new_row_within_its_poll_interval() {
     db.drop().await;
 }
 
+/// The relay's role gets the outbox and nothing else of the database: the
+/// privileges it needs on `outbox` and `outbox_inflight`, none on another
+/// table; granting again is a no-op, a missing role an error. Removal
+/// tried: `GRANT SELECT ON ALL TABLES` added — the other table is readable
+/// and this fails.
+#[tokio::test]
+async fn the_relays_role_is_granted_the_outbox_and_nothing_else() {
+    let _serial = SERIAL.lock().await;
+    let db = Db::new().await;
+    let role = format!("eo_relay_test_{}", Uuid::new_v4().simple());
+    sqlx::query(&format!("CREATE ROLE {role} NOLOGIN"))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    sqlx::query("CREATE TABLE orders (id int)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    outbox::grant_relay(&db.pool, &role).await.unwrap();
+    outbox::grant_relay(&db.pool, &role).await.unwrap();
+    let may = |table: &'static str, privilege: &'static str| {
+        let (pool, role) = (db.pool.clone(), role.clone());
+        async move {
+            sqlx::query_scalar::<_, bool>("SELECT has_table_privilege($1, $2, $3)")
+                .bind(role)
+                .bind(table)
+                .bind(privilege)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    for (table, privilege, expected) in [
+        ("outbox", "SELECT", true),
+        ("outbox", "UPDATE", true),
+        ("outbox", "DELETE", true),
+        ("outbox", "INSERT", false),
+        ("outbox_inflight", "SELECT", true),
+        ("outbox_inflight", "INSERT", true),
+        ("outbox_inflight", "DELETE", true),
+        ("orders", "SELECT", false),
+        ("_sqlx_migrations", "SELECT", false),
+    ] {
+        assert_eq!(may(table, privilege).await, expected, "{privilege} on {table}");
+    }
+    assert!(outbox::grant_relay(&db.pool, "no_such_role_here").await.is_err());
+    db.drop().await;
+    use sqlx::Connection as _;
+    let mut admin = sqlx::PgConnection::connect(&format!("{}/postgres", testkit::db::server_url()))
+        .await
+        .unwrap();
+    sqlx::query(&format!("DROP ROLE {role}"))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+}
+
 /// Transactions the server has counted for the current database so far.
 async fn transactions(pool: &sqlx::PgPool) -> i64 {
     let mut conn = pool.acquire().await.unwrap();
