@@ -151,18 +151,6 @@ impl App {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    /// Every flag and variable has its own id (a second `linger_ms`, the
-    /// relay's beside the producer's, once made the release binary refuse
-    /// to start: clap's debug assertions are what catch it).
-    #[test]
-    fn the_configuration_is_well_formed() {
-        use clap::CommandFactory as _;
-        super::Config::command().debug_assert();
-    }
-}
-
 /// Waits until the outbox of every source can be read — its database and
 /// table created by the owning service, and the relay's role granted them —
 /// retrying each second and saying every 10 s what it waits for. `false`
@@ -187,5 +175,17 @@ async fn outboxes_readable(sources: &[(String, PgPool)], shutdown: CancellationT
             _ = shutdown.cancelled() => return false,
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every flag and variable has its own id (a second `linger_ms`, the
+    /// relay's beside the producer's, once made the release binary refuse
+    /// to start: clap's debug assertions are what catch it).
+    #[test]
+    fn the_configuration_is_well_formed() {
+        use clap::CommandFactory as _;
+        super::Config::command().debug_assert();
     }
 }
