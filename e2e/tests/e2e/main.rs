@@ -79,3 +79,13 @@ pub async fn stack(label: &str) -> TestStack {
         _share: share,
     }
 }
+
+/// The SQLSTATE of `result`'s database error, "ok" when it succeeded, or
+/// the error itself when it is no database's (a TLS failure, say).
+pub fn sqlstate<T>(result: Result<T, sqlx::Error>) -> String {
+    match result {
+        Ok(_) => "ok".into(),
+        Err(sqlx::Error::Database(e)) => e.code().map(|c| c.into_owned()).unwrap_or_default(),
+        Err(e) => format!("{e}"),
+    }
+}

@@ -18,15 +18,6 @@ const SERVICES: [Service; 5] = [
 ];
 const DATABASES: [&str; 4] = ["orders", "inventory", "payments", "gateway"];
 
-/// The SQLSTATE of `result`'s database error ("ok" when it succeeded).
-fn state<T>(result: Result<T, sqlx::Error>) -> String {
-    match result {
-        Ok(_) => "ok".into(),
-        Err(sqlx::Error::Database(e)) => e.code().map(|c| c.into_owned()).unwrap_or_default(),
-        Err(e) => format!("{e}"),
-    }
-}
-
 /// Removals tried: `REVOKE ALL ON DATABASE … FROM PUBLIC` out of the
 /// bootstrap — order-api's role connects to the gateway's database; the
 /// relay's grant widened to every table (`GRANT SELECT ON ALL TABLES`) —
@@ -64,7 +55,7 @@ async fn each_service_role_reaches_its_own_database_only() {
             "{role}: superuser, createdb, createrole, replication, bypassrls"
         );
         for db in DATABASES {
-            let reached = state(sqlx::PgConnection::connect(&stack.service_db_url(s, db)).await);
+            let reached = crate::sqlstate(sqlx::PgConnection::connect(&stack.service_db_url(s, db)).await);
             matrix.push(format!("{} → {db}: {reached}", s.name()));
             let own = match s {
                 Service::OrderApi => db == "orders",
@@ -99,7 +90,7 @@ async fn each_service_role_reaches_its_own_database_only() {
         ),
         ("CREATE TABLE relay_was_here (id int)", "42501"),
     ] {
-        let got = state(sqlx::query(sql).execute(&mut relay).await);
+        let got = crate::sqlstate(sqlx::query(sql).execute(&mut relay).await);
         matrix.push(format!("outbox-relay in orders: {sql} → {got}"));
         assert_eq!(got, expected, "the relay: {sql}");
     }
@@ -107,7 +98,7 @@ async fn each_service_role_reaches_its_own_database_only() {
     let mut order_api = sqlx::PgConnection::connect(&stack.service_db_url(Service::OrderApi, "orders"))
         .await
         .unwrap();
-    let created = state(
+    let created = crate::sqlstate(
         sqlx::query("CREATE DATABASE order_api_was_here")
             .execute(&mut order_api)
             .await,

@@ -20,15 +20,6 @@ const SERVICES: [(&str, &str, &str); 4] = [
 ];
 const TLS: &str = "sslmode=verify-full&sslrootcert=/etc/eo/tls/ca.pem";
 
-/// SQLSTATE of a failed connection or statement ("ok" when it worked).
-fn state<T>(r: Result<T, sqlx::Error>) -> String {
-    match r {
-        Ok(_) => "ok".into(),
-        Err(sqlx::Error::Database(e)) => e.code().map(|c| c.into_owned()).unwrap_or_default(),
-        Err(e) => format!("{e}"),
-    }
-}
-
 /// Removals tried: the `hostnossl … reject` line out of the init script —
 /// a plain connection is let in; `REVOKE ALL ON DATABASE` out — order-api's
 /// role reaches the gateway's database. Each time this failed.
@@ -104,12 +95,12 @@ async fn compose_postgres_has_a_role_per_service_and_serves_tls_only() {
     // database — and only that one.
     for (_, role, own) in SERVICES {
         for (_, _, db) in SERVICES {
-            let got = state(sqlx::PgConnection::connect(&url(role, db, "verify-full")).await);
+            let got = crate::sqlstate(sqlx::PgConnection::connect(&url(role, db, "verify-full")).await);
             assert_eq!(got == "ok", db == own, "{role} → {db}: {got}");
         }
     }
     for (_, _, db) in SERVICES {
-        let got = state(sqlx::PgConnection::connect(&url("outbox_relay", db, "verify-full")).await);
+        let got = crate::sqlstate(sqlx::PgConnection::connect(&url("outbox_relay", db, "verify-full")).await);
         assert_eq!(got == "ok", db != "gateway", "outbox_relay → {db}: {got}");
     }
     let mut order_api = sqlx::PgConnection::connect(&url("order_api", "orders", "verify-full"))
@@ -131,7 +122,7 @@ async fn compose_postgres_has_a_role_per_service_and_serves_tls_only() {
     assert!(attrs.iter().all(|(_, s, d, r)| !s && !d && !r), "{attrs:?}");
     // Plain TCP is refused, and a server whose certificate another CA
     // signed is not trusted.
-    let plain = state(sqlx::PgConnection::connect(&url("order_api", "orders", "disable")).await);
+    let plain = crate::sqlstate(sqlx::PgConnection::connect(&url("order_api", "orders", "disable")).await);
     assert_eq!(plain, "28000", "a connection without TLS: {plain}");
     let other = testkit::tls::Authority::generate("another CA").unwrap();
     std::fs::write(dir.join("other-ca.pem"), &other.cert_pem).unwrap();
