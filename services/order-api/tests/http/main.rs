@@ -76,6 +76,8 @@ impl TestApi {
             "127.0.0.1:0",
             "--gateway-url",
             &gateway.url,
+            // The in-process gateway serves plain HTTP on loopback.
+            "--gateway-allow-plaintext",
             "--gateway-api-key",
             gateway.order_api_key.expose(),
             "--gateway-timeout-ms",
