@@ -364,8 +364,11 @@ async fn an_idle_relay_publishes_a_new_row_within_its_poll_interval() {
 #[tokio::test]
 async fn the_relays_role_is_granted_the_outbox_and_nothing_else() {
     let _serial = SERIAL.lock().await;
+    // Declared before the database, so dropped after it (a role with
+    // privileges in a database cannot go first), even when this fails.
+    let guard = DroppedRole(format!("eo_relay_test_{}", Uuid::new_v4().simple()));
     let db = Db::new().await;
-    let role = format!("eo_relay_test_{}", Uuid::new_v4().simple());
+    let role = guard.0.clone();
     sqlx::query(&format!("CREATE ROLE {role} NOLOGIN"))
         .execute(&db.pool)
         .await
@@ -403,14 +406,33 @@ async fn the_relays_role_is_granted_the_outbox_and_nothing_else() {
     }
     assert!(outbox::grant_relay(&db.pool, "no_such_role_here").await.is_err());
     db.drop().await;
-    use sqlx::Connection as _;
-    let mut admin = sqlx::PgConnection::connect(&format!("{}/postgres", testkit::db::server_url()))
-        .await
-        .unwrap();
-    sqlx::query(&format!("DROP ROLE {role}"))
-        .execute(&mut admin)
-        .await
-        .unwrap();
+}
+
+/// A test's role, dropped from the server when this is (on a thread of its
+/// own: a `Drop` may run on the runtime's).
+struct DroppedRole(String);
+
+impl Drop for DroppedRole {
+    fn drop(&mut self) {
+        let role = self.0.clone();
+        let dropped = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build();
+            rt.map_err(|e| e.to_string())?.block_on(async {
+                use sqlx::Connection as _;
+                let url = format!("{}/postgres", testkit::db::server_url());
+                let mut admin = sqlx::PgConnection::connect(&url).await.map_err(|e| e.to_string())?;
+                sqlx::query(&format!("DROP ROLE IF EXISTS {role}"))
+                    .execute(&mut admin)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok::<_, String>(())
+            })
+        })
+        .join();
+        if let Ok(Err(e)) = dropped {
+            eprintln!("could not drop the test's role {}: {e}", self.0);
+        }
+    }
 }
 
 /// Transactions the server has counted for the current database so far.
