@@ -396,12 +396,13 @@ async fn verdict(
     }
     let placed_per_sec = stats.acknowledged as f64 * 1000.0 / placing_ms.max(1) as f64;
     let offered_per_sec = stats.placed as f64 * 1000.0 / stats.last_first_send_ms.max(1) as f64;
-    // A run that did not offer the load it was asked for did not test it
+    // A run under load that did not offer the load it names did not test it
     // (its clients all stuck behind an outage, say): a problem of the run,
     // so that its logs are kept like any failed run's.
-    if cfg.rate_per_sec.is_finite() && offered_per_sec < 0.9 * cfg.rate_per_sec {
+    if cfg.rate_per_sec.is_finite() && offered_per_sec < cfg.offered_floor * cfg.rate_per_sec {
         problems.push(format!(
-            "orders were offered at {offered_per_sec:.1}/s, under 90 % of the {}/s asked (acknowledged {placed_per_sec:.1}/s)",
+            "orders were offered at {offered_per_sec:.1}/s, under {:.0} % of the {}/s asked (acknowledged {placed_per_sec:.1}/s)",
+            cfg.offered_floor * 100.0,
             cfg.rate_per_sec
         ));
     }

@@ -48,6 +48,11 @@ pub struct ChaosConfig {
     pub clients: usize,
     /// Orders started per second (spreads the load over the fault schedule).
     pub rate_per_sec: f64,
+    /// The share of `rate_per_sec` the clients must have offered for the run
+    /// to count (0: not checked). A run under load sets it: clients all
+    /// stuck behind an outage offer less, and such a run did not test the
+    /// load it names — a problem of the run, whose logs are then kept.
+    pub offered_floor: f64,
     /// Pause between faults.
     pub fault_interval: Duration,
     /// Upper bound for draining after the faults stop.
@@ -87,6 +92,7 @@ impl ChaosConfig {
             max_orders: 300,
             clients: 8,
             rate_per_sec: 6.0,
+            offered_floor: 0.0,
             fault_interval: Duration::from_millis(800),
             quiesce_timeout: Duration::from_secs(180),
             negative_control: false,
