@@ -279,20 +279,21 @@ impl Stack {
         let mut env = self.address_env(s);
         env.extend(self.secrets.env(s));
         env.extend(self.tls.env(s));
+        if let Some((_, db)) = roles::OWNED.iter().find(|(owner, _)| *owner == s) {
+            env.push(("DATABASE_URL".into(), self.service_db_url(s, db)));
+        }
         let brokers = ("KAFKA_BROKERS".to_owned(), self.brokers());
         match s {
             Service::Broker => env.clear(),
             Service::Gateway => {
-                env.push(("DATABASE_URL".into(), self.service_db_url(s, "gateway")));
                 // The fault switch exists in test builds only (debug builds carry
                 // the failpoints, `cargo xtask`'s rule); a release gateway refuses it.
                 if cfg!(debug_assertions) {
                     env.push(("GATEWAY_ADMIN".into(), "true".into()));
                 }
             }
-            Service::Inventory => env.extend([("DATABASE_URL".into(), self.service_db_url(s, "inventory")), brokers]),
+            Service::Inventory => env.push(brokers),
             Service::Payment => env.extend([
-                ("DATABASE_URL".into(), self.service_db_url(s, "payments")),
                 (
                     "GATEWAY_URL".into(),
                     self.proxy
@@ -301,11 +302,7 @@ impl Stack {
                 ),
                 brokers,
             ]),
-            Service::OrderApi => env.extend([
-                ("DATABASE_URL".into(), self.service_db_url(s, "orders")),
-                ("GATEWAY_URL".into(), self.url(Service::Gateway)),
-                brokers,
-            ]),
+            Service::OrderApi => env.extend([("GATEWAY_URL".into(), self.url(Service::Gateway)), brokers]),
             Service::Relay => env.extend([
                 (
                     "OUTBOX_DATABASE_URLS".into(),
@@ -509,7 +506,7 @@ impl Stack {
             for (_, db) in roles::OWNED {
                 testkit::db::drop_database(&self.db_url(db)).await?;
             }
-            roles::drop_roles(&self.opts.pg_base, &self.roles.all()).await?;
+            testkit::db::drop_roles(&self.opts.pg_base, &self.roles.all()).await?;
         }
         self.finished = true;
         if remove_run_dir {

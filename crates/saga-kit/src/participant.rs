@@ -47,9 +47,7 @@ impl ParticipantArgs {
         outbox::describe_metrics();
         Ok(())
     }
-}
 
-impl ParticipantArgs {
     /// Grants [`ParticipantArgs::relay_role`], when set, the relay's
     /// privileges on the outbox of `pool`'s database (after [`connect`]).
     pub async fn grant_relay(&self, pool: &PgPool) -> anyhow::Result<()> {

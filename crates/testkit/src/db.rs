@@ -117,6 +117,36 @@ pub fn drop_databases_blocking(urls: Vec<String>) {
     }
 }
 
+/// Drops the roles `names` (if they exist) on the server at `server` (a URL
+/// without a database, as [`server_url`]) — after whatever they own or were
+/// granted: a role with privileges in a database that still exists cannot go.
+pub async fn drop_roles(server: &str, names: &[String]) -> anyhow::Result<()> {
+    let mut admin = PgConnection::connect(&format!("{}/postgres", server.trim_end_matches('/'))).await?;
+    for name in names {
+        sqlx::query(&format!("DROP ROLE IF EXISTS \"{}\"", name.replace('"', "\"\"")))
+            .execute(&mut admin)
+            .await?;
+    }
+    admin.close().await?;
+    Ok(())
+}
+
+/// [`drop_roles`] from synchronous code such as a `Drop`, on a thread of
+/// its own as [`drop_databases_blocking`]. Failures are reported on stderr.
+pub fn drop_roles_blocking(server: String, names: Vec<String>) {
+    let dropped = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(anyhow::Error::from)
+            .and_then(|rt| rt.block_on(drop_roles(&server, &names)))
+    })
+    .join();
+    if let Ok(Err(e)) = dropped {
+        eprintln!("could not drop temporary roles: {e}");
+    }
+}
+
 /// Drops the database named in `url`, disconnecting whoever is still on it.
 pub async fn drop_database(url: &str) -> anyhow::Result<()> {
     let opts = PgConnectOptions::from_str(url)?.disable_statement_logging();

@@ -13,9 +13,11 @@ pub struct Authority {
     issuer: Issuer<'static, KeyPair>,
 }
 
-/// A server certificate and its key, PEM, written to files.
+/// A server certificate and its key, PEM, written to files beside the CA's.
 #[derive(Debug, Clone)]
 pub struct ServerFiles {
+    /// The CA's certificate (what a client trusts).
+    pub ca: PathBuf,
     /// The certificate (`HTTP_TLS_CERT_FILE`).
     pub cert: PathBuf,
     /// Its private key (`HTTP_TLS_KEY_FILE`).
@@ -54,12 +56,13 @@ impl Authority {
     /// into `dir`.
     pub fn write_loopback(&self, dir: &Path, server: &str) -> anyhow::Result<ServerFiles> {
         std::fs::create_dir_all(dir)?;
-        std::fs::write(dir.join("ca.pem"), &self.cert_pem)?;
         let (cert, key) = self.issue(&["localhost", "127.0.0.1"])?;
         let files = ServerFiles {
+            ca: dir.join("ca.pem"),
             cert: dir.join(format!("{server}.pem")),
             key: dir.join(format!("{server}-key.pem")),
         };
+        std::fs::write(&files.ca, &self.cert_pem)?;
         std::fs::write(&files.cert, cert)?;
         std::fs::write(&files.key, key)?;
         Ok(files)

@@ -35,17 +35,6 @@ impl Drop for Stack {
         std::thread::sleep(Duration::from_millis(200));
         testkit::db::drop_databases_blocking(urls);
         // Then their owners (a role that owns a database cannot go first).
-        let (server, roles) = (self.opts.pg_base.clone(), self.roles.all());
-        let dropped = std::thread::spawn(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(anyhow::Error::from)
-                .and_then(|rt| rt.block_on(super::roles::drop_roles(&server, &roles)))
-        })
-        .join();
-        if let Ok(Err(e)) = dropped {
-            eprintln!("could not drop the stack's database roles: {e}");
-        }
+        testkit::db::drop_roles_blocking(self.opts.pg_base.clone(), self.roles.all());
     }
 }

@@ -24,11 +24,8 @@ pub(super) const OWNED: [(Service, &str); 4] = [
 /// The databases whose outbox the relay publishes.
 pub(super) const RELAYED: [&str; 3] = ["orders", "inventory", "payments"];
 
-/// The services' roles and passwords of one stack.
-pub(super) struct Roles {
-    names: BTreeMap<Service, String>,
-    passwords: BTreeMap<Service, String>,
-}
+/// The services' roles of one stack: name and password, per service.
+pub(super) struct Roles(BTreeMap<Service, (String, String)>);
 
 /// `name` quoted as an SQL identifier.
 fn ident(name: &str) -> String {
@@ -40,29 +37,26 @@ impl Roles {
     /// server's: two stacks on one server never share one).
     pub(super) fn new(db_prefix: &str) -> Self {
         let prefix = if db_prefix.is_empty() { "eo" } else { db_prefix };
-        let mut names = BTreeMap::new();
-        let mut passwords = BTreeMap::new();
-        for s in [
-            Service::OrderApi,
-            Service::Inventory,
-            Service::Payment,
-            Service::Gateway,
-            Service::Relay,
-        ] {
-            names.insert(s, format!("{prefix}_{}", s.name().replace('-', "_")));
-            passwords.insert(s, uuid::Uuid::new_v4().simple().to_string());
-        }
-        Self { names, passwords }
+        Self(
+            Service::ALL
+                .into_iter()
+                .filter(|s| *s != Service::Broker)
+                .map(|s| {
+                    let name = format!("{prefix}_{}", s.name().replace('-', "_"));
+                    (s, (name, uuid::Uuid::new_v4().simple().to_string()))
+                })
+                .collect(),
+        )
     }
 
     /// The role of `s`, if it has one.
     pub(super) fn name(&self, s: Service) -> Option<&str> {
-        self.names.get(&s).map(String::as_str)
+        self.0.get(&s).map(|(name, _)| name.as_str())
     }
 
     /// Every role's name.
     pub(super) fn all(&self) -> Vec<String> {
-        self.names.values().cloned().collect()
+        self.0.values().map(|(name, _)| name.clone()).collect()
     }
 
     /// `admin_url` (the superuser's, on the server) as `s`'s role, on `db`.
@@ -70,7 +64,8 @@ impl Roles {
         let (scheme, rest) = admin_url.split_once("://").unwrap_or(("postgres", admin_url));
         let host = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
         let host = host.split('/').next().unwrap_or(host);
-        format!("{scheme}://{}:{}@{host}/{db}", self.names[&s], self.passwords[&s])
+        let (name, password) = &self.0[&s];
+        format!("{scheme}://{name}:{password}@{host}/{db}")
     }
 
     /// Creates (or, for a stack started again on its databases, resets) the
@@ -78,7 +73,7 @@ impl Roles {
     /// taken from everyone else; `db_name` maps a database to its full name.
     pub(super) async fn bootstrap(&self, admin_url: &str, db_name: impl Fn(&str) -> String) -> anyhow::Result<()> {
         let mut admin = PgConnection::connect(&format!("{}/postgres", admin_url.trim_end_matches('/'))).await?;
-        for (s, name) in &self.names {
+        for (name, password) in self.0.values() {
             let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)")
                 .bind(name)
                 .fetch_one(&mut admin)
@@ -88,13 +83,14 @@ impl Roles {
             sqlx::query(&format!(
                 "{verb} ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION PASSWORD '{}'",
                 ident(name),
-                self.passwords[s]
+                password
             ))
             .execute(&mut admin)
             .await?;
         }
         for (s, db) in OWNED {
-            let (db, owner) = (db_name(db), ident(&self.names[&s]));
+            let (db, role) = (db_name(db), &self.0[&s].0);
+            let owner = ident(role);
             let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
                 .bind(&db)
                 .fetch_one(&mut admin)
@@ -103,7 +99,7 @@ impl Roles {
                 sqlx::query(&format!("ALTER DATABASE {} OWNER TO {owner}", ident(&db)))
                     .execute(&mut admin)
                     .await?;
-                self.own_tables(admin_url, &db, &self.names[&s]).await?;
+                self.own_tables(admin_url, &db, role).await?;
             } else {
                 sqlx::query(&format!("CREATE DATABASE {} OWNER {owner}", ident(&db)))
                     .execute(&mut admin)
@@ -117,7 +113,7 @@ impl Roles {
             sqlx::query(&format!(
                 "GRANT CONNECT ON DATABASE {} TO {}",
                 ident(&db_name(db)),
-                ident(&self.names[&Service::Relay])
+                ident(&self.0[&Service::Relay].0)
             ))
             .execute(&mut admin)
             .await?;
@@ -145,18 +141,6 @@ impl Roles {
         conn.close().await?;
         Ok(())
     }
-}
-
-/// Drops `roles` on the server at `admin_url` (after their databases).
-pub(super) async fn drop_roles(admin_url: &str, roles: &[String]) -> anyhow::Result<()> {
-    let mut admin = PgConnection::connect(&format!("{}/postgres", admin_url.trim_end_matches('/'))).await?;
-    for r in roles {
-        sqlx::query(&format!("DROP ROLE IF EXISTS {}", ident(r)))
-            .execute(&mut admin)
-            .await?;
-    }
-    admin.close().await?;
-    Ok(())
 }
 
 impl Stack {

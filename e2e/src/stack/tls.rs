@@ -10,7 +10,6 @@ use super::{Service, Stack};
 /// The CA's certificate and the gateway's files, under `run_dir/tls`.
 pub(super) struct StackTls {
     ca_pem: String,
-    ca_file: PathBuf,
     gateway: testkit::tls::ServerFiles,
 }
 
@@ -21,7 +20,6 @@ impl StackTls {
         let gateway = ca.write_loopback(&dir, "mock-gateway")?;
         Ok(Self {
             ca_pem: ca.cert_pem,
-            ca_file: dir.join("ca.pem"),
             gateway,
         })
     }
@@ -34,7 +32,7 @@ impl StackTls {
                 ("HTTP_TLS_CERT_FILE".into(), path(&self.gateway.cert)),
                 ("HTTP_TLS_KEY_FILE".into(), path(&self.gateway.key)),
             ],
-            Service::OrderApi | Service::Payment => vec![("GATEWAY_CA_FILE".into(), path(&self.ca_file))],
+            Service::OrderApi | Service::Payment => vec![("GATEWAY_CA_FILE".into(), path(&self.gateway.ca))],
             _ => Vec::new(),
         }
     }
@@ -48,7 +46,7 @@ impl Stack {
 
     /// The file of [`Stack::ca_pem`] (a tool's `--tls-verify`, say).
     pub fn ca_file(&self) -> &std::path::Path {
-        &self.tls.ca_file
+        &self.tls.gateway.ca
     }
 
     /// An HTTP client with `timeout` that trusts the stack's CA (besides

@@ -34,6 +34,17 @@ pub fn compose() -> serde_yaml_ng::Value {
     doc
 }
 
+/// Runs docker/gen-env.sh as compose's user would, its TLS files written
+/// into `dir` (what compose mounts at /etc/eo/tls) instead of docker/tls.
+pub fn gen_env_into(dir: &std::path::Path) {
+    let out = std::process::Command::new("sh")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../docker/gen-env.sh"))
+        .env("TLS_DIR", dir)
+        .output()
+        .expect("sh runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 /// The volumes compose mounts into `service`, as written.
 pub fn mounts(service: &serde_yaml_ng::Value) -> Vec<&str> {
     service["volumes"]

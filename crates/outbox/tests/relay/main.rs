@@ -408,30 +408,12 @@ async fn the_relays_role_is_granted_the_outbox_and_nothing_else() {
     db.drop().await;
 }
 
-/// A test's role, dropped from the server when this is (on a thread of its
-/// own: a `Drop` may run on the runtime's).
+/// A test's role, dropped from the server when this is.
 struct DroppedRole(String);
 
 impl Drop for DroppedRole {
     fn drop(&mut self) {
-        let role = self.0.clone();
-        let dropped = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build();
-            rt.map_err(|e| e.to_string())?.block_on(async {
-                use sqlx::Connection as _;
-                let url = format!("{}/postgres", testkit::db::server_url());
-                let mut admin = sqlx::PgConnection::connect(&url).await.map_err(|e| e.to_string())?;
-                sqlx::query(&format!("DROP ROLE IF EXISTS {role}"))
-                    .execute(&mut admin)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                Ok::<_, String>(())
-            })
-        })
-        .join();
-        if let Ok(Err(e)) = dropped {
-            eprintln!("could not drop the test's role {}: {e}", self.0);
-        }
+        testkit::db::drop_roles_blocking(testkit::db::server_url(), vec![self.0.clone()]);
     }
 }
 

@@ -9,7 +9,7 @@ use std::process::Command;
 
 use sqlx::Connection as _;
 
-use super::compose;
+use super::{compose, gen_env_into};
 
 /// (service, its role, its database) as compose and the init script name them.
 const SERVICES: [(&str, &str, &str); 4] = [
@@ -52,12 +52,7 @@ async fn compose_postgres_has_a_role_per_service_and_serves_tls_only() {
     // postgres image runs it (as postgres, PGDATA set), and a restart.
     let dir = std::env::temp_dir().join(format!("eo-compose-pg-{}", uuid::Uuid::new_v4().simple()));
     let tls = dir.join("tls");
-    let gen = Command::new("sh")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../docker/gen-env.sh"))
-        .env("TLS_DIR", &tls)
-        .output()
-        .unwrap();
-    assert!(gen.status.success(), "{}", String::from_utf8_lossy(&gen.stderr));
+    gen_env_into(&tls);
     let mut pg = testkit::postgres::cluster::Cluster::create(&dir.join("pg"), "").unwrap();
     pg.start().await.unwrap();
     let (uid, gid) = testkit::postgres::cluster::Cluster::owner().unwrap();

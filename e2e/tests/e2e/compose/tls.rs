@@ -1,7 +1,7 @@
 //! compose's https hop to the gateway: the files gen-env.sh makes serve it,
 //! and the callers trust that CA and nothing else.
 
-use super::{compose, mounts};
+use super::{compose, gen_env_into, mounts};
 
 const TLS_MOUNT: &str = "./docker/tls:/etc/eo/tls:ro";
 
@@ -33,13 +33,7 @@ async fn compose_serves_the_gateway_over_https_with_gen_envs_own_ca() {
     }
 
     let dir = std::env::temp_dir().join(format!("eo-gen-env-{}", uuid::Uuid::new_v4().simple()));
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../docker/gen-env.sh");
-    let out = std::process::Command::new("sh")
-        .arg(script)
-        .env("TLS_DIR", &dir)
-        .output()
-        .expect("sh runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    gen_env_into(&dir);
     let local = |container: &str| dir.join(container.strip_prefix("/etc/eo/tls/").expect("under the mount"));
     let verify = std::process::Command::new("openssl")
         .args(["verify", "-CAfile"])
