@@ -24,9 +24,11 @@ mod postgres;
 mod restart;
 mod uids;
 use uids::chown_tree;
+mod kafka_identity;
 mod roles;
 mod secrets;
 mod tls;
+pub use kafka_identity::acls as kafka_acls;
 pub use options::{default_bin_dir, StackOptions};
 pub use restart::{Killed, Restarted};
 pub use secrets::Secrets;
@@ -169,13 +171,14 @@ impl Stack {
                 testkit::broker::NodeSpec::free(id)?
             });
         }
+        let tls = tls::StackTls::generate(opts.run_dir.join("tls"))?;
         {
-            let (nodes, run_dir) = (broker_nodes.clone(), opts.run_dir.clone());
+            let (nodes, run_dir, security) = (broker_nodes.clone(), opts.run_dir.clone(), tls.kafka.clone());
             let cluster = testkit::broker::new_cluster_id();
             tokio::task::spawn_blocking(move || {
-                nodes
-                    .iter()
-                    .try_for_each(|n| testkit::broker::prepare(n, &nodes, &cluster, &node_dir(&run_dir, n.id)))
+                nodes.iter().try_for_each(|n| {
+                    testkit::broker::prepare(n, &nodes, &cluster, &node_dir(&run_dir, n.id), Some(&security))
+                })
             })
             .await??;
         }
@@ -185,7 +188,7 @@ impl Stack {
                 chown_tree(&node_dir(&opts.run_dir, n.id), Self::uid_of_node(n.id))?;
             }
         }
-        let (run_dir_tls, db_prefix) = (opts.run_dir.join("tls"), opts.db_prefix.clone());
+        let db_prefix = opts.db_prefix.clone();
         let mut stack = Stack {
             opts,
             ports,
@@ -202,7 +205,7 @@ impl Stack {
             postgres,
             api_key: String::new(),
             secrets: Secrets::generate(),
-            tls: tls::StackTls::generate(run_dir_tls)?,
+            tls,
             roles: roles::Roles::new(&db_prefix),
         };
         stack.roles.bootstrap(&stack.opts.pg_base, |d| stack.db_name(d)).await?;
@@ -221,7 +224,8 @@ impl Stack {
             }
             stack.start_service(s).await?;
             if s == Service::Broker {
-                testkit::broker::wait_producer_ids(&stack.brokers(), Duration::from_secs(120)).await?;
+                testkit::broker::wait_producer_ids(&stack.kafka_admin_config(), Duration::from_secs(120)).await?;
+                stack.create_acls().await?;
             }
         }
         stack.api_key = stack.create_api_key(DRIVER_CLIENT).await?;
@@ -282,7 +286,7 @@ impl Stack {
         if let Some((_, db)) = roles::OWNED.iter().find(|(owner, _)| *owner == s) {
             env.push(("DATABASE_URL".into(), self.service_db_url(s, db)));
         }
-        let brokers = ("KAFKA_BROKERS".to_owned(), self.brokers());
+        env.extend(self.kafka_env(s));
         match s {
             Service::Broker => env.clear(),
             Service::Gateway => {
@@ -292,24 +296,18 @@ impl Stack {
                     env.push(("GATEWAY_ADMIN".into(), "true".into()));
                 }
             }
-            Service::Inventory => env.push(brokers),
-            Service::Payment => env.extend([
-                (
-                    "GATEWAY_URL".into(),
-                    self.proxy
-                        .as_ref()
-                        .map_or_else(|| self.url(Service::Gateway), |p| format!("https://{}", p.addr)),
-                ),
-                brokers,
-            ]),
-            Service::OrderApi => env.extend([("GATEWAY_URL".into(), self.url(Service::Gateway)), brokers]),
-            Service::Relay => env.extend([
-                (
-                    "OUTBOX_DATABASE_URLS".into(),
-                    roles::RELAYED.map(|d| self.service_db_url(s, d)).join(","),
-                ),
-                brokers,
-            ]),
+            Service::Inventory => {}
+            Service::Payment => env.extend([(
+                "GATEWAY_URL".into(),
+                self.proxy
+                    .as_ref()
+                    .map_or_else(|| self.url(Service::Gateway), |p| format!("https://{}", p.addr)),
+            )]),
+            Service::OrderApi => env.push(("GATEWAY_URL".into(), self.url(Service::Gateway))),
+            Service::Relay => env.push((
+                "OUTBOX_DATABASE_URLS".into(),
+                roles::RELAYED.map(|d| self.service_db_url(s, d)).join(","),
+            )),
         }
         if matches!(s, Service::Inventory | Service::Payment | Service::OrderApi) {
             // The stack's own instance of a consumer service is a static
@@ -443,8 +441,8 @@ impl Stack {
             }
             let ready = match s {
                 Service::Broker => {
-                    let (bootstrap, n) = (self.brokers(), self.broker_nodes.len());
-                    tokio::task::spawn_blocking(move || testkit::broker::answers(&bootstrap, n)).await?
+                    let (client, n) = (self.kafka_admin_config(), self.broker_nodes.len());
+                    tokio::task::spawn_blocking(move || testkit::broker::answers(&client, n)).await?
                 }
                 // Ready, and answered by this process rather than by another
                 // test's service that took the port first.

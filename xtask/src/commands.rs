@@ -186,11 +186,18 @@ pub async fn up() -> anyhow::Result<()> {
         .and_then(|t| e2e::stack::Secrets::from_env_file(&t));
     let stack = Stack::start(opts).await?;
     std::fs::write(&secrets_file, stack.secrets().to_env_file())?;
+    std::fs::write(
+        workspace_root().join(".data/kafka-admin.env"),
+        stack.kafka_admin_env_file(),
+    )?;
     let key = stack.create_api_key("shop-1").await?;
     std::fs::write(workspace_root().join(".data/api-key"), &key)?;
     eprintln!("API key of client shop-1 (also in .data/api-key): {key}");
     eprintln!(
         "the services' secrets (the operator's INVENTORY_OPERATOR_KEY, the gateway callers' keys): .data/secrets.env"
+    );
+    eprintln!(
+        "Kafka as the operator (cargo xtask dlq, the admin principal over SASL/SCRAM and TLS): .data/kafka-admin.env"
     );
     eprintln!(
         "stack up: order-api http://127.0.0.1:8080, inventory :8081, gateway https://127.0.0.1:8083 (its CA: .data/tls/ca.pem), broker 127.0.0.1:9092; logs in .data/logs. ctrl-c stops."

@@ -58,13 +58,15 @@ enum Cmd {
         #[arg(value_parser = clap::value_parser!(u8).range(1..=26))]
         n: Option<u8>,
     },
-    /// List or replay the dead letters of a topic (e.g. inventory.commands).
+    /// List or replay the dead letters of a topic (e.g. inventory.commands),
+    /// as an operator: the brokers' `admin` principal (under `cargo xtask
+    /// up`, its settings are in .data/kafka-admin.env: `set -a; .
+    /// .data/kafka-admin.env; set +a` first).
     Dlq {
         #[command(subcommand)]
         action: DlqAction,
-        /// Kafka bootstrap servers.
-        #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092", global = true)]
-        brokers: String,
+        #[command(flatten)]
+        kafka: kafka::KafkaArgs,
     },
     /// Boot a throw-away stack, run a mix of orders through it, print a
     /// summary and exit non-zero if any invariant is broken.
@@ -322,7 +324,7 @@ fn run_scenario(n: u8) -> anyhow::Result<i32> {
     }
 }
 
-async fn dlq(action: &DlqAction, brokers: &str) -> anyhow::Result<()> {
+async fn dlq(action: &DlqAction, brokers: &kafka::KafkaArgs) -> anyhow::Result<()> {
     match action {
         DlqAction::List { topic } => {
             let letters = kafka::dlq::list(brokers, topic)?;
@@ -358,7 +360,7 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Docs => commands::docs(),
         Cmd::Picture { report } => commands::picture(&report),
         Cmd::Lint => lint::run(&workspace_root(), cargo),
-        Cmd::Dlq { action, brokers } => dlq(&action, &brokers).await,
+        Cmd::Dlq { action, kafka } => dlq(&action, &kafka).await,
         Cmd::Scenario { n: None } => {
             commands::list_scenarios();
             Ok(())

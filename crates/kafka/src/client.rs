@@ -45,6 +45,33 @@ pub fn client_config(brokers: &str) -> ClientConfig {
     c
 }
 
+/// Where and how to reach the brokers: a bare `host:port` list (a local
+/// plaintext broker: library tests, examples) or a service's
+/// [`crate::KafkaArgs`] (its principal, its CA). Every function here that
+/// makes a client takes one.
+pub trait Connect {
+    /// The base client configuration (bootstrap servers, timeouts, security).
+    fn client_config(&self) -> ClientConfig;
+}
+
+impl Connect for str {
+    fn client_config(&self) -> ClientConfig {
+        client_config(self)
+    }
+}
+
+impl Connect for String {
+    fn client_config(&self) -> ClientConfig {
+        client_config(self)
+    }
+}
+
+impl Connect for crate::KafkaArgs {
+    fn client_config(&self) -> ClientConfig {
+        crate::KafkaArgs::client_config(self)
+    }
+}
+
 /// The dead-letter topic of `topic`.
 pub fn dead_letter_topic(topic: &str) -> String {
     format!("{topic}.dlq")
@@ -52,13 +79,13 @@ pub fn dead_letter_topic(topic: &str) -> String {
 
 /// The idempotent producer (`outbox::kafka::idempotent_producer`) on this
 /// crate's client settings, with a delivery timeout of 15 s.
-pub fn producer(brokers: &str) -> Result<FutureProducer> {
-    producer_with_timeout(brokers, Duration::from_secs(15))
+pub fn producer<C: Connect + ?Sized>(kafka: &C) -> Result<FutureProducer> {
+    producer_with_timeout(kafka, Duration::from_secs(15))
 }
 
 /// The idempotent producer with a delivery timeout of `timeout`.
-pub fn producer_with_timeout(brokers: &str, timeout: Duration) -> Result<FutureProducer> {
-    Ok(outbox::kafka::idempotent_producer(client_config(brokers), timeout)?)
+pub fn producer_with_timeout<C: Connect + ?Sized>(kafka: &C, timeout: Duration) -> Result<FutureProducer> {
+    Ok(outbox::kafka::idempotent_producer(kafka.client_config(), timeout)?)
 }
 
 /// What every topic of the saga must be.
@@ -85,8 +112,8 @@ impl Default for TopicSettings {
 
 /// Creates `topics` (and their dead-letter topics) if they do not exist,
 /// with [`PARTITIONS`] partitions, one replica and the broker's retention.
-pub async fn ensure_topics(brokers: &str, topics: &[&str]) -> Result<()> {
-    ensure_topics_with(brokers, topics, &TopicSettings::default()).await
+pub async fn ensure_topics<C: Connect + ?Sized>(kafka: &C, topics: &[&str]) -> Result<()> {
+    ensure_topics_with(kafka, topics, &TopicSettings::default()).await
 }
 
 /// Creates `topics` (and their dead-letter topics) that are missing with
@@ -99,10 +126,20 @@ pub async fn ensure_topics(brokers: &str, topics: &[&str]) -> Result<()> {
 ///   breaks the retention chain (the broker could redeliver a message the
 ///   inbox has forgotten), a shorter one loses messages a stopped consumer
 ///   has not read.
-pub async fn ensure_topics_with(brokers: &str, topics: &[&str], settings: &TopicSettings) -> Result<()> {
-    let admin: AdminClient<DefaultClientContext> = client_config(brokers).create()?;
+pub async fn ensure_topics_with<C: Connect + ?Sized>(
+    kafka: &C,
+    topics: &[&str],
+    settings: &TopicSettings,
+) -> Result<()> {
     let mut names: Vec<String> = topics.iter().map(|t| (*t).to_owned()).collect();
     names.extend(topics.iter().map(|t| dead_letter_topic(t)));
+    ensure_exactly(kafka, &names, settings).await
+}
+
+/// [`ensure_topics_with`] for exactly `names`, no dead-letter topics added
+/// (a producer's topics: it may create and describe those, not others).
+pub async fn ensure_exactly<C: Connect + ?Sized>(kafka: &C, names: &[String], settings: &TopicSettings) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> = kafka.client_config().create()?;
     let retention_ms = settings.retention.map(|r| r.as_millis().to_string());
     let min_isr = (settings.replication_factor - 1).max(1).to_string();
     let new: Vec<NewTopic<'_>> = names
@@ -137,7 +174,7 @@ pub async fn ensure_topics_with(brokers: &str, topics: &[&str], settings: &Topic
     if existing.is_empty() {
         return Ok(());
     }
-    check_partitions(brokers, &existing, settings.partitions).await?;
+    check_partitions(kafka.client_config(), &existing, settings.partitions).await?;
     if let Some(ms) = &retention_ms {
         for topic in &existing {
             align_retention(&admin, topic, ms, &opts).await?;
@@ -146,10 +183,10 @@ pub async fn ensure_topics_with(brokers: &str, topics: &[&str], settings: &Topic
     Ok(())
 }
 
-async fn check_partitions(brokers: &str, topics: &[String], wanted: i32) -> Result<()> {
-    let (brokers, topics) = (brokers.to_owned(), topics.to_vec());
+async fn check_partitions(config: ClientConfig, topics: &[String], wanted: i32) -> Result<()> {
+    let topics = topics.to_vec();
     let counts = tokio::task::spawn_blocking(move || -> Result<Vec<(String, usize)>> {
-        let client: BaseConsumer = client_config(&brokers).create()?;
+        let client: BaseConsumer = config.create()?;
         let metadata = client.fetch_metadata(None, Duration::from_secs(10))?;
         Ok(metadata
             .topics()
@@ -233,8 +270,11 @@ async fn describe_topic(
 }
 
 /// A topic's settings as the broker reports them (DescribeConfigs): name → value.
-pub async fn topic_config(brokers: &str, topic: &str) -> Result<std::collections::BTreeMap<String, String>> {
-    let admin: AdminClient<DefaultClientContext> = client_config(brokers).create()?;
+pub async fn topic_config<C: Connect + ?Sized>(
+    kafka: &C,
+    topic: &str,
+) -> Result<std::collections::BTreeMap<String, String>> {
+    let admin: AdminClient<DefaultClientContext> = kafka.client_config().create()?;
     let opts = AdminOptions::new().request_timeout(Some(Timeout::After(Duration::from_secs(10))));
     Ok(describe_topic(&admin, topic, &opts)
         .await?

@@ -3,6 +3,9 @@
 //! every variable shows in its `--help` and nothing reads the environment
 //! behind the config's back.
 
+use std::path::PathBuf;
+
+use credentials::Secret;
 use rdkafka::config::ClientConfig;
 
 /// Kafka settings shared by every service.
@@ -78,10 +81,48 @@ pub struct KafkaArgs {
     /// librdkafka debug contexts (e.g. `cgrp,fetch`), for diagnosing a broker.
     #[arg(long = "kafka-debug", env = "KAFKA_DEBUG")]
     pub debug: Option<String>,
+    /// Connect without identity or encryption: anything that reaches the
+    /// brokers' port may read and write every topic. For a local
+    /// development broker only. Unset, the service authenticates as its
+    /// own principal (SASL/SCRAM-SHA-512 over TLS) and the brokers' ACLs
+    /// decide what it may read and write.
+    #[arg(
+        id = "kafka_plaintext",
+        long = "kafka-plaintext",
+        env = "KAFKA_PLAINTEXT",
+        default_value_t = false
+    )]
+    pub plaintext: bool,
+    /// This service's principal: its SCRAM user name (required unless
+    /// `KAFKA_PLAINTEXT`).
+    #[arg(
+        long = "kafka-sasl-username",
+        env = "KAFKA_SASL_USERNAME",
+        required_unless_present = "kafka_plaintext",
+        conflicts_with = "kafka_plaintext"
+    )]
+    pub sasl_username: Option<String>,
+    /// The principal's SCRAM password (required unless `KAFKA_PLAINTEXT`;
+    /// at least 32 characters, never printed).
+    #[arg(
+        long = "kafka-sasl-password",
+        env = "KAFKA_SASL_PASSWORD",
+        hide_env_values = true,
+        required_unless_present = "kafka_plaintext",
+        conflicts_with = "kafka_plaintext"
+    )]
+    pub sasl_password: Option<Secret>,
+    /// PEM file of the CA the brokers' certificates are signed by
+    /// (`ssl.ca.location`); unset, the system's roots. The broker's name
+    /// is verified against its certificate either way.
+    #[arg(long = "kafka-ca-file", env = "KAFKA_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
 }
 
 impl KafkaArgs {
-    /// Settings for `brokers` with every other value at its default.
+    /// Settings for `brokers` with every other value at its default, as a
+    /// plaintext client (a local broker: library tests, examples); see
+    /// [`KafkaArgs::with_sasl`] for a principal.
     pub fn new(brokers: impl Into<String>) -> Self {
         Self {
             brokers: brokers.into(),
@@ -94,6 +135,41 @@ impl KafkaArgs {
             replication_factor: 1,
             group_instance_id: None,
             debug: None,
+            plaintext: true,
+            sasl_username: None,
+            sasl_password: None,
+            ca_file: None,
+        }
+    }
+
+    /// These settings as `user` over SASL/SCRAM-SHA-512 and TLS, trusting
+    /// the CA in `ca_file`.
+    pub fn with_sasl(mut self, user: impl Into<String>, password: Secret, ca_file: impl Into<PathBuf>) -> Self {
+        self.plaintext = false;
+        self.sasl_username = Some(user.into());
+        self.sasl_password = Some(password);
+        self.ca_file = Some(ca_file.into());
+        self
+    }
+
+    /// The `security.*`, `sasl.*` and `ssl.*` settings, added to `config`
+    /// (none with [`KafkaArgs::plaintext`]).
+    pub fn set_security(&self, config: &mut ClientConfig) {
+        if self.plaintext {
+            return;
+        }
+        config
+            .set("security.protocol", "SASL_SSL")
+            .set("sasl.mechanisms", "SCRAM-SHA-512")
+            .set("ssl.endpoint.identification.algorithm", "https");
+        if let Some(user) = &self.sasl_username {
+            config.set("sasl.username", user);
+        }
+        if let Some(password) = &self.sasl_password {
+            config.set("sasl.password", password.expose());
+        }
+        if let Some(ca) = &self.ca_file {
+            config.set("ssl.ca.location", ca.display().to_string());
         }
     }
 
@@ -110,6 +186,7 @@ impl KafkaArgs {
     /// The base client configuration for these settings.
     pub fn client_config(&self) -> ClientConfig {
         let mut c = crate::client_config(&self.brokers);
+        self.set_security(&mut c);
         if let Some(debug) = &self.debug {
             c.set("debug", debug).set("log_level", "7");
         }
@@ -135,7 +212,7 @@ impl KafkaArgs {
     /// this one, a different partition count is refused
     /// ([`crate::client::ensure_topics_with`]).
     pub async fn ensure_topics(&self, topics: &[&str]) -> crate::Result<()> {
-        crate::client::ensure_topics_with(&self.brokers, topics, &self.topic_settings()).await
+        crate::client::ensure_topics_with(self, topics, &self.topic_settings()).await
     }
 
     /// Resolves once a broker answers a metadata request, asking every
@@ -180,6 +257,10 @@ impl KafkaArgs {
     /// ([`KafkaArgs::ensure_topics`]) — before anything is published, as a
     /// broker that creates topics on first use would create them with its
     /// own settings. `Ok(false)` if `shutdown` came first.
+    ///
+    /// A consumer's call: `topics` are the ones it reads, and their
+    /// dead-letter topics are made sure of too (it writes those). Its
+    /// principal may create and describe those and no others.
     pub async fn ready_for(
         &self,
         topics: &[&str],
@@ -189,6 +270,22 @@ impl KafkaArgs {
             return Ok(false);
         }
         self.ensure_topics(topics).await?;
+        Ok(true)
+    }
+
+    /// [`KafkaArgs::ready_for`] for a producer: makes sure of exactly
+    /// `topics`, no dead-letter topics (the relay writes the saga's topics
+    /// and may touch no others).
+    pub async fn ready_to_publish(
+        &self,
+        topics: &[&str],
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> crate::Result<bool> {
+        if !self.answered(shutdown).await {
+            return Ok(false);
+        }
+        let names: Vec<String> = topics.iter().map(|t| (*t).to_owned()).collect();
+        crate::client::ensure_exactly(self, &names, &self.topic_settings()).await?;
         Ok(true)
     }
 
@@ -202,5 +299,57 @@ impl KafkaArgs {
             config,
             std::time::Duration::from_secs(15),
         )?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    /// The settings as a service flattens them.
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        kafka: super::KafkaArgs,
+    }
+
+    #[test]
+    fn a_service_has_an_identity_unless_it_chose_plaintext() {
+        let refused = Cli::try_parse_from(["svc"]).err().expect("refused").to_string();
+        assert!(
+            refused.contains("--kafka-sasl-username") && refused.contains("--kafka-sasl-password"),
+            "{refused}"
+        );
+        let plain = Cli::try_parse_from(["svc", "--kafka-plaintext"]).unwrap();
+        assert_eq!(plain.kafka.client_config().get("security.protocol"), None);
+
+        let password = "p".repeat(32);
+        let sasl = Cli::try_parse_from([
+            "svc",
+            "--kafka-sasl-username",
+            "order-api",
+            "--kafka-sasl-password",
+            &password,
+            "--kafka-ca-file",
+            "/etc/eo/tls/ca.pem",
+        ])
+        .unwrap();
+        let c = sasl.kafka.client_config();
+        assert_eq!(c.get("security.protocol"), Some("SASL_SSL"));
+        assert_eq!(c.get("sasl.mechanisms"), Some("SCRAM-SHA-512"));
+        assert_eq!(c.get("sasl.username"), Some("order-api"));
+        assert_eq!(c.get("sasl.password"), Some(password.as_str()));
+        assert_eq!(c.get("ssl.ca.location"), Some("/etc/eo/tls/ca.pem"));
+        assert_eq!(c.get("ssl.endpoint.identification.algorithm"), Some("https"));
+        assert!(
+            !format!("{:?}", sasl.kafka).contains(&password),
+            "the password never prints"
+        );
+
+        let short = Cli::try_parse_from(["svc", "--kafka-sasl-username", "x", "--kafka-sasl-password", "short"])
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(short.contains("at least 32") && !short.contains("short\n"), "{short}");
     }
 }

@@ -67,26 +67,26 @@ impl DeadLetter {
 }
 
 /// Every dead letter of `topic` (i.e. on `<topic>.dlq`).
-pub fn list(brokers: &str, topic: &str) -> Result<Vec<DeadLetter>> {
+pub fn list<C: crate::client::Connect + ?Sized>(kafka: &C, topic: &str) -> Result<Vec<DeadLetter>> {
     let dlq = crate::dead_letter_topic(topic);
     let group = format!("dlq-list-{}", uuid::Uuid::new_v4());
-    let (messages, _) = crate::read_topic(brokers, &dlq, &group, Offset::Beginning, Duration::from_secs(2))?;
+    let (messages, _) = crate::read_topic(kafka, &dlq, &group, Offset::Beginning, Duration::from_secs(2))?;
     Ok(messages.iter().map(DeadLetter::from_message).collect())
 }
 
 /// Republishes the dead letters of `topic` not replayed before onto their
 /// original topic; returns how many. Progress is kept as the committed
 /// offsets of the group `dlq-replay.<topic>`, so each letter is replayed once.
-pub async fn replay(brokers: &str, topic: &str) -> Result<usize> {
+pub async fn replay<C: crate::client::Connect + ?Sized>(kafka: &C, topic: &str) -> Result<usize> {
     let dlq = crate::dead_letter_topic(topic);
     let (messages, consumer) = crate::read_topic(
-        brokers,
+        kafka,
         &dlq,
         &format!("dlq-replay.{topic}"),
         Offset::Stored,
         Duration::from_secs(2),
     )?;
-    let producer = crate::producer(brokers)?;
+    let producer = crate::producer(kafka)?;
     for m in &messages {
         let letter = DeadLetter::from_message(m);
         let target = letter.original_topic.clone().unwrap_or_else(|| topic.to_owned());

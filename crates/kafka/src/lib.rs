@@ -28,8 +28,8 @@ pub mod negative_controls;
 pub mod read;
 
 pub use client::{
-    client_config, dead_letter_topic, ensure_topics, ensure_topics_with, producer, producer_with_timeout, publish,
-    topic_config, TopicSettings,
+    client_config, dead_letter_topic, ensure_exactly, ensure_topics, ensure_topics_with, producer,
+    producer_with_timeout, publish, topic_config, Connect, TopicSettings,
 };
 pub use config::KafkaArgs;
 pub use outbox::kafka::{headers, idempotent_producer};

@@ -8,41 +8,46 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::OwnedMessage;
 use rdkafka::{Message as _, Offset, TopicPartitionList};
 
-use crate::client::client_config;
+use crate::client::Connect;
 use crate::Result;
 
 /// Reads `topic` from `start` (per partition) with `group` up to the end of
 /// the log as it was when reading began (the partitions' high watermarks),
 /// or until no message arrived for `idle` after the first one.
 /// Returns the messages and the consumer (to commit).
-pub fn read_topic(
-    brokers: &str,
+pub fn read_topic<C: Connect + ?Sized>(
+    kafka: &C,
     topic: &str,
     group: &str,
     start: Offset,
     idle: Duration,
 ) -> Result<(Vec<OwnedMessage>, BaseConsumer)> {
-    read_topic_at_most(brokers, topic, group, start, idle, usize::MAX)
+    read_topic_at_most(kafka, topic, group, start, idle, usize::MAX)
 }
 
 /// Like [`read_topic`], stopping after `max` messages.
-pub fn read_topic_at_most(
-    brokers: &str,
+pub fn read_topic_at_most<C: Connect + ?Sized>(
+    kafka: &C,
     topic: &str,
     group: &str,
     start: Offset,
     idle: Duration,
     max: usize,
 ) -> Result<(Vec<OwnedMessage>, BaseConsumer)> {
-    read(brokers, topic, group, start, idle, max).map(|(out, consumer, _)| (out, consumer))
+    read(kafka, topic, group, start, idle, max).map(|(out, consumer, _)| (out, consumer))
 }
 
 /// Reads the whole of `topic` as [`read_topic`] does from the beginning, and
 /// fails with [`crate::Error::PartialRead`] unless every partition was read
 /// to the high watermark it had when reading began: an audit that counts
 /// copies must never count from part of the log.
-pub fn read_whole_topic(brokers: &str, topic: &str, group: &str, idle: Duration) -> Result<Vec<OwnedMessage>> {
-    let (out, _, remaining) = read(brokers, topic, group, Offset::Beginning, idle, usize::MAX)?;
+pub fn read_whole_topic<C: Connect + ?Sized>(
+    kafka: &C,
+    topic: &str,
+    group: &str,
+    idle: Duration,
+) -> Result<Vec<OwnedMessage>> {
+    let (out, _, remaining) = read(kafka, topic, group, Offset::Beginning, idle, usize::MAX)?;
     if remaining.is_empty() {
         Ok(out)
     } else {
@@ -55,15 +60,16 @@ pub fn read_whole_topic(brokers: &str, topic: &str, group: &str, idle: Duration)
 
 /// The reader behind both: the messages, the consumer, and the partitions
 /// (with their last offset) not read to their end.
-fn read(
-    brokers: &str,
+fn read<C: Connect + ?Sized>(
+    kafka: &C,
     topic: &str,
     group: &str,
     start: Offset,
     idle: Duration,
     max: usize,
 ) -> Result<(Vec<OwnedMessage>, BaseConsumer, BTreeMap<i32, i64>)> {
-    let consumer: BaseConsumer = client_config(brokers)
+    let consumer: BaseConsumer = kafka
+        .client_config()
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
@@ -120,8 +126,9 @@ fn read(
 /// partitions of the high watermark minus the group's committed offset
 /// (the whole partition where it committed nothing). Reads the group's
 /// offsets without joining it. Blocking.
-pub fn group_lag(brokers: &str, group: &str, topic: &str, timeout: Duration) -> Result<i64> {
-    let consumer: BaseConsumer = client_config(brokers)
+pub fn group_lag<C: Connect + ?Sized>(kafka: &C, group: &str, topic: &str, timeout: Duration) -> Result<i64> {
+    let consumer: BaseConsumer = kafka
+        .client_config()
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .create()?;

@@ -232,11 +232,14 @@ impl SagaConsumer {
         let name = settings.group_id.clone();
         let token = tasks.token();
         // Started while Kafka is down, the service waits, not ready, until a
-        // broker answers; then it makes sure of the saga's topics (a
+        // broker answers; then it makes sure of its topic (a
         // partition count it cannot run on ends it) and joins its group.
         let waiting = tasks.health().wait_for("kafka");
         tasks.spawn(format!("{name} consumer"), async move {
-            if !settings.kafka.ready_for(&contract::topics::ALL, token.clone()).await? {
+            // Its own topic and dead-letter topic only: its principal may
+            // touch no others.
+            let topics: Vec<&str> = settings.topics.iter().map(String::as_str).collect();
+            if !settings.kafka.ready_for(&topics, token.clone()).await? {
                 return Ok(());
             }
             drop(waiting);

@@ -15,6 +15,11 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
+use rdkafka::ClientConfig;
+
+pub mod acl;
+mod security;
+pub use security::{Security, ADMIN_USER, BROKER_USER, NODE_CN};
 
 /// The Apache Kafka version the project runs (also the default of
 /// `tools/kafka/pom.xml`).
@@ -113,7 +118,7 @@ pub fn new_cluster_id() -> String {
 pub struct NodeSpec {
     /// `node.id`, from 1.
     pub id: u32,
-    /// Client listener (PLAINTEXT) on 127.0.0.1.
+    /// Client listener on 127.0.0.1 (PLAINTEXT, or SASL_SSL with a [`Security`]).
     pub port: u16,
     /// Controller listener on 127.0.0.1.
     pub controller_port: u16,
@@ -140,7 +145,9 @@ impl NodeSpec {
     }
 }
 
-/// The `server.properties` of `node` in a cluster of `nodes`, its log in `data_dir/log`.
+/// The `server.properties` of `node` in a cluster of `nodes`, its log in
+/// `data_dir/log`; with `security`, its listeners authenticate and the
+/// authorizer is on ([`Security`]), otherwise every listener is plaintext.
 ///
 /// Settings that differ from Kafka's defaults, and why:
 /// - replication of the internal topics (`__consumer_offsets`,
@@ -156,22 +163,31 @@ impl NodeSpec {
 ///   partitions — a consumer group's coordinator among them — get a new
 ///   leader well within the consumers' 10-s session timeout, so a member
 ///   does not lose its session to a coordinator that is gone.
-pub fn properties(node: &NodeSpec, nodes: &[NodeSpec], data_dir: &Path) -> String {
+pub fn properties(node: &NodeSpec, nodes: &[NodeSpec], data_dir: &Path, security: Option<&Security>) -> String {
     let voters: Vec<String> = nodes
         .iter()
         .map(|n| format!("{}@127.0.0.1:{}", n.id, n.controller_port))
         .collect();
     let replicas = nodes.len().min(3);
     let min_isr = replicas.saturating_sub(1).max(1);
+    let listeners = match security {
+        Some(s) => s.properties(node.port, node.controller_port, node.advertised_port),
+        None => format!(
+            "listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}\n\
+             advertised.listeners=PLAINTEXT://127.0.0.1:{aport}\n\
+             controller.listener.names=CONTROLLER\n\
+             inter.broker.listener.name=PLAINTEXT\n\
+             listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT\n",
+            port = node.port,
+            cport = node.controller_port,
+            aport = node.advertised_port,
+        ),
+    };
     format!(
         "process.roles=broker,controller\n\
          node.id={id}\n\
          controller.quorum.voters={voters}\n\
-         listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}\n\
-         advertised.listeners=PLAINTEXT://127.0.0.1:{aport}\n\
-         controller.listener.names=CONTROLLER\n\
-         inter.broker.listener.name=PLAINTEXT\n\
-         listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT\n\
+         {listeners}\
          log.dirs={log}\n\
          num.network.threads=2\n\
          num.io.threads=4\n\
@@ -190,9 +206,6 @@ pub fn properties(node: &NodeSpec, nodes: &[NodeSpec], data_dir: &Path) -> Strin
          broker.heartbeat.interval.ms=1000\n",
         id = node.id,
         voters = voters.join(","),
-        port = node.port,
-        cport = node.controller_port,
-        aport = node.advertised_port,
         log = data_dir.join("log").display(),
     )
 }
@@ -209,10 +222,20 @@ logger.server.name = kafka.server.KafkaRaftServer\n\
 logger.server.level = info\n";
 
 /// Writes `node`'s configuration into `data_dir` and formats its storage
-/// with `cluster_id` unless it was formatted before (a restart keeps its data).
-pub fn prepare(node: &NodeSpec, nodes: &[NodeSpec], cluster_id: &str, data_dir: &Path) -> anyhow::Result<()> {
+/// with `cluster_id` (and `security`'s SCRAM users) unless it was formatted
+/// before (a restart keeps its data).
+pub fn prepare(
+    node: &NodeSpec,
+    nodes: &[NodeSpec],
+    cluster_id: &str,
+    data_dir: &Path,
+    security: Option<&Security>,
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(data_dir)?;
-    std::fs::write(data_dir.join("server.properties"), properties(node, nodes, data_dir))?;
+    std::fs::write(
+        data_dir.join("server.properties"),
+        properties(node, nodes, data_dir, security),
+    )?;
     std::fs::write(data_dir.join("log4j2.properties"), LOG4J2)?;
     if data_dir.join("log/meta.properties").is_file() {
         return Ok(());
@@ -222,6 +245,7 @@ pub fn prepare(node: &NodeSpec, nodes: &[NodeSpec], cluster_id: &str, data_dir: 
         // `=`: an id may not be read as an option, whatever it starts with.
         .arg(format!("--cluster-id={cluster_id}"))
         .arg(format!("--config={}", data_dir.join("server.properties").display()))
+        .args(security.map(Security::scram_args).unwrap_or_default())
         .output()?;
     anyhow::ensure!(
         out.status.success(),
@@ -257,15 +281,19 @@ pub fn command(data_dir: &Path) -> anyhow::Result<tokio::process::Command> {
     Ok(c)
 }
 
-/// Whether the cluster at `bootstrap` answers metadata with `brokers`
+/// A plaintext client's settings for `bootstrap` (a cluster without
+/// [`Security`]).
+pub fn plaintext(bootstrap: &str) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", bootstrap).set("log_level", "0");
+    c
+}
+
+/// Whether the cluster `client` reaches answers metadata with `brokers`
 /// brokers registered (unfenced): a listening socket alone is not a
 /// working broker.
-pub fn answers(bootstrap: &str, brokers: usize) -> bool {
-    let Ok(client) = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("log_level", "0")
-        .create::<BaseConsumer>()
-    else {
+pub fn answers(client: &ClientConfig, brokers: usize) -> bool {
+    let Ok(client) = client.create::<BaseConsumer>() else {
         return false;
     };
     client
@@ -274,16 +302,17 @@ pub fn answers(bootstrap: &str, brokers: usize) -> bool {
 }
 
 /// Waits until [`answers`] holds, or `timeout`.
-pub async fn wait_ready(bootstrap: &str, brokers: usize, timeout: Duration) -> anyhow::Result<()> {
+pub async fn wait_ready(client: &ClientConfig, brokers: usize, timeout: Duration) -> anyhow::Result<()> {
     let end = Instant::now() + timeout;
     loop {
-        let b = bootstrap.to_owned();
-        if tokio::task::spawn_blocking(move || answers(&b, brokers)).await? {
+        let c = client.clone();
+        if tokio::task::spawn_blocking(move || answers(&c, brokers)).await? {
             return Ok(());
         }
         anyhow::ensure!(
             Instant::now() < end,
-            "Kafka at {bootstrap} did not answer with {brokers} broker(s) within {timeout:?}"
+            "Kafka at {} did not answer with {brokers} broker(s) within {timeout:?}",
+            client.get("bootstrap.servers").unwrap_or("?")
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -296,11 +325,10 @@ pub async fn wait_ready(bootstrap: &str, brokers: usize, timeout: Duration) -> a
 /// idempotence PID … Coordinator load in progress: retrying" — a warning in
 /// what is a normal start. A transactional producer's `init_transactions`
 /// returns once ids are handed out (and the transaction log is loaded).
-pub async fn wait_producer_ids(bootstrap: &str, timeout: Duration) -> anyhow::Result<()> {
-    let bootstrap = bootstrap.to_owned();
+pub async fn wait_producer_ids(client: &ClientConfig, timeout: Duration) -> anyhow::Result<()> {
+    let mut client = client.clone();
     tokio::task::spawn_blocking(move || {
-        let producer: rdkafka::producer::BaseProducer = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", &bootstrap)
+        let producer: rdkafka::producer::BaseProducer = client
             .set(
                 "transactional.id",
                 format!("eo-harness-{}", uuid::Uuid::new_v4().simple()),
@@ -337,7 +365,7 @@ impl Broker {
         let dir = std::env::temp_dir().join(format!("eo-kafka-{}", uuid::Uuid::new_v4().simple()));
         let cluster = new_cluster_id();
         let prep = (node.clone(), dir.clone());
-        tokio::task::spawn_blocking(move || prepare(&prep.0, std::slice::from_ref(&prep.0), &cluster, &prep.1))
+        tokio::task::spawn_blocking(move || prepare(&prep.0, std::slice::from_ref(&prep.0), &cluster, &prep.1, None))
             .await??;
         let mut b = Self {
             addr: node.addr(),
@@ -370,7 +398,7 @@ impl Broker {
             .open(self.dir.join("kafka.log"))?;
         let child = command(&self.dir)?.stdout(log.try_clone()?).stderr(log).spawn()?;
         self.child = Some(child);
-        wait_ready(&self.addr, 1, Duration::from_secs(90)).await
+        wait_ready(&plaintext(&self.addr), 1, Duration::from_secs(90)).await
     }
 }
 
@@ -416,7 +444,7 @@ fn start_shared() -> anyhow::Result<String> {
 
 fn spawn_shared(dir: &Path) -> anyhow::Result<String> {
     let node = NodeSpec::free(1)?;
-    prepare(&node, std::slice::from_ref(&node), &new_cluster_id(), dir)?;
+    prepare(&node, std::slice::from_ref(&node), &new_cluster_id(), dir, None)?;
     let mut java = java(dir)?;
     java.arg("kafka.Kafka").arg(dir.join("server.properties"));
     let log = std::fs::File::create(dir.join("kafka.log"))?;
@@ -436,7 +464,7 @@ fn spawn_shared(dir: &Path) -> anyhow::Result<String> {
     let lifeline = child.stdin.take();
     let addr = node.addr();
     let end = Instant::now() + Duration::from_secs(90);
-    while !answers(&addr, 1) {
+    while !answers(&plaintext(&addr), 1) {
         anyhow::ensure!(
             Instant::now() < end,
             "the shared Kafka at {addr} did not answer within 90 s (log: {})",

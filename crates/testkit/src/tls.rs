@@ -42,10 +42,14 @@ impl Authority {
     /// A server certificate for `names` (DNS names or IP addresses), signed
     /// by this CA: (certificate PEM, key PEM).
     pub fn issue(&self, names: &[&str]) -> anyhow::Result<(String, String)> {
+        self.issue_as(names.first().copied().unwrap_or("server"), names)
+    }
+
+    /// [`Authority::issue`] with the common name `cn` (what a server that
+    /// checks client certificates sees as the principal).
+    pub fn issue_as(&self, cn: &str, names: &[&str]) -> anyhow::Result<(String, String)> {
         let mut params = CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())?;
-        params
-            .distinguished_name
-            .push(DnType::CommonName, names.first().copied().unwrap_or("server"));
+        params.distinguished_name.push(DnType::CommonName, cn);
         let key = KeyPair::generate()?;
         let cert = params.signed_by(&key, &self.issuer)?;
         Ok((cert.pem(), key.serialize_pem()))

@@ -58,12 +58,12 @@ fn sample_envelope() -> Envelope {
 /// Produces `n` envelope-sized messages to a fresh topic while a consumer
 /// with the services' settings reads them, so the consumer stays near the
 /// log's end as the services' do. Timed until the consumer has all `n`.
-pub async fn broker(brokers: &str, n: usize) -> anyhow::Result<BrokerCeiling> {
+pub async fn broker(brokers: &kafka::KafkaArgs, n: usize) -> anyhow::Result<BrokerCeiling> {
     let topic = format!("bench.ceiling.{}", Uuid::new_v4().simple());
     kafka::ensure_topics(brokers, &[&topic]).await?;
     let body = sample_envelope().to_bytes();
     let settings = kafka::consumer::ConsumerSettings {
-        kafka: kafka::KafkaArgs::new(brokers),
+        kafka: brokers.clone(),
         group_id: format!("bench-{topic}"),
         topics: vec![topic.clone()],
         max_batch: 1,

@@ -387,7 +387,7 @@ async fn measure(stack: &mut Stack, cfg: &BenchConfig) -> anyhow::Result<Figures
     let idle_cores = idle().await;
     let orders_db = stack.db_url("orders");
     eprintln!("bench: broker ceiling ({} messages)", cfg.broker_messages);
-    let broker = ceilings::broker(&stack.brokers(), cfg.broker_messages).await?;
+    let broker = ceilings::broker(&stack.kafka(), cfg.broker_messages).await?;
     eprintln!("bench: database ceiling ({:?} per loop)", cfg.tight_loop);
     let database = ceilings::database(8, cfg.tight_loop).await?;
     load::warm_up(&client, &orders_db, cfg.start_rate).await?;

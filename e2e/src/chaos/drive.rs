@@ -490,7 +490,7 @@ async fn consumers_lag(stack: &Stack) -> i64 {
 
 /// Each of the saga's consumer groups' lag on its topic (`None`: not read).
 async fn groups_lag(stack: &Stack) -> Vec<Option<i64>> {
-    let brokers = stack.brokers();
+    let brokers = stack.kafka();
     tokio::task::spawn_blocking(move || {
         contract::topics::consumers::ALL
             .iter()

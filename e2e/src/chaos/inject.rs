@@ -24,7 +24,7 @@ pub(super) async fn duplicates(
     rng: &mut StdRng,
     duplicates: &mut Duplicates,
 ) -> anyhow::Result<(usize, usize)> {
-    let brokers = stack.brokers();
+    let brokers = stack.kafka();
     let producer = kafka::producer(&brokers)?;
     let in_flight: BTreeSet<Uuid> = {
         use sqlx::Connection as _;
@@ -90,7 +90,7 @@ pub(super) async fn duplicates(
 /// must absorb (for a test that wants duplicates without a fault schedule).
 /// Returns how many were produced.
 pub async fn copy_recent(stack: &Stack, topic: &str, tail: i64) -> anyhow::Result<usize> {
-    let (brokers, t) = (stack.brokers(), topic.to_owned());
+    let (brokers, t) = (stack.kafka(), topic.to_owned());
     let group = format!("copier-{}", Uuid::new_v4());
     let (messages, _) = tokio::task::spawn_blocking(move || {
         kafka::read_topic_at_most(
@@ -103,7 +103,7 @@ pub async fn copy_recent(stack: &Stack, topic: &str, tail: i64) -> anyhow::Resul
         )
     })
     .await??;
-    let producer = kafka::producer(&stack.brokers())?;
+    let producer = kafka::producer(&stack.kafka())?;
     let mut copied = 0;
     use rdkafka::Message as _;
     for m in &messages {

@@ -148,7 +148,7 @@ impl Report {
 /// duplicate copies in the broker's log (per topic) and the redeliveries
 /// each consumer's inbox absorbed (its durable count); returns the log.
 pub(super) async fn count_duplicates(stack: &Stack, d: &mut Duplicates) -> anyhow::Result<Log> {
-    let brokers = stack.brokers();
+    let brokers = stack.kafka();
     let mut log = Log::default();
     for topic in contract::topics::ALL {
         let (b, t) = (brokers.clone(), topic.to_owned());

@@ -103,8 +103,8 @@ impl Stack {
             None => None,
         };
         self.spawn_node(id)?;
-        let (bootstrap, n) = (self.brokers(), self.broker_nodes.len());
-        testkit::broker::wait_ready(&bootstrap, n, Duration::from_secs(90)).await?;
+        let n = self.broker_nodes.len();
+        testkit::broker::wait_ready(&self.kafka_admin_config(), n, Duration::from_secs(90)).await?;
         let new_pid = self.node_procs.get(&id).and_then(Child::id);
         Ok(Restarted { killed, new_pid })
     }

@@ -1,26 +1,32 @@
 //! The stack's private CA: the gateway serves https with a certificate it
 //! signs, and the gateway's callers (order-api, payment-service, the
-//! drivers) trust it and nothing else for that hop.
+//! drivers) trust it and nothing else for that hop; the Kafka nodes serve
+//! TLS with another it signs.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use super::{Service, Stack};
 
-/// The CA's certificate and the gateway's files, under `run_dir/tls`.
+/// The CA's certificate, the gateway's files and the Kafka nodes' (with
+/// every principal's password), under `run_dir/tls`.
 pub(super) struct StackTls {
     ca_pem: String,
     gateway: testkit::tls::ServerFiles,
+    pub(super) kafka: testkit::broker::Security,
 }
 
 impl StackTls {
-    /// A fresh CA and a loopback certificate for the gateway, in `dir`.
+    /// A fresh CA, a loopback certificate for the gateway and one for the
+    /// Kafka nodes, in `dir`.
     pub(super) fn generate(dir: PathBuf) -> anyhow::Result<Self> {
         let ca = testkit::tls::Authority::generate("effectively-once test CA")?;
         let gateway = ca.write_loopback(&dir, "mock-gateway")?;
+        let kafka = super::kafka_identity::security(&dir, &ca)?;
         Ok(Self {
             ca_pem: ca.cert_pem,
             gateway,
+            kafka,
         })
     }
 

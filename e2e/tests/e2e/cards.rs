@@ -208,7 +208,7 @@ async fn no_database_or_topic_holds_a_card_number_after_a_run() {
         .into_iter()
         .flat_map(|t| [t.to_owned(), kafka::dead_letter_topic(t)])
     {
-        let brokers = stack.brokers();
+        let brokers = stack.kafka();
         let group = format!("cards-{}", uuid::Uuid::new_v4());
         let topic2 = topic.clone();
         let read = tokio::task::spawn_blocking(move || {

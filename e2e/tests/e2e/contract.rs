@@ -17,7 +17,7 @@ fn the_asyncapi_document_is_valid() {
 /// Every envelope on every saga topic of `stack` matches its type's schema;
 /// returns how many were checked. Called by the saga test after its demo.
 pub async fn check_topics(stack: &e2e::Stack) -> usize {
-    let brokers = stack.brokers();
+    let brokers = stack.kafka();
     let mut documents = Vec::new();
     for topic in contract::topics::ALL {
         let (b, t) = (brokers.clone(), topic.to_owned());

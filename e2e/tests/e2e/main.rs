@@ -13,6 +13,7 @@ mod docs;
 mod examples;
 mod fuzz;
 mod group;
+mod identities;
 mod journey;
 mod layers;
 mod metrics;

@@ -113,7 +113,7 @@ impl App {
         let waiting = tasks.health().wait_for("kafka");
         let admin_pool = self.sources[0].1.clone();
         tasks.serve_admin(self.listener, service_kit::admin::router(&admin_pool, tasks.health()));
-        if !self.config.kafka.ready_for(&topics::ALL, tasks.token()).await? {
+        if !self.config.kafka.ready_to_publish(&topics::ALL, tasks.token()).await? {
             return tasks.wait().await;
         }
         drop(waiting);

@@ -161,6 +161,7 @@ mod tests {
             "postgres://unused",
             "--gateway-api-key",
             &"k".repeat(32),
+            "--kafka-plaintext",
             "--inbox-retention-secs",
             "3600",
         ])
@@ -176,6 +177,7 @@ mod tests {
             "postgres://unused",
             "--gateway-api-key",
             &"k".repeat(32),
+            "--kafka-plaintext",
             "--gateway-key-ttl-secs",
             "86400",
         ])

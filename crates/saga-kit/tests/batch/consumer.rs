@@ -23,7 +23,7 @@ struct Cli {
 }
 
 fn args(brokers: &str, extra: &[&str]) -> ParticipantArgs {
-    let mut argv = vec!["test", "--kafka-brokers", brokers];
+    let mut argv = vec!["test", "--kafka-brokers", brokers, "--kafka-plaintext"];
     argv.extend(extra);
     Cli::try_parse_from(argv).unwrap().participant
 }

@@ -70,6 +70,8 @@ impl TestApi {
             db.url(),
             "--kafka-brokers",
             &brokers,
+            // The binary's shared test broker is a plaintext one.
+            "--kafka-plaintext",
             "--http-addr",
             "127.0.0.1:0",
             "--admin-addr",
