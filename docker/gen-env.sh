@@ -7,10 +7,13 @@
 # the database roles' passwords are set once, when PostgreSQL's volume is
 # first initialised (docker/postgres-init.sh).
 #
-# It also makes the stack's private certificate authority and two server
+# It also makes the stack's private certificate authority and three server
 # certificates signed by it (openssl) in $TLS_DIR (default docker/tls,
-# ignored by git): the gateway's (https) and PostgreSQL's (TLS, the services
-# connect with sslmode=verify-full); the services trust ca.pem only.
+# ignored by git): the gateway's (https), PostgreSQL's (TLS, the services
+# connect with sslmode=verify-full) and Kafka's (its listeners' TLS, and
+# its client certificate on the controller listener); the services trust
+# ca.pem only. Kafka's SCRAM passwords are set when its volume is first
+# formatted (docker/kafka-start.sh).
 # The CA's key is not kept: a new certificate takes a new run of this script.
 set -eu
 secret() { od -An -N32 -tx1 /dev/urandom | tr -d ' \n'; }
@@ -21,11 +24,13 @@ trap 'rm -rf "$work"' EXIT
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 825 \
     -subj "/CN=effectively-once compose CA" -keyout "$work/ca-key.pem" -out "$tls_dir/ca.pem" \
     -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null
-# issue <name>: <name>.pem and <name>-key.pem for the host <name> (and loopback).
+# issue <name> [usage]: <name>.pem and <name>-key.pem (PKCS#8) for the host
+# <name> (and loopback), for serverAuth or the extended key usage given.
 issue() {
     openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=$1" \
         -keyout "$tls_dir/$1-key.pem" -out "$work/$1.csr" 2>/dev/null
-    printf 'subjectAltName=DNS:%s,DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' "$1" > "$work/$1.ext"
+    printf 'subjectAltName=DNS:%s,DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=%s\n' "$1" "${2:-serverAuth}" \
+        > "$work/$1.ext"
     openssl x509 -req -in "$work/$1.csr" -CA "$tls_dir/ca.pem" -CAkey "$work/ca-key.pem" \
         -set_serial "0x$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')" \
         -days 825 -extfile "$work/$1.ext" -out "$tls_dir/$1.pem" 2>/dev/null
@@ -34,6 +39,7 @@ issue() {
 }
 issue mock-gateway
 issue postgres
+issue kafka serverAuth,clientAuth
 echo "POSTGRES_PASSWORD=$(secret)"
 echo "ORDER_API_DB_PASSWORD=$(secret)"
 echo "INVENTORY_DB_PASSWORD=$(secret)"
@@ -47,3 +53,10 @@ echo "ORDER_API_GATEWAY_KEY=$(secret)"
 echo "PAYMENT_GATEWAY_KEY=$(secret)"
 echo "INVENTORY_OPERATOR_KEY=$(secret)"
 echo "GRAFANA_ADMIN_PASSWORD=$(secret)"
+echo "KAFKA_CLUSTER_ID=$(openssl rand -base64 16 | tr '+/' '-_' | tr -d '=\n')"
+echo "KAFKA_BROKER_PASSWORD=$(secret)"
+echo "KAFKA_ADMIN_PASSWORD=$(secret)"
+echo "ORDER_API_KAFKA_PASSWORD=$(secret)"
+echo "INVENTORY_KAFKA_PASSWORD=$(secret)"
+echo "PAYMENT_KAFKA_PASSWORD=$(secret)"
+echo "RELAY_KAFKA_PASSWORD=$(secret)"

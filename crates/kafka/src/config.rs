@@ -98,6 +98,7 @@ pub struct KafkaArgs {
     #[arg(
         long = "kafka-sasl-username",
         env = "KAFKA_SASL_USERNAME",
+        value_name = "KAFKA_SASL_USERNAME",
         required_unless_present = "kafka_plaintext",
         conflicts_with = "kafka_plaintext"
     )]
@@ -107,6 +108,7 @@ pub struct KafkaArgs {
     #[arg(
         long = "kafka-sasl-password",
         env = "KAFKA_SASL_PASSWORD",
+        value_name = "KAFKA_SASL_PASSWORD",
         hide_env_values = true,
         required_unless_present = "kafka_plaintext",
         conflicts_with = "kafka_plaintext"

@@ -46,6 +46,12 @@ pub fn libs_dir() -> PathBuf {
 }
 
 const COMPLETE: &str = ".complete";
+/// What [`COMPLETE`] says of a fetch: the version and what
+/// `tools/kafka/pom.xml` fetches with it (a directory fetched for an
+/// earlier list is fetched again).
+fn fetched() -> String {
+    format!("{KAFKA_VERSION} broker tools")
+}
 
 /// Returns the directory of the broker's jars, fetching them first when
 /// missing (about a minute, once; Java and Maven are installed from
@@ -55,7 +61,7 @@ pub fn ensure() -> anyhow::Result<PathBuf> {
     static FETCHING: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one = FETCHING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let libs = libs_dir();
-    if libs.join(COMPLETE).is_file() {
+    if std::fs::read_to_string(libs.join(COMPLETE)).is_ok_and(|s| s == fetched()) {
         return Ok(libs);
     }
     ensure_program("java", &["-version"], "openjdk-17-jre-headless")?;
@@ -80,7 +86,7 @@ pub fn ensure() -> anyhow::Result<PathBuf> {
     );
     let _ = std::fs::remove_dir_all(&libs);
     std::fs::rename(&partial, &libs)?;
-    std::fs::write(libs.join(COMPLETE), KAFKA_VERSION)?;
+    std::fs::write(libs.join(COMPLETE), fetched())?;
     eprintln!("Apache Kafka {KAFKA_VERSION}: {} ready", libs.display());
     Ok(libs)
 }

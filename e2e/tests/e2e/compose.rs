@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 
 use clap::CommandFactory;
 
+mod kafka;
 mod postgres;
 mod tls;
 
@@ -35,14 +36,21 @@ pub fn compose() -> serde_yaml_ng::Value {
 }
 
 /// Runs docker/gen-env.sh as compose's user would, its TLS files written
-/// into `dir` (what compose mounts at /etc/eo/tls) instead of docker/tls.
-pub fn gen_env_into(dir: &std::path::Path) {
+/// into `dir` (what compose mounts at /etc/eo/tls) instead of docker/tls;
+/// returns what it printed (the .env).
+pub fn gen_env_into(dir: &std::path::Path) -> String {
     let out = std::process::Command::new("sh")
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../docker/gen-env.sh"))
         .env("TLS_DIR", dir)
         .output()
         .expect("sh runs");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).expect("UTF-8")
+}
+
+/// docker/kafka-start.sh, which compose's Kafka runs.
+fn kafka_start() -> String {
+    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docker/kafka-start.sh")).unwrap()
 }
 
 /// The volumes compose mounts into `service`, as written.
@@ -135,11 +143,15 @@ fn compose_services_use_exactly_the_variables_their_config_reads() {
         }
         assert!(svc["healthcheck"].is_mapping(), "{name} has no healthcheck");
         assert_eq!(svc["command"][0].as_str(), Some(*name), "{name} runs the wrong binary");
-        for dep in ["postgres", "kafka"] {
+        // A healthy PostgreSQL, and Kafka with its ACLs in place.
+        for (dep, condition) in [
+            ("postgres", "service_healthy"),
+            ("kafka-init", "service_completed_successfully"),
+        ] {
             assert_eq!(
                 svc["depends_on"][dep]["condition"].as_str(),
-                Some("service_healthy"),
-                "{name} must wait for a healthy {dep}"
+                Some(condition),
+                "{name} must wait for {dep}"
             );
         }
     }
@@ -166,8 +178,10 @@ fn compose_creates_every_service_database_and_runs_kafka_in_kraft_mode() {
             "init script misses {db}"
         );
     }
-    let kafka = &doc["services"]["kafka"]["environment"];
-    assert_eq!(kafka["KAFKA_PROCESS_ROLES"].as_str(), Some("broker,controller"));
+    let kafka = &doc["services"]["kafka"];
+    assert_eq!(kafka["entrypoint"][1].as_str(), Some("/eo/kafka-start.sh"));
+    assert!(mounts(kafka).contains(&"./docker/kafka-start.sh:/eo/kafka-start.sh:ro"));
+    assert!(kafka_start().contains("process.roles=broker,controller\n"));
     assert_eq!(doc["services"]["postgres"]["image"].as_str(), Some("postgres:16"));
 }
 
@@ -314,16 +328,13 @@ fn compose_publishes_only_the_api_the_uis_and_kafkas_host_listener_on_loopback()
     assert!(api["ports"][1].is_null(), "order-api publishes one port");
     // Kafka's host listener is advertised at the address it is published on,
     // so a tool on the host (cargo xtask dlq) reaches the broker itself.
+    // It takes SASL/SCRAM over TLS only, as the compose network's does.
     let kafka = &doc["services"]["kafka"];
-    let advertised = kafka["environment"]["KAFKA_ADVERTISED_LISTENERS"]
-        .as_str()
-        .unwrap_or_default();
-    assert!(advertised.contains("HOST://127.0.0.1:19092"), "{advertised}");
+    let start = kafka_start();
+    assert!(start.contains(": \"${KAFKA_HOST_PORT:=19092}\""));
+    assert!(start.contains("HOST://127.0.0.1:$KAFKA_HOST_PORT\n"));
     assert_eq!(kafka["ports"][0].as_str(), Some("127.0.0.1:19092:19092"));
-    assert!(kafka["environment"]["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"]
-        .as_str()
-        .unwrap_or_default()
-        .contains("HOST:PLAINTEXT"));
+    assert!(start.contains("listener.security.protocol.map=CLIENT:SASL_SSL,HOST:SASL_SSL,CONTROLLER:SSL\n"));
     let password = doc["services"]["postgres"]["environment"]["POSTGRES_PASSWORD"]
         .as_str()
         .unwrap_or_default();
@@ -381,7 +392,8 @@ fn help_prints_no_secret_and_no_database_url_from_the_environment() {
 
 /// A service started without its secrets (an empty environment: no
 /// defaults exist to fall back on) refuses to start and names each
-/// missing variable; a secret shorter than 32 characters is refused too,
+/// missing variable, its Kafka principal's too; a secret shorter than 32
+/// characters is refused too,
 /// and so is a plain `http://` gateway (card numbers in clear). Removal
 /// tried: the scheme check out of `GatewayArgs::client` — each goes on to
 /// the database and fails there, naming no scheme, and this fails.
@@ -408,6 +420,26 @@ fn a_service_without_its_secrets_refuses_to_start_and_names_them() {
             assert!(err.contains(var), "{service} does not name {var}: {err}");
         }
     }
+    // With those, a Kafka client service still needs its principal at the
+    // brokers (or KAFKA_PLAINTEXT, said out loud).
+    for (service, vars) in &required[..3] {
+        let out = std::process::Command::new(bin.join(service))
+            .env_clear()
+            .envs(vars.iter().map(|v| (*v, "s".repeat(32))))
+            .env("DATABASE_URL", "postgres://nobody@127.0.0.1:9/none")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{service} started without Kafka credentials: {err}"
+        );
+        assert!(
+            err.contains("KAFKA_SASL_USERNAME") && err.contains("KAFKA_SASL_PASSWORD"),
+            "{service}: {err}"
+        );
+    }
     let out = std::process::Command::new(bin.join("inventory-service"))
         .env_clear()
         .env("INVENTORY_OPERATOR_KEY", "too-short")
@@ -423,6 +455,7 @@ fn a_service_without_its_secrets_refuses_to_start_and_names_them() {
         let out = std::process::Command::new(bin.join(service))
             .env_clear()
             .env("GATEWAY_URL", "http://127.0.0.1:9")
+            .env("KAFKA_PLAINTEXT", "true")
             .env("GATEWAY_API_KEY", "k".repeat(32))
             .env("IDEMPOTENCY_FINGERPRINT_KEY", "f".repeat(32))
             .env("DATABASE_URL", "postgres://nobody@127.0.0.1:9/none")
@@ -457,10 +490,9 @@ fn compose_keeps_its_data_in_named_volumes_and_the_build_caches_dependencies() {
         );
         assert!(doc["volumes"][volume].is_null() && doc["volumes"].as_mapping().unwrap().contains_key(volume));
     }
-    assert_eq!(
-        doc["services"]["kafka"]["environment"]["KAFKA_LOG_DIRS"].as_str(),
-        Some("/var/lib/kafka/data")
-    );
+    let start = kafka_start();
+    assert!(start.contains(": \"${KAFKA_DATA:=/var/lib/kafka/data}\""));
+    assert!(start.contains("log.dirs=$KAFKA_DATA\n"));
     let dockerfile = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../Dockerfile")).unwrap();
     assert!(
         dockerfile.starts_with("# syntax=docker/dockerfile:1"),
