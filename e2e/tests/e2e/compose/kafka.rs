@@ -84,10 +84,10 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// Removals tried: an `allow` line out of docker/kafka-init.sh — the list
-/// differs from the stack's; `allow order-api --topic payment.commands
-/// Write` added — the list differs, and order-api's forged charge is
-/// accepted. Each time this failed.
+/// Removals tried: `allow order-api --group order-saga Read` out of
+/// docker/kafka-init.sh, and `allow order-api --topic payment.commands
+/// Write` added to it — each time the list differed from the stack's and
+/// this failed there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compose_kafka_has_a_principal_per_service_and_the_stacks_acls() {
     // Each Kafka client service signs in as itself, with its own password.
