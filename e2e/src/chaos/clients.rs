@@ -13,6 +13,20 @@ use uuid::Uuid;
 use super::plan::{Kind, Planned};
 use crate::driver::Client;
 
+/// The longest a client waits before trying again: its waits double from
+/// the first, up to this, each drawn between half and all of it ("equal
+/// jitter"). Without the doubling and the spread, 2,048 clients behind a
+/// stalled order-api came back together every second and, on a slower
+/// machine, kept it overloaded long after the stall: tens of thousands of
+/// retries, and arrivals held to half the rate asked.
+const MAX_BACKOFF: Duration = Duration::from_secs(4);
+
+/// `delay` with equal jitter: between half of it and all of it.
+fn jittered(delay: Duration) -> Duration {
+    use rand::Rng as _;
+    delay.mul_f64(rand::thread_rng().gen_range(0.5..=1.0))
+}
+
 /// What the clients saw.
 #[derive(Debug, Default, Clone, Serialize, serde::Deserialize)]
 #[serde(default)]
@@ -196,8 +210,8 @@ pub(super) async fn place(
             s.retries += attempts - 1;
             return None;
         }
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_secs(1));
+        tokio::time::sleep(jittered(delay)).await;
+        delay = (delay * 2).min(MAX_BACKOFF);
     };
     let id = id?;
     {
@@ -227,11 +241,15 @@ pub(super) async fn place(
 
 pub(super) async fn cancel_when_confirmed(client: &Client, id: Uuid, stats: &Mutex<ClientStats>) {
     let deadline = Instant::now() + Duration::from_secs(60);
+    let mut poll = Duration::from_millis(300);
     while Instant::now() < deadline {
         match client.order(id).await {
             Ok(o) if o.status == "CONFIRMED" => break,
             Ok(o) if o.status == "CANCELLED" => return,
-            _ => tokio::time::sleep(Duration::from_millis(300)).await,
+            _ => {
+                tokio::time::sleep(jittered(poll)).await;
+                poll = (poll * 2).min(Duration::from_secs(2));
+            }
         }
     }
     let key = format!("cancel-{id}");
@@ -253,7 +271,7 @@ pub(super) async fn cancel_when_confirmed(client: &Client, id: Uuid, stats: &Mut
             Ok(r) if r.status == 409 => stats.lock().expect("stats").in_flight_409 += 1,
             _ => {}
         }
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        tokio::time::sleep(jittered(Duration::from_millis(300).mul_f64(attempts.min(6) as f64))).await;
     }
     if attempts > 0 {
         stats.lock().expect("stats").cancel_unanswered.push(id);

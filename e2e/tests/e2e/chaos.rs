@@ -63,20 +63,27 @@ async fn negative_control_without_dedup_finds_double_charges() {
     );
 }
 
-/// The same faults with orders arriving at 100 a second: the lazy offset
+/// The same faults with orders arriving at 80 a second: the lazy offset
 /// commits and concurrent partitions keep every invariant under load.
+///
+/// The rate is what this project's two-core machine holds with the debug
+/// services (failpoints compiled in) under the fault schedule: 100/s held on
+/// the AMD EPYC machines of earlier runs; on the Intel Xeon one of
+/// 2026-12-06 the clients offered 65–79/s of 100 asked, the commit before
+/// this change (b026a45) as much as this one (69.1/s), while at 80/s they
+/// offered 80.0/s with every invariant kept (docs/results/chaos-loaded-rate.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn chaos_at_100_orders_per_second_keeps_every_invariant() {
+async fn chaos_at_80_orders_per_second_keeps_every_invariant() {
     let _slot = crate::exclusive().await;
     let mut cfg = ChaosConfig::ci(20261201);
     cfg.orders = 1_500;
-    // A crash point fires only on fresh work, and at 100/s the first 1,500
-    // orders are placed in 15 s, before the schedule's first round (each
+    // A crash point fires only on fresh work, and at 80/s the first 1,500
+    // orders are placed in 19 s, before the schedule's first round (each
     // crash waits for its restart) is through: the clients go on at the
     // same rate until every kind fired (2 minutes at most).
     cfg.max_orders = 12_000;
-    cfg.rate_per_sec = 100.0;
-    // Under 90/s offered is a failed run (its logs kept), checked below too.
+    cfg.rate_per_sec = 80.0;
+    // Under 90 % of it offered is a failed run (its logs kept), checked below too.
     cfg.offered_floor = 0.9;
     // Enough clients that slow responses under faults do not cap the arrival
     // rate: a kill of order-api stalls every order in flight for the seconds
@@ -84,8 +91,8 @@ async fn chaos_at_100_orders_per_second_keeps_every_invariant() {
     // back to 87/s on CI. 512 absorb a 5-second stall on a quiet machine, but
     // held them to 84/s on CI with the suite's other tests sharing the cores
     // (two order-api outages, each answer slower): 2,048 absorb a 20-second
-    // stall. A waiting client costs a timer and, while retrying, a request a
-    // second.
+    // stall. A waiting client costs a timer and, while retrying, a request
+    // every 2–4 s (its backoff, jittered).
     cfg.clients = 2_048;
     // The load is this run's subject: one Kafka node, so that three JVMs do
     // not take the two cores the arrival rate needs. The replicated cluster
@@ -103,13 +110,14 @@ async fn chaos_at_100_orders_per_second_keeps_every_invariant() {
         report.faults_fired
     );
     assert!(report.duplicates.total_absorbed() > 0, "duplicates absorbed");
-    // The arrival rate: open-loop, so the clients must have offered ~100/s.
-    // The acknowledged rate is reported, not bounded: retries after the last
-    // faults (an order-api restart) stretch it on a slow machine.
+    // The arrival rate: open-loop, so the clients must have offered ~the
+    // rate asked. The acknowledged rate is reported, not bounded: retries
+    // after the last faults (an order-api restart) stretch it on a slow machine.
     assert!(
-        report.offered_per_sec >= 90.0,
-        "orders were offered at {:.0}/s, not the 100/s asked (acknowledged {:.0}/s)",
+        report.offered_per_sec >= 0.9 * cfg.rate_per_sec,
+        "orders were offered at {:.0}/s, not the {:.0}/s asked (acknowledged {:.0}/s)",
         report.offered_per_sec,
+        cfg.rate_per_sec,
         report.placed_per_sec
     );
 }
