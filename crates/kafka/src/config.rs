@@ -268,11 +268,9 @@ impl KafkaArgs {
         topics: &[&str],
         shutdown: tokio_util::sync::CancellationToken,
     ) -> crate::Result<bool> {
-        if !self.answered(shutdown).await {
-            return Ok(false);
-        }
-        self.ensure_topics(topics).await?;
-        Ok(true)
+        let mut names: Vec<String> = topics.iter().map(|t| (*t).to_owned()).collect();
+        names.extend(topics.iter().map(|t| crate::dead_letter_topic(t)));
+        self.ready_with(&names, shutdown).await
     }
 
     /// [`KafkaArgs::ready_for`] for a producer: makes sure of exactly
@@ -283,11 +281,16 @@ impl KafkaArgs {
         topics: &[&str],
         shutdown: tokio_util::sync::CancellationToken,
     ) -> crate::Result<bool> {
+        let names: Vec<String> = topics.iter().map(|t| (*t).to_owned()).collect();
+        self.ready_with(&names, shutdown).await
+    }
+
+    /// Waits for a broker's answer, then makes sure of exactly `names`.
+    async fn ready_with(&self, names: &[String], shutdown: tokio_util::sync::CancellationToken) -> crate::Result<bool> {
         if !self.answered(shutdown).await {
             return Ok(false);
         }
-        let names: Vec<String> = topics.iter().map(|t| (*t).to_owned()).collect();
-        crate::client::ensure_exactly(self, &names, &self.topic_settings()).await?;
+        crate::client::ensure_exactly(self, names, &self.topic_settings()).await?;
         Ok(true)
     }
 

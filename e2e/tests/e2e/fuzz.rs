@@ -26,6 +26,37 @@ async fn fuzz(
     credential: &str,
     examples: u32,
 ) -> Result<usize, String> {
+    match fuzz_once(stack, service, document, credential, examples).await {
+        // A lone transport error and no failed check: run once more. Seen
+        // twice in ~2,600 requests on the gateway's https port (schemathesis:
+        // "SSL … EOF occurred in violation of protocol" on one POST of the
+        // coverage phase, none in a run on the same seed before or after):
+        // the likeliest cause is a request whose body arrived after its
+        // early refusal, closed with unread data (hyper has no lingering
+        // close), not a response of the service. Any failed check, any
+        // other error, or the same again fails the test.
+        Err(report) if transport_only(&report) => {
+            eprintln!("fuzz: {document}: a lone network error, run again:\n{report}");
+            fuzz_once(stack, service, document, credential, examples).await
+        }
+        other => other,
+    }
+}
+
+/// Whether schemathesis's report holds network errors and nothing else:
+/// no check failed ("N generated, N passed, K errored").
+fn transport_only(report: &str) -> bool {
+    let cases = report.lines().find(|l| l.contains(" generated,")).unwrap_or_default();
+    report.contains("Network Error") && cases.contains(" errored") && !cases.contains(" failed")
+}
+
+async fn fuzz_once(
+    stack: &e2e::Stack,
+    service: Service,
+    document: &str,
+    credential: &str,
+    examples: u32,
+) -> Result<usize, String> {
     let st = testkit::schemathesis::ensure().expect("schemathesis available");
     let schema = format!("{}/../docs/openapi/{document}.json", env!("CARGO_MANIFEST_DIR"));
     let url = stack.url(service);
@@ -62,6 +93,16 @@ async fn fuzz(
     }
     println!("fuzz: {document}: {generated} requests, 0 failures");
     Ok(generated)
+}
+
+#[test]
+fn only_a_report_of_network_errors_alone_is_run_again() {
+    let errored = "Errors:\n  🚫 Network Error: 1\nTest cases:\n  2599 generated, 2599 passed, 1 errored, 2 skipped";
+    assert!(transport_only(errored));
+    let failed = "Failures:\n  ❌ Server error: 1\nErrors:\n  🚫 Network Error: 1\nTest cases:\n  2599 generated, 2598 passed, 1 failed, 1 errored";
+    assert!(!transport_only(failed));
+    let other = "Errors:\n  🚫 Schema error: 1\nTest cases:\n  10 generated, 10 passed, 1 errored";
+    assert!(!transport_only(other));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

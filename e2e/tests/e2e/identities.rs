@@ -7,7 +7,6 @@
 
 use std::time::Duration;
 
-use e2e::driver::{Client, OrderRequest, GOOD_CARD};
 use e2e::Service;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -107,16 +106,7 @@ fn as_user(stack: &e2e::Stack, user: &str) -> ClientConfig {
 async fn the_brokers_refuse_a_stranger_and_a_service_outside_its_own_topics() {
     let stack = crate::stack("identities").await;
     // The saga runs under its principals and ACLs: an order ends CONFIRMED.
-    let client = Client::new(&stack, Duration::from_secs(5)).unwrap();
-    client.seed_stock("WIDGET", 5).await.unwrap();
-    let order = OrderRequest {
-        sku: "WIDGET".into(),
-        quantity: 1,
-        amount_cents: 700,
-        card: GOOD_CARD.into(),
-    };
-    let (_, status) = client.place_and_finish(&order, Duration::from_secs(60)).await.unwrap();
-    assert_eq!(status, "CONFIRMED");
+    crate::one_confirmed_order(&stack).await;
     let before = log_ends(&stack.kafka());
 
     // No credentials: a plaintext client on the TLS listener gets nothing.

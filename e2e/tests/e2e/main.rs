@@ -70,6 +70,25 @@ pub async fn share() -> OwnedRwLockReadGuard<()> {
     MACHINE.clone().read_owned().await
 }
 
+/// Seeds stock and places one payable order through `stack`, until it
+/// ends CONFIRMED: the saga ran end to end (under the stack's database
+/// roles and Kafka principals).
+pub async fn one_confirmed_order(stack: &e2e::Stack) {
+    let client = e2e::driver::Client::new(stack, std::time::Duration::from_secs(5)).unwrap();
+    client.seed_stock("WIDGET", 5).await.unwrap();
+    let order = e2e::driver::OrderRequest {
+        sku: "WIDGET".into(),
+        quantity: 1,
+        amount_cents: 700,
+        card: e2e::driver::GOOD_CARD.into(),
+    };
+    let (_, status) = client
+        .place_and_finish(&order, std::time::Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(status, "CONFIRMED");
+}
+
 /// Boots a fresh stack for one test.
 pub async fn stack(label: &str) -> TestStack {
     let share = MACHINE.clone().read_owned().await;

@@ -3,9 +3,6 @@
 //! relay's role reaches the participants' outboxes and nothing beside them;
 //! no role may create a database or a role; and the saga runs end to end so.
 
-use std::time::Duration;
-
-use e2e::driver::{Client, OrderRequest, GOOD_CARD};
 use e2e::Service;
 use sqlx::Connection;
 
@@ -20,16 +17,7 @@ async fn each_service_role_reaches_its_own_database_only() {
     let stack = crate::stack("privileges").await;
     // The saga runs under these roles: an order ends CONFIRMED (the relay
     // published from the outboxes it was granted).
-    let client = Client::new(&stack, Duration::from_secs(5)).unwrap();
-    client.seed_stock("WIDGET", 5).await.unwrap();
-    let order = OrderRequest {
-        sku: "WIDGET".into(),
-        quantity: 1,
-        amount_cents: 700,
-        card: GOOD_CARD.into(),
-    };
-    let (_, status) = client.place_and_finish(&order, Duration::from_secs(60)).await.unwrap();
-    assert_eq!(status, "CONFIRMED");
+    crate::one_confirmed_order(&stack).await;
 
     let mut admin = sqlx::PgConnection::connect(&stack.db_url("orders")).await.unwrap();
     let mut matrix = Vec::new();
