@@ -131,9 +131,14 @@ pub async fn ensure_topics_with<C: Connect + ?Sized>(
     topics: &[&str],
     settings: &TopicSettings,
 ) -> Result<()> {
+    ensure_exactly(kafka, &with_dead_letters(topics), settings).await
+}
+
+/// `topics` and, after them, their dead-letter topics.
+pub fn with_dead_letters(topics: &[&str]) -> Vec<String> {
     let mut names: Vec<String> = topics.iter().map(|t| (*t).to_owned()).collect();
     names.extend(topics.iter().map(|t| dead_letter_topic(t)));
-    ensure_exactly(kafka, &names, settings).await
+    names
 }
 
 /// [`ensure_topics_with`] for exactly `names`, no dead-letter topics added

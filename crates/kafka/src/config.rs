@@ -268,9 +268,8 @@ impl KafkaArgs {
         topics: &[&str],
         shutdown: tokio_util::sync::CancellationToken,
     ) -> crate::Result<bool> {
-        let mut names: Vec<String> = topics.iter().map(|t| (*t).to_owned()).collect();
-        names.extend(topics.iter().map(|t| crate::dead_letter_topic(t)));
-        self.ready_with(&names, shutdown).await
+        self.ready_with(&crate::client::with_dead_letters(topics), shutdown)
+            .await
     }
 
     /// [`KafkaArgs::ready_for`] for a producer: makes sure of exactly

@@ -7,8 +7,6 @@
 
 use std::path::{Path, PathBuf};
 
-use rdkafka::ClientConfig;
-
 /// The inter-broker principal (a super user).
 pub const BROKER_USER: &str = "broker";
 /// The harness's and the operator's principal (a super user): audits,
@@ -55,26 +53,6 @@ impl Security {
     /// The password of `user`, if it is one of the cluster's.
     pub fn password(&self, user: &str) -> Option<&str> {
         self.users.iter().find(|(u, _)| u == user).map(|(_, p)| p.as_str())
-    }
-
-    /// librdkafka's settings for `user` at `bootstrap` (SCRAM-SHA-512 over
-    /// TLS, the node's name checked against its certificate).
-    pub fn client_config(&self, bootstrap: &str, user: &str) -> ClientConfig {
-        let mut c = ClientConfig::new();
-        c.set("bootstrap.servers", bootstrap)
-            .set("security.protocol", "SASL_SSL")
-            .set("sasl.mechanisms", "SCRAM-SHA-512")
-            .set("sasl.username", user)
-            .set("sasl.password", self.password(user).unwrap_or_default())
-            .set("ssl.ca.location", self.ca_file.display().to_string())
-            .set("ssl.endpoint.identification.algorithm", "https")
-            .set("log_level", "0");
-        c
-    }
-
-    /// [`Security::client_config`] for [`ADMIN_USER`].
-    pub fn admin_config(&self, bootstrap: &str) -> ClientConfig {
-        self.client_config(bootstrap, ADMIN_USER)
     }
 
     /// The `server.properties` lines of a node: listeners (`CLIENT`:
