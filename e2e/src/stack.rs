@@ -317,6 +317,9 @@ impl Stack {
             let relay = self.roles.name(Service::Relay).unwrap_or_default();
             env.push(("OUTBOX_RELAY_ROLE".into(), relay.to_owned()));
         }
+        if s != Service::Broker && s != Service::Gateway && self.opts.partitions != kafka::PARTITIONS {
+            env.push(("KAFKA_PARTITIONS".into(), self.opts.partitions.to_string()));
+        }
         if s != Service::Broker && s != Service::Gateway && self.broker_nodes.len() > 1 {
             let replicas = self.broker_nodes.len().min(3);
             env.push(("KAFKA_REPLICATION_FACTOR".into(), replicas.to_string()));
@@ -477,6 +480,11 @@ impl Stack {
     /// The fault proxy between payment-service and the gateway, if enabled.
     pub fn gateway_proxy(&self) -> Option<&FaultProxy> {
         self.proxy.as_ref()
+    }
+
+    /// The pid of `s`'s process, when it runs.
+    pub fn pid(&self, s: Service) -> Option<u32> {
+        self.procs.get(&s).and_then(Child::id)
     }
 
     /// Whether the process is alive; reaps it (and forgets it) when it exited

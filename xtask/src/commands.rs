@@ -3,6 +3,7 @@
 
 use e2e::demo::{self, Mix};
 use e2e::interrupt::unless_interrupted;
+use e2e::stack::Service;
 use e2e::{Stack, StackOptions};
 
 use crate::{cargo, lint, scenario, testrun, workspace_root, BenchArgs, ChaosArgs, DemoArgs};
@@ -115,6 +116,11 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         instances,
         trace_cost,
         pg_set,
+        kafka_nodes,
+        partitions,
+        mix,
+        prefill_rate,
+        prefill_orders,
     } = args;
     if cfg!(debug_assertions) {
         // Measure release builds only, the driver included: re-run this command optimised.
@@ -125,6 +131,11 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
             .args(["--trials", &trials.to_string()])
             .args(quick.then_some("--quick"))
             .args(["--instances", &instances.to_string()])
+            .args(["--kafka-nodes", &kafka_nodes.to_string()])
+            .args(["--partitions", &partitions.to_string()])
+            .args(["--mix", &mix])
+            .args(["--prefill-rate", &prefill_rate.to_string()])
+            .args(["--prefill-orders", &prefill_orders.to_string()])
             .args(trace_cost.map(|r| format!("--trace-cost={r}")))
             .args(pg_set.iter().map(|(n, v)| format!("--pg-set={n}={v}")))
             .status()?;
@@ -152,9 +163,21 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         quick,
         instances: instances.into(),
         postgres_settings: pg_set,
+        mix: e2e::bench::mix::Mix::parse(&mix).map_err(anyhow::Error::msg)?,
+        prefill: (prefill_rate > 0.0).then(|| e2e::bench::prefill::Prefill {
+            rate: prefill_rate,
+            ageing_secs: e2e::bench::prefill::DEFAULT_AGEING.as_secs(),
+            body_orders: prefill_orders,
+        }),
         ..Default::default()
     };
-    let opts = StackOptions::ephemeral("bench")?;
+    let mut opts = StackOptions::ephemeral("bench")?;
+    opts.brokers = kafka_nodes;
+    opts.partitions = partitions;
+    // A provider's tokenise limit is set to the deployment's rate; the
+    // mock's default (200/s per caller) would refuse a card per order.
+    opts.extra_env
+        .push((Service::Gateway, "GATEWAY_TOKENISE_PER_SEC".into(), "100000".into()));
     eprintln!("booting a fresh stack (logs in {})…", opts.run_dir.display());
     let mut stack = unless_interrupted(Stack::start(opts)).await?;
     let figures = e2e::bench::run(&mut stack, &cfg).await;

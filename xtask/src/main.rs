@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use anyhow::Context;
+use clap::builder::TypedValueParser as _;
 use clap::{Parser, Subcommand};
 use e2e::interrupt::unless_interrupted;
 
@@ -137,12 +138,30 @@ pub struct BenchArgs {
     /// First arrival rate tried, orders per second.
     #[arg(long, default_value_t = 100.0)]
     pub start_rate: f64,
-    /// Sustained-rate trials at most.
-    #[arg(long, default_value_t = 6)]
+    /// Trials of the capacity search at most.
+    #[arg(long, default_value_t = 20)]
     pub trials: usize,
-    /// Only the ceilings and the sustained-rate search (to try settings).
+    /// Only the ceilings and the capacity search (to try settings).
     #[arg(long)]
     pub quick: bool,
+    /// Kafka nodes: 1, or 3 (replication factor 3, min ISR 2).
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::PossibleValuesParser::new(["1", "3"]).map(|s| s.parse::<u32>().unwrap_or(1)))]
+    pub kafka_nodes: u32,
+    /// Partitions of each topic (`KAFKA_PARTITIONS`).
+    #[arg(long, default_value_t = kafka::PARTITIONS, value_parser = clap::value_parser!(i32).range(1..=1_000))]
+    pub partitions: i32,
+    /// The orders: `realistic` (1,000 SKUs, a card per order, 10 %
+    /// cancelled and refunded, 4 API keys) or `single` (one SKU, one card,
+    /// one key: the earlier benches' shape).
+    #[arg(long, default_value = "realistic", value_parser = ["realistic", "single"])]
+    pub mix: String,
+    /// Orders per second whose prefilled rows age out during the run (0: no
+    /// prefill; the tables hold only the run's orders).
+    #[arg(long, default_value_t = 500.0)]
+    pub prefill_rate: f64,
+    /// Orders' worth of prefilled rows within retention.
+    #[arg(long, default_value_t = 500_000)]
+    pub prefill_orders: u64,
     /// Instances of each consumer service (inventory, payment, order-api's
     /// saga) in its consumer group; the report gives each one's handled count.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=4))]

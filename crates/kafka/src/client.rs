@@ -19,8 +19,9 @@ use rdkafka::util::Timeout;
 
 use crate::{Error, Result};
 
-/// Partitions per topic. The message key (order id) keeps one order's
-/// messages in one partition, hence in order.
+/// Partitions per topic unless `KAFKA_PARTITIONS` says otherwise
+/// ([`crate::KafkaArgs::partitions`]). The message key (order id) keeps one
+/// order's messages in one partition, hence in order.
 pub const PARTITIONS: i32 = 3;
 
 /// How long librdkafka waits for the answer to a request before it drops

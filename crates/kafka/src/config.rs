@@ -69,6 +69,16 @@ pub struct KafkaArgs {
     #[arg(long = "kafka-replication-factor", env = "KAFKA_REPLICATION_FACTOR", default_value_t = 1,
           value_parser = clap::value_parser!(i32).range(1..=16))]
     pub replication_factor: i32,
+    /// Partitions of each topic a service creates: the most consumer
+    /// instances of one group that share a topic's work, and the ordering
+    /// unit's spread (an order's messages stay in one partition by key).
+    /// Chosen before the first start: a service refuses a topic with
+    /// another count and never changes one (adding partitions moves keys,
+    /// so an order's next message could overtake its earlier ones). Size
+    /// it for the instances a deployment will ever run (docs/scaling.md).
+    #[arg(long = "kafka-partitions", env = "KAFKA_PARTITIONS", default_value_t = crate::PARTITIONS,
+          value_parser = clap::value_parser!(i32).range(1..=10_000))]
+    pub partitions: i32,
     /// This instance's static identity in its consumer groups
     /// (`group.instance.id`, KIP-345), e.g. a StatefulSet pod name; unset,
     /// the instance is a dynamic member. A static member that restarts
@@ -135,6 +145,7 @@ impl KafkaArgs {
             fetch_wait_ms: 0,
             topic_retention_secs: 3 * 86_400,
             replication_factor: 1,
+            partitions: crate::PARTITIONS,
             group_instance_id: None,
             debug: None,
             plaintext: true,
@@ -203,7 +214,7 @@ impl KafkaArgs {
     /// The settings every topic of the saga must have.
     pub fn topic_settings(&self) -> crate::client::TopicSettings {
         crate::client::TopicSettings {
-            partitions: crate::PARTITIONS,
+            partitions: self.partitions,
             replication_factor: self.replication_factor,
             retention: Some(self.topic_retention()),
         }
@@ -355,5 +366,14 @@ mod tests {
             .expect("refused")
             .to_string();
         assert!(short.contains("at least 32") && !short.contains("short\n"), "{short}");
+    }
+
+    #[test]
+    fn the_partition_count_is_a_setting_and_the_topics_follow_it() {
+        let default = Cli::try_parse_from(["svc", "--kafka-plaintext"]).unwrap();
+        assert_eq!(default.kafka.topic_settings().partitions, crate::PARTITIONS);
+        let twelve = Cli::try_parse_from(["svc", "--kafka-plaintext", "--kafka-partitions", "12"]).unwrap();
+        assert_eq!(twelve.kafka.topic_settings().partitions, 12);
+        assert!(Cli::try_parse_from(["svc", "--kafka-plaintext", "--kafka-partitions", "0"]).is_err());
     }
 }

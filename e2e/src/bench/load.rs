@@ -11,20 +11,11 @@ use serde::Serialize;
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
-use crate::driver::{Client, OrderRequest, GOOD_CARD};
+use super::mix::{Load, CANCEL_AFTER};
 
 /// Requests in flight at most; beyond that an arrival waits (and its wait
 /// counts in its latency).
 const MAX_IN_FLIGHT: usize = 512;
-
-fn payable() -> OrderRequest {
-    OrderRequest {
-        sku: "WIDGET".into(),
-        quantity: 1,
-        amount_cents: 1_000,
-        card: GOOD_CARD.into(),
-    }
-}
 
 /// How late a trial's orders may be sent and the rate still count as
 /// offered: past it, `POST /orders` answered slower than the arrivals came
@@ -48,18 +39,39 @@ pub struct Sent {
     pub send_lag: Duration,
     /// Orders sent per second: all of them over the time to send the last.
     pub offered_per_sec: f64,
+    /// Orders whose cancel was accepted ([`CANCEL_AFTER`] their intended
+    /// send); their end is the cancel's, so placed → terminal leaves them out.
+    pub cancelled: std::collections::BTreeSet<Uuid>,
+    /// Cancels not accepted: 409 (the order not yet CONFIRMED a second
+    /// after it was sent, so it goes on to its own end) or an error.
+    pub cancels_failed: usize,
+    /// Orders of this run terminal when the last order had been answered
+    /// (before any drain): what the saga completed while the orders came.
+    pub terminal_at_end: usize,
+    /// From the first intended send until the last order was answered.
+    pub elapsed: Duration,
 }
 
 impl Sent {
+    /// The orders placed and not cancelled by the driver.
+    pub fn uncancelled(&self) -> Vec<Uuid> {
+        self.intended
+            .keys()
+            .filter(|id| !self.cancelled.contains(id))
+            .copied()
+            .collect()
+    }
+
     /// Whether every order went out within [`MAX_SEND_LAG`] of its time.
     pub fn on_time(&self) -> bool {
         self.send_lag <= MAX_SEND_LAG
     }
 }
 
-/// Sends payable orders at `rate` per second for `duration`, open loop,
-/// sampling the backlog every second.
-pub async fn open_loop(client: &Client, orders_db: &str, rate: f64, duration: Duration) -> anyhow::Result<Sent> {
+/// Sends `load`'s orders at `rate` per second for `duration`, open loop,
+/// sampling the backlog every second; the orders drawn to be cancelled
+/// get their cancel [`CANCEL_AFTER`] their intended send.
+pub async fn open_loop(load: &Load, orders_db: &str, rate: f64, duration: Duration) -> anyhow::Result<Sent> {
     let n = (rate * duration.as_secs_f64()).round() as usize;
     let sent = Arc::new(Mutex::new(Sent::default()));
     let permits = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
@@ -81,15 +93,19 @@ pub async fn open_loop(client: &Client, orders_db: &str, rate: f64, duration: Du
         })
     };
     let mut tasks = tokio::task::JoinSet::new();
+    // Each cancel waits in its own task from when its order is answered,
+    // so it goes out on time while orders are still being sent.
+    let cancels = Arc::new(Mutex::new(Vec::new()));
     let mut send_lag = Duration::ZERO;
     for i in 0..n {
         let offset = Duration::from_secs_f64(i as f64 / rate);
         tokio::time::sleep_until((start + offset).into()).await;
         let permit = permits.clone().acquire_owned().await?;
         send_lag = send_lag.max(start.elapsed().saturating_sub(offset));
-        let (client, sent) = (client.clone(), sent.clone());
+        let (client, order, cancel) = load.order(i);
+        let (client, sent, cancels) = (client.clone(), sent.clone(), cancels.clone());
         tasks.spawn(async move {
-            let result = client.post_order(&Uuid::new_v4().to_string(), &payable()).await;
+            let result = client.post_order(&Uuid::new_v4().to_string(), &order).await;
             drop(permit);
             let id = match result {
                 Ok(r) if r.status == 201 => serde_json::from_str::<crate::driver::OrderView>(&r.body)
@@ -97,22 +113,58 @@ pub async fn open_loop(client: &Client, orders_db: &str, rate: f64, duration: Du
                     .map(|o| o.id),
                 _ => None,
             };
-            let mut s = sent.lock().expect("sent");
             match id {
-                Some(id) => {
-                    s.intended.insert(id, wall + offset);
+                Some(id) => sent.lock().expect("sent").intended.insert(id, wall + offset),
+                None => {
+                    sent.lock().expect("sent").failed += 1;
+                    return;
                 }
-                None => s.failed += 1,
+            };
+            if let (true, Some(id)) = (cancel, id) {
+                let at = start + offset + CANCEL_AFTER;
+                let task = tokio::spawn(async move {
+                    tokio::time::sleep_until(at.into()).await;
+                    let ok = matches!(client.cancel(&format!("cancel-{id}"), id).await,
+                        Ok(r) if r.status == 202 || r.status == 200);
+                    let mut s = sent.lock().expect("sent");
+                    if ok {
+                        s.cancelled.insert(id);
+                    } else {
+                        s.cancels_failed += 1;
+                    }
+                });
+                cancels.lock().expect("cancels").push(task);
             }
         });
     }
     let sending = start.elapsed();
     while tasks.join_next().await.is_some() {}
+    let elapsed = start.elapsed();
+    let ids: Vec<Uuid> = sent.lock().expect("sent").intended.keys().copied().collect();
+    let terminal_at_end = terminal(orders_db, &ids).await?;
+    let cancels = std::mem::take(&mut *cancels.lock().expect("cancels"));
+    for c in cancels {
+        c.await?;
+    }
     sampler.abort();
     let mut sent = sent.lock().expect("sent");
     sent.send_lag = send_lag;
     sent.offered_per_sec = n as f64 / sending.as_secs_f64().max(f64::EPSILON);
+    sent.terminal_at_end = terminal_at_end;
+    sent.elapsed = elapsed;
     Ok(std::mem::take(&mut *sent))
+}
+
+/// How many of `ids` are CONFIRMED or CANCELLED now.
+async fn terminal(orders_db: &str, ids: &[Uuid]) -> anyhow::Result<usize> {
+    let mut db = PgConnection::connect(orders_db).await?;
+    let n: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM orders WHERE id = ANY($1) AND status IN ('CONFIRMED', 'CANCELLED')")
+            .bind(ids)
+            .fetch_one(&mut db)
+            .await?;
+    db.close().await?;
+    Ok(usize::try_from(n).unwrap_or(0))
 }
 
 /// Orders not yet CONFIRMED or CANCELLED: the open ones and those in
@@ -153,9 +205,9 @@ pub const WARM_UP: Duration = Duration::from_secs(90);
 /// took most of its CPU (measured: docs/results/code-decisions.md). A deployed broker
 /// has long been warm; the ceilings' short runs do not warm the saga's paths
 /// (consumer groups, offset commits, six topics).
-pub async fn warm_up(client: &Client, orders_db: &str, rate: f64) -> anyhow::Result<()> {
+pub async fn warm_up(load: &Load, orders_db: &str, rate: f64) -> anyhow::Result<()> {
     eprintln!("bench: warm-up at {rate:.0} orders/s for {WARM_UP:?}");
-    open_loop(client, orders_db, rate, WARM_UP).await?;
+    open_loop(load, orders_db, rate, WARM_UP).await?;
     if wait_drained(orders_db, Duration::from_secs(120)).await?.is_none() {
         eprintln!("bench: the warm-up's backlog did not drain in 120 s: the first trial starts behind");
     }
@@ -167,7 +219,7 @@ pub async fn warm_up(client: &Client, orders_db: &str, rate: f64) -> anyhow::Res
 /// order's last transition; and the time the last one finished.
 pub async fn latencies(orders_db: &str, sent: &Sent) -> anyhow::Result<(Vec<f64>, Option<SystemTime>)> {
     let mut db = PgConnection::connect(orders_db).await?;
-    let ids: Vec<Uuid> = sent.intended.keys().copied().collect();
+    let ids = sent.uncancelled();
     let rows: Vec<(Uuid, chrono::DateTime<chrono::Utc>)> =
         sqlx::query_as("SELECT id, updated_at FROM orders WHERE id = ANY($1) AND status IN ('CONFIRMED', 'CANCELLED')")
             .bind(&ids)
@@ -187,32 +239,58 @@ pub async fn latencies(orders_db: &str, sent: &Sent) -> anyhow::Result<(Vec<f64>
     Ok((out, last))
 }
 
+/// Percentiles of a set of latencies, ms.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Percentiles {
+    /// Orders measured.
+    pub orders: usize,
+    /// Median.
+    pub p50_ms: f64,
+    /// 99th percentile.
+    pub p99_ms: f64,
+    /// 99.9th percentile.
+    pub p999_ms: f64,
+    /// The slowest.
+    pub max_ms: f64,
+}
+
+impl Percentiles {
+    /// Of `sorted` (ascending).
+    pub fn of(sorted: &[f64]) -> Self {
+        Self {
+            orders: sorted.len(),
+            p50_ms: super::pct(sorted, 0.50),
+            p99_ms: super::pct(sorted, 0.99),
+            p999_ms: super::pct(sorted, 0.999),
+            max_ms: sorted.last().copied().unwrap_or(0.0),
+        }
+    }
+}
+
 /// Latency at a fixed rate.
 #[derive(Debug, Clone, Serialize)]
 pub struct Latency {
     /// Arrival rate.
     pub rate: f64,
-    /// Orders measured.
-    pub orders: usize,
-    /// Placed → terminal, from the intended send time: median, ms.
-    pub p50_ms: f64,
-    /// 99th percentile, ms.
-    pub p99_ms: f64,
+    /// Placed → terminal from the intended send time, of the orders not
+    /// cancelled by the driver.
+    pub placed_to_terminal: Percentiles,
+    /// Requests that did not get a 201.
+    pub failed: usize,
     /// The same orders' time, stage by stage.
     pub stages: Vec<Stage>,
 }
 
 /// Placed → terminal latency of orders sent at `rate` for `window`, and its stages.
-pub async fn latency(client: &Client, orders_db: &str, rate: f64, window: Duration) -> anyhow::Result<Latency> {
+pub async fn latency(load: &Load, orders_db: &str, rate: f64, window: Duration) -> anyhow::Result<Latency> {
     eprintln!("bench: latency at {rate:.0} orders/s for {window:?}");
-    let sent = open_loop(client, orders_db, rate, window).await?;
+    let sent = open_loop(load, orders_db, rate, window).await?;
     wait_drained(orders_db, Duration::from_secs(120)).await?;
     let (lat, _) = latencies(orders_db, &sent).await?;
     Ok(Latency {
         rate,
-        orders: lat.len(),
-        p50_ms: super::pct(&lat, 0.50),
-        p99_ms: super::pct(&lat, 0.99),
+        placed_to_terminal: Percentiles::of(&lat),
+        failed: sent.failed,
         stages: stages(orders_db, &sent).await?,
     })
 }
@@ -237,7 +315,7 @@ pub struct Stage {
 pub async fn stages(orders_db: &str, sent: &Sent) -> anyhow::Result<Vec<Stage>> {
     type At = chrono::DateTime<chrono::Utc>;
     let mut db = PgConnection::connect(orders_db).await?;
-    let ids: Vec<Uuid> = sent.intended.keys().copied().collect();
+    let ids = sent.uncancelled();
     let rows: Vec<(Uuid, At, At, At)> = sqlx::query_as(
         "SELECT o.id, p.at, r.at, o.updated_at
          FROM orders o
@@ -277,6 +355,8 @@ pub async fn stages(orders_db: &str, sent: &Sent) -> anyhow::Result<Vec<Stage>> 
 pub struct HttpFigures {
     /// Concurrent clients.
     pub clients: usize,
+    /// 201s.
+    pub requests: usize,
     /// 201s per second.
     pub requests_per_sec: f64,
     /// Latency percentiles, milliseconds.
@@ -288,17 +368,18 @@ pub struct HttpFigures {
 }
 
 /// Closed-loop `POST /orders` at full speed.
-pub async fn post_max(client: &Client, clients: usize, duration: Duration) -> anyhow::Result<HttpFigures> {
+pub async fn post_max(load: &Load, clients: usize, duration: Duration) -> anyhow::Result<HttpFigures> {
     let end = Instant::now() + duration;
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..clients {
-        let client = client.clone();
+    for c in 0..clients {
+        let load = load.clone();
         tasks.spawn(async move {
             let (mut ok, mut failed) = (Vec::new(), 0usize);
             while Instant::now() < end {
+                let (client, order, _) = load.order(c);
                 let t = Instant::now();
-                match client.post_order(&Uuid::new_v4().to_string(), &payable()).await {
+                match client.post_order(&Uuid::new_v4().to_string(), &order).await {
                     Ok(r) if r.status == 201 => ok.push(t.elapsed().as_secs_f64() * 1000.0),
                     _ => failed += 1,
                 }
@@ -316,6 +397,7 @@ pub async fn post_max(client: &Client, clients: usize, duration: Duration) -> an
     lat.sort_by(f64::total_cmp);
     Ok(HttpFigures {
         clients,
+        requests: lat.len(),
         requests_per_sec: lat.len() as f64 / secs,
         p50_ms: super::pct(&lat, 0.50),
         p99_ms: super::pct(&lat, 0.99),

@@ -41,7 +41,7 @@ pub async fn scale_out(stack: &mut Stack, n: usize) -> anyhow::Result<Vec<Instan
         for _ in 1..n {
             urls.push(stack.start_extra(s).await?.1);
         }
-        let shares = Stack::wait_shared(&urls, topic, Duration::from_secs(120)).await?;
+        let shares = stack.wait_shared(&urls, topic, Duration::from_secs(120)).await?;
         eprintln!("bench: {} × {n}: partitions {shares:?}", s.name());
         out.extend(urls.into_iter().zip(shares).map(|(url, share)| Instance {
             service: s.name().to_owned(),

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::mix::{Load, Mix};
 use crate::driver::Client;
 use crate::otlp::Receiver;
 use crate::stack::{Service, Stack};
@@ -64,7 +65,7 @@ pub struct TraceCost {
 
 async fn mode(
     stack: &Stack,
-    client: &Client,
+    load: &Load,
     tracing: &'static str,
     rate: f64,
     receiver: &Receiver,
@@ -72,9 +73,9 @@ async fn mode(
     let orders_db = stack.db_url("orders");
     let spans_before = receiver.span_count();
     eprintln!("trace cost: tracing {tracing}: {rate:.0} orders/s for 30 s");
-    let trial = super::trial(stack, client, rate, Duration::from_secs(30)).await?;
+    let trial = super::search::trial(stack, load, rate, Duration::from_secs(30)).await?;
     let cpu: f64 = trial.cpu_ms_per_order.values().sum();
-    let burst = super::burst(client, &orders_db, rate * 3.0, Duration::from_secs(5)).await?;
+    let burst = super::burst(load, &orders_db, rate * 3.0, Duration::from_secs(5)).await?;
     Ok(Mode {
         tracing,
         rate,
@@ -91,21 +92,22 @@ pub async fn run(stack: &mut Stack, rate: f64) -> anyhow::Result<TraceCost> {
     let receiver = Receiver::start().await?;
     let client = Client::new(stack, Duration::from_secs(10))?;
     client.seed_stock("WIDGET", 2_000_000_000).await?;
+    let load = Load::on(&client, Mix::single());
     for s in SERVICES {
         stack.set_env(s, "OTEL_SDK_DISABLED", "true");
         stack.restart(s).await?;
     }
-    let disabled = mode(stack, &client, "disabled", rate, &receiver).await?;
+    let disabled = mode(stack, &load, "disabled", rate, &receiver).await?;
     for s in SERVICES {
         stack.set_env(s, "OTEL_SDK_DISABLED", "false");
         stack.restart(s).await?;
     }
-    let spans = mode(stack, &client, "spans", rate, &receiver).await?;
+    let spans = mode(stack, &load, "spans", rate, &receiver).await?;
     for s in SERVICES {
         stack.set_env(s, "OTEL_EXPORTER_OTLP_ENDPOINT", &receiver.endpoint());
         stack.restart(s).await?;
     }
-    let export = mode(stack, &client, "export", rate, &receiver).await?;
+    let export = mode(stack, &load, "export", rate, &receiver).await?;
     anyhow::ensure!(export.spans > 0, "export on, yet no span reached the receiver");
     anyhow::ensure!(
         disabled.spans == 0 && spans.spans == 0,

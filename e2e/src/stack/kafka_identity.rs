@@ -86,7 +86,11 @@ impl Stack {
     pub fn kafka_as(&self, user: &str) -> kafka::KafkaArgs {
         let password = self.tls.kafka.password(user).unwrap_or_default();
         let password = credentials::Secret::new(password).expect("the stack's passwords are 64 characters");
-        kafka::KafkaArgs::new(self.brokers()).with_sasl(user, password, &self.tls.kafka.ca_file)
+        let mut args = kafka::KafkaArgs::new(self.brokers()).with_sasl(user, password, &self.tls.kafka.ca_file);
+        // The topics the harness makes are the services' kind.
+        args.partitions = self.opts.partitions;
+        args.replication_factor = i32::try_from(self.broker_nodes.len().min(3)).unwrap_or(1);
+        args
     }
 
     /// [`Stack::kafka`] as a file of `NAME=value` lines (the variables

@@ -82,13 +82,15 @@ impl Stack {
     }
 
     /// Waits until the instances at `urls` hold disjoint, non-empty shares
-    /// of all of `topic`'s partitions, or `timeout`; returns the shares.
+    /// of all of `topic`'s partitions (the stack's count), or `timeout`;
+    /// returns the shares.
     pub async fn wait_shared(
+        &self,
         urls: &[String],
         topic: &str,
         timeout: Duration,
     ) -> anyhow::Result<Vec<BTreeSet<(String, i32)>>> {
-        let all: BTreeSet<(String, i32)> = (0..kafka::PARTITIONS).map(|p| (topic.to_owned(), p)).collect();
+        let all: BTreeSet<(String, i32)> = (0..self.opts.partitions).map(|p| (topic.to_owned(), p)).collect();
         let end = Instant::now() + timeout;
         loop {
             let mut shares = Vec::new();

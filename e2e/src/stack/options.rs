@@ -32,6 +32,8 @@ pub struct StackOptions {
     /// Kafka nodes (each broker and controller): 1, or 3 for a replicated
     /// cluster (topics with 3 replicas, `min.insync.replicas` 2).
     pub brokers: u32,
+    /// Partitions of each topic (`KAFKA_PARTITIONS` of every service).
+    pub partitions: i32,
     /// The services' secrets; fresh random ones when None.
     pub secrets: Option<super::Secrets>,
     /// `Some(settings)`: the stack runs a PostgreSQL cluster of its own
@@ -68,6 +70,7 @@ impl StackOptions {
             extra_env: Vec::new(),
             gateway_proxy: false,
             brokers: 1,
+            partitions: kafka::PARTITIONS,
             secrets: None,
             own_postgres: None,
             isolated_uids: false,

@@ -22,8 +22,8 @@ async fn applied(url: &str) -> f64 {
 
 /// Waits until the instances at `urls` hold disjoint, non-empty shares of
 /// all of `topic`'s partitions; returns the shares.
-async fn wait_shared(urls: &[String], topic: &str) -> Vec<BTreeSet<(String, i32)>> {
-    Stack::wait_shared(urls, topic, Duration::from_secs(90)).await.unwrap()
+async fn wait_shared(stack: &Stack, urls: &[String], topic: &str) -> Vec<BTreeSet<(String, i32)>> {
+    stack.wait_shared(urls, topic, Duration::from_secs(90)).await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -42,7 +42,7 @@ async fn three_instances_share_partitions_and_survive_sigkill_churn() {
         // join, so their joining makes it give partitions up: a revocation
         // for certain (a joiner arriving while the group still forms would
         // take its share with none).
-        wait_shared(&[stack.admin_url(s)], topic).await;
+        wait_shared(&stack, &[stack.admin_url(s)], topic).await;
         instances.entry(s).or_default().push((0, stack.admin_url(s)));
         for _ in 0..2 {
             let extra = stack.start_extra(s).await.unwrap();
@@ -51,7 +51,7 @@ async fn three_instances_share_partitions_and_survive_sigkill_churn() {
     }
     for (s, topic) in consumers {
         let urls: Vec<String> = instances[&s].iter().map(|(_, u)| u.clone()).collect();
-        let shares = wait_shared(&urls, topic).await;
+        let shares = wait_shared(&stack, &urls, topic).await;
         println!("{}: the group gave {shares:?}", s.name());
     }
 
@@ -113,7 +113,7 @@ async fn three_instances_share_partitions_and_survive_sigkill_churn() {
     // Every instance alive now holds a share and handled messages itself.
     for (s, topic) in consumers {
         let urls: Vec<String> = instances[&s].iter().map(|(_, u)| u.clone()).collect();
-        wait_shared(&urls, topic).await;
+        wait_shared(&stack, &urls, topic).await;
         for (pid, url) in &instances[&s] {
             handled.insert((s, *pid), applied(url).await);
         }
