@@ -147,7 +147,42 @@ pub fn markdown(f: &Figures) -> String {
     prefilled(&mut s, f);
     instances(&mut s, f);
     cpu(&mut s, f);
+    statements(&mut s, f);
     s
+}
+
+fn statements(s: &mut String, f: &Figures) {
+    let Some(t) = f.sustained_trial() else {
+        return;
+    };
+    if t.pg_statements.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nPostgreSQL's statements not profiled: preload `pg_stat_statements` (shared_preload_libraries, a restart) to see where its time goes."
+        );
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "\n## Where PostgreSQL's time went at {:.0} orders/s (pg_stat_statements, execution time)\n",
+        t.rate
+    );
+    let _ = writeln!(
+        s,
+        "| share | ms / order | calls / order | WAL B / order | database | statement |\n|---:|---:|---:|---:|---|---|"
+    );
+    for st in &t.pg_statements {
+        let _ = writeln!(
+            s,
+            "| {:.1} % | {:.3} | {:.2} | {:.0} | {} | `{}` |",
+            st.share * 100.0,
+            st.ms_per_order,
+            st.calls_per_order,
+            st.wal_bytes_per_order,
+            st.database,
+            st.query.replace('|', "\\|").replace('`', "'")
+        );
+    }
 }
 
 fn verdicts(s: &mut String, f: &Figures) {

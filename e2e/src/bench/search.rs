@@ -70,12 +70,16 @@ pub struct Trial {
     pub drain_secs: Option<f64>,
     /// PostgreSQL per order over the window and its drain.
     pub postgres_per_order: PgPerOrder,
+    /// Where PostgreSQL's time went over the window and its drain (empty
+    /// unless the server preloads `pg_stat_statements`).
+    pub pg_statements: Vec<super::pg_profile::Statement>,
 }
 
 /// Runs one trial of `load` at `rate` for `window`.
 pub async fn trial(stack: &Stack, load: &Load, rate: f64, window: Duration) -> anyhow::Result<Trial> {
     let orders_db = &stack.db_url("orders");
     let pg_before = PgCounters::read(stack).await?;
+    let profiling = super::pg_profile::reset(orders_db).await;
     let before = testkit::process::cpu_seconds_by_command();
     let sent = load::open_loop(load, orders_db, rate, window).await?;
     let after = testkit::process::cpu_seconds_by_command();
@@ -89,8 +93,13 @@ pub async fn trial(stack: &Stack, load: &Load, rate: f64, window: Duration) -> a
     let backlog_growth = quarter(3) - quarter(1);
     let drain = load::wait_drained(orders_db, Duration::from_secs(180)).await?;
     let pg_after = PgCounters::read(stack).await?;
-    let (lat, _) = load::latencies(orders_db, &sent).await?;
     let placed = sent.intended.len();
+    let pg_statements = if profiling {
+        super::pg_profile::top(orders_db, placed, 15).await?
+    } else {
+        Vec::new()
+    };
+    let (lat, _) = load::latencies(orders_db, &sent).await?;
     let secs = sent.elapsed.as_secs_f64().max(window.as_secs_f64());
     let kept_up = backlog_growth <= (0.5 * rate).max(20.0) && drain.is_some();
     let completed_enough = sent.terminal_at_end as f64 >= MIN_COMPLETED * placed as f64;
@@ -113,6 +122,7 @@ pub async fn trial(stack: &Stack, load: &Load, rate: f64, window: Duration) -> a
         cpu_ms_per_order: cpu_per_order(&before, &after, placed),
         drain_secs: drain.map(|d| d.as_secs_f64()),
         postgres_per_order: pg_before.per_order(pg_after, placed),
+        pg_statements,
     })
 }
 
