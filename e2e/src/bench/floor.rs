@@ -26,8 +26,8 @@ use crate::stack::{Service, Stack};
 
 /// HTTP calls in one order: the client's `POST /orders` and payment-service's charge.
 pub const HTTP_CALLS_PER_ORDER: f64 = 2.0;
-/// Create commits in one order.
-pub const CREATE_COMMITS_PER_ORDER: f64 = 1.0;
+/// Commits no order can do without: its creation.
+pub const COMMITS_PER_ORDER: f64 = 1.0;
 
 /// The floor of one order, CPU ms of every process.
 #[derive(Debug, Clone, Serialize)]
@@ -65,7 +65,7 @@ impl Floor {
             }
         })
         .await?;
-        let order_ms = CREATE_COMMITS_PER_ORDER * database.bare_commit_cpu_ms
+        let order_ms = COMMITS_PER_ORDER * database.bare_commit_cpu_ms
             + ceilings::MESSAGES_PER_ORDER * broker.cpu_ms_per_message
             + HTTP_CALLS_PER_ORDER * http_call_ms;
         Ok(Self {

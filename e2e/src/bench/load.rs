@@ -113,14 +113,12 @@ pub async fn open_loop(load: &Load, orders_db: &str, rate: f64, duration: Durati
                     .map(|o| o.id),
                 _ => None,
             };
-            match id {
-                Some(id) => sent.lock().expect("sent").intended.insert(id, wall + offset),
-                None => {
-                    sent.lock().expect("sent").failed += 1;
-                    return;
-                }
+            let Some(id) = id else {
+                sent.lock().expect("sent").failed += 1;
+                return;
             };
-            if let (true, Some(id)) = (cancel, id) {
+            sent.lock().expect("sent").intended.insert(id, wall + offset);
+            if cancel {
                 let at = start + offset + CANCEL_AFTER;
                 let task = tokio::spawn(async move {
                     tokio::time::sleep_until(at.into()).await;

@@ -212,8 +212,6 @@ pub struct Figures {
     pub sustained_rate: f64,
     /// The lowest rate above it that did not hold (infinite: none found).
     pub failed_rate: f64,
-    /// Latency at the sustained rate: its trial with the median p99.
-    pub latency_at_sustained: Option<Percentiles>,
     /// Latency at half the sustained rate.
     pub latency: Option<Latency>,
     /// Burst at three times the sustained rate.
@@ -230,7 +228,8 @@ pub struct Figures {
 }
 
 impl Figures {
-    /// The sustained rate's trial with the median p99 (its CPU and latency are reported).
+    /// The sustained rate's trial with the median p99: the latency and CPU
+    /// reported at the sustained rate.
     pub fn sustained_trial(&self) -> Option<&Trial> {
         let mut at: Vec<&Trial> = self
             .trials
@@ -380,7 +379,7 @@ async fn measure(stack: &mut Stack, cfg: &BenchConfig) -> anyhow::Result<Figures
         (None, None)
     };
     scale::count(&mut instances).await;
-    let mut figures = Figures {
+    Ok(Figures {
         date: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         machine: machine(),
         kafka_nodes: stack.options().brokers,
@@ -396,14 +395,11 @@ async fn measure(stack: &mut Stack, cfg: &BenchConfig) -> anyhow::Result<Figures
         verdicts,
         sustained_rate: sustained,
         failed_rate,
-        latency_at_sustained: None,
         latency,
         burst,
         instances_per_service: cfg.instances.max(1),
         instances,
         postgres_settings: cfg.postgres_settings.iter().map(|(n, v)| format!("{n}={v}")).collect(),
         idle_cores,
-    };
-    figures.latency_at_sustained = figures.sustained_trial().map(|t| t.latency);
-    Ok(figures)
+    })
 }

@@ -18,6 +18,7 @@
 
 use std::time::{Duration, Instant};
 
+use contract::topics::consumers::{self, Consumer};
 use serde::Serialize;
 use sqlx::Connection as _;
 
@@ -66,7 +67,7 @@ struct Table {
     table: &'static str,
     rows_per_order: u64,
     retention_secs: u64,
-    insert: &'static str,
+    insert: String,
 }
 
 /// The rows' timestamps: `$1` rows, the g-th at now + `$2` + (`$3` − `$2`) × g / `$1` seconds.
@@ -76,20 +77,16 @@ const SPREAD: &str = "FROM generate_series(1, $1::bigint) g,
 const DAY: u64 = 86_400;
 
 fn tables() -> Vec<Table> {
-    let inbox = |db, consumer| {
-        Table {
+    // An inbox records the events its consumer applied under the consumer's name.
+    let inbox = |db, consumer: Consumer, rows_per_order| Table {
         db,
         table: "inbox",
-        rows_per_order: if consumer == "order-saga" { 2 } else { 1 },
+        rows_per_order,
         retention_secs: 7 * DAY,
-        insert: match consumer {
-            "order-saga" => "INSERT INTO inbox (consumer, event_id, processed_at) SELECT 'order-saga', gen_random_uuid(), c {spread}",
-            "inventory-service" => {
-                "INSERT INTO inbox (consumer, event_id, processed_at) SELECT 'inventory-service', gen_random_uuid(), c {spread}"
-            }
-            _ => "INSERT INTO inbox (consumer, event_id, processed_at) SELECT 'payment-service', gen_random_uuid(), c {spread}",
-        },
-    }
+        insert: format!(
+            "INSERT INTO inbox (consumer, event_id, processed_at) SELECT '{}', gen_random_uuid(), c {{spread}}",
+            consumer.name
+        ),
     };
     let outbox = |db, rows_per_order| Table {
         db,
@@ -98,7 +95,8 @@ fn tables() -> Vec<Table> {
         retention_secs: 3 * DAY,
         insert: "INSERT INTO outbox (event_id, topic, message_key, envelope, event_type, created_at, published_at)
                  SELECT gen_random_uuid(), 'order.events', gen_random_uuid()::text,
-                        json_build_object('prefill', repeat('x', 300)), 'Prefill', c, c {spread}",
+                        json_build_object('prefill', repeat('x', 300)), 'Prefill', c, c {spread}"
+            .into(),
     };
     vec![
         Table {
@@ -108,7 +106,8 @@ fn tables() -> Vec<Table> {
             retention_secs: DAY,
             insert: "INSERT INTO idempotency_keys (scope, key, fingerprint, status_code, headers, body, created_at, expires_at)
                      SELECT 'bench-prefill', gen_random_uuid()::text, md5(g::text), 201, '{}'::jsonb,
-                            convert_to(repeat('x', 400), 'UTF8'), c, c + interval '1 day' {spread}",
+                            convert_to(repeat('x', 400), 'UTF8'), c, c + interval '1 day' {spread}"
+                .into(),
         },
         Table {
             db: "orders",
@@ -124,13 +123,14 @@ fn tables() -> Vec<Table> {
                      SELECT o.id, s.f, s.t, s.cause, gen_random_uuid(), true, o.created_at
                      FROM o, (VALUES (NULL, 'PENDING', 'OrderPlaced'),
                                      ('PENDING', 'AWAITING_PAYMENT', 'StockReserved'),
-                                     ('AWAITING_PAYMENT', 'CONFIRMED', 'PaymentCaptured')) s(f, t, cause)",
+                                     ('AWAITING_PAYMENT', 'CONFIRMED', 'PaymentCaptured')) s(f, t, cause)"
+                .into(),
         },
-        inbox("orders", "order-saga"),
+        inbox("orders", consumers::ORDER_SAGA, 2),
         outbox("orders", 2),
-        inbox("inventory", "inventory-service"),
+        inbox("inventory", consumers::INVENTORY, 1),
         outbox("inventory", 1),
-        inbox("payments", "payment-service"),
+        inbox("payments", consumers::PAYMENT, 1),
         outbox("payments", 1),
     ]
 }

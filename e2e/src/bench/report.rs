@@ -52,12 +52,12 @@ pub fn markdown(f: &Figures) -> String {
         "| **sustained, orders/s** | **{:.0}** ({failed}) |",
         f.sustained_rate
     );
-    if let Some(p) = &f.latency_at_sustained {
+    if let Some(t) = f.sustained_trial() {
         let _ = writeln!(
             s,
             "| placed → terminal at {:.0}/s, p50 / p99 / p99.9 ms | {} |",
-            f.sustained_rate,
-            pcts(p)
+            t.rate,
+            pcts(&t.latency)
         );
     }
     if let Some(l) = &f.latency {
