@@ -63,26 +63,27 @@ async fn negative_control_without_dedup_finds_double_charges() {
     );
 }
 
-/// The same faults with orders arriving at 80 a second: the lazy offset
+/// The same faults with orders arriving at 60 a second: the lazy offset
 /// commits and concurrent partitions keep every invariant under load.
 ///
 /// The rate is what this project's two-core machine holds with the debug
 /// services (failpoints compiled in) under the fault schedule: 100/s held on
-/// the AMD EPYC machines of earlier runs; on the Intel Xeon one of
-/// 2026-12-06 the clients offered 65–79/s of 100 asked, the commit before
-/// this change (b026a45) as much as this one (69.1/s), while at 80/s they
-/// offered 80.0/s with every invariant kept (docs/results/chaos-loaded-rate.md).
+/// the AMD EPYC machines of earlier runs; on the Intel Xeon ones 80/s failed
+/// two runs of three (the stack acknowledged 32–53/s, so the backlog filled
+/// the 2,048 clients before the schedule ended and the arrivals fell under
+/// the floor), with every invariant kept in all three
+/// (docs/results/chaos-loaded-rate.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn chaos_at_80_orders_per_second_keeps_every_invariant() {
+async fn chaos_at_60_orders_per_second_keeps_every_invariant() {
     let _slot = crate::exclusive().await;
     let mut cfg = ChaosConfig::ci(20261201);
     cfg.orders = 1_500;
-    // A crash point fires only on fresh work, and at 80/s the first 1,500
-    // orders are placed in 19 s, before the schedule's first round (each
+    // A crash point fires only on fresh work, and at 60/s the first 1,500
+    // orders are placed in 25 s, before the schedule's first round (each
     // crash waits for its restart) is through: the clients go on at the
     // same rate until every kind fired (2 minutes at most).
     cfg.max_orders = 12_000;
-    cfg.rate_per_sec = 80.0;
+    cfg.rate_per_sec = 60.0;
     // Under 90 % of it offered is a failed run (its logs kept), checked below too.
     cfg.offered_floor = 0.9;
     // Enough clients that slow responses under faults do not cap the arrival
