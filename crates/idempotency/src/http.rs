@@ -85,6 +85,10 @@ impl Refused {
     }
 }
 
+/// How long a completed key is remembered unless `IDEMPOTENCY_TTL_SECS`
+/// says otherwise: a day, in seconds.
+pub const DEFAULT_TTL_SECS: u64 = 86_400;
+
 /// How long completed keys are remembered, and the secret their request
 /// fingerprints are keyed with, as typed settings.
 #[derive(Debug, Clone, clap::Args)]
@@ -93,7 +97,7 @@ pub struct KeyArgs {
     #[arg(
         long = "idempotency-ttl-secs",
         env = "IDEMPOTENCY_TTL_SECS",
-        default_value_t = 86_400
+        default_value_t = DEFAULT_TTL_SECS
     )]
     pub ttl_secs: u64,
     /// Secret the request fingerprints are keyed with (HMAC-SHA256): a body

@@ -344,13 +344,17 @@ pub async fn purge(conn: &mut PgConnection, retention: Duration, batch: i64) -> 
     .rows_affected())
 }
 
+/// How long inbox rows are kept unless `INBOX_RETENTION_SECS` says
+/// otherwise: a week, in seconds.
+pub const DEFAULT_RETENTION_SECS: u64 = 7 * 86_400;
+
 /// How long inbox rows are kept, as a typed setting for a service's config.
 /// With the `clap` feature, a `clap::Args` to flatten into it.
 #[derive(Debug, Clone)]
 #[cfg_attr(feature = "clap", derive(clap::Args))]
 pub struct RetentionArgs {
     /// How long inbox rows are kept, in seconds (must exceed the broker's redelivery window).
-    #[cfg_attr(feature = "clap", arg(long = "inbox-retention-secs", env = "INBOX_RETENTION_SECS", default_value_t = 7 * 86_400))]
+    #[cfg_attr(feature = "clap", arg(long = "inbox-retention-secs", env = "INBOX_RETENTION_SECS", default_value_t = DEFAULT_RETENTION_SECS))]
     pub secs: u64,
     /// The longest consumer outage tolerated, in seconds: the inbox must
     /// outlast the topic's retention by this much.

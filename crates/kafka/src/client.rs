@@ -101,6 +101,15 @@ pub struct TopicSettings {
     pub retention: Option<Duration>,
 }
 
+impl TopicSettings {
+    /// `min.insync.replicas` of these topics: one less than the replicas
+    /// (2 of 3), so a write survives a node's loss and one node may be down;
+    /// 1 for a single replica.
+    pub fn min_insync_replicas(&self) -> i32 {
+        (self.replication_factor - 1).max(1)
+    }
+}
+
 impl Default for TopicSettings {
     fn default() -> Self {
         Self {
@@ -147,7 +156,7 @@ pub fn with_dead_letters(topics: &[&str]) -> Vec<String> {
 pub async fn ensure_exactly<C: Connect + ?Sized>(kafka: &C, names: &[String], settings: &TopicSettings) -> Result<()> {
     let admin: AdminClient<DefaultClientContext> = kafka.client_config().create()?;
     let retention_ms = settings.retention.map(|r| r.as_millis().to_string());
-    let min_isr = (settings.replication_factor - 1).max(1).to_string();
+    let min_isr = settings.min_insync_replicas().to_string();
     let new: Vec<NewTopic<'_>> = names
         .iter()
         .map(|n| {
@@ -299,4 +308,21 @@ pub async fn publish(
     headers: OwnedHeaders,
 ) -> Result<()> {
     Ok(outbox::kafka::publish(producer, topic, key, body, headers).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TopicSettings;
+
+    #[test]
+    fn min_insync_replicas_is_one_less_than_the_replicas_and_at_least_one() {
+        let isr = |replication_factor| {
+            TopicSettings {
+                replication_factor,
+                ..Default::default()
+            }
+            .min_insync_replicas()
+        };
+        assert_eq!([isr(1), isr(2), isr(3), isr(5)], [1, 1, 2, 4]);
+    }
 }

@@ -55,6 +55,10 @@ use uuid::Uuid;
 
 #[cfg(feature = "kafka")]
 pub use kafka::KafkaPublisher;
+
+/// How long a relay keeps published rows unless `OUTBOX_RETENTION_SECS`
+/// says otherwise: three days, in seconds.
+pub const DEFAULT_RETENTION_SECS: u64 = 3 * 86_400;
 pub use relay::{PublishError, Publisher, Relay};
 
 /// Errors of the outbox.

@@ -74,15 +74,13 @@ struct Table {
 const SPREAD: &str = "FROM generate_series(1, $1::bigint) g,
      LATERAL (SELECT now() + make_interval(secs => $2::float8 + ($3::float8 - $2::float8) * g / $1::bigint) AS c) t";
 
-const DAY: u64 = 86_400;
-
 fn tables() -> Vec<Table> {
     // An inbox records the events its consumer applied under the consumer's name.
     let inbox = |db, consumer: Consumer, rows_per_order| Table {
         db,
         table: "inbox",
         rows_per_order,
-        retention_secs: 7 * DAY,
+        retention_secs: inbox::DEFAULT_RETENTION_SECS,
         insert: format!(
             "INSERT INTO inbox (consumer, event_id, processed_at) SELECT '{}', gen_random_uuid(), c {{spread}}",
             consumer.name
@@ -92,7 +90,7 @@ fn tables() -> Vec<Table> {
         db,
         table: "outbox",
         rows_per_order,
-        retention_secs: 3 * DAY,
+        retention_secs: outbox::DEFAULT_RETENTION_SECS,
         insert: "INSERT INTO outbox (event_id, topic, message_key, envelope, event_type, created_at, published_at)
                  SELECT gen_random_uuid(), 'order.events', gen_random_uuid()::text,
                         json_build_object('prefill', repeat('x', 300)), 'Prefill', c, c {spread}"
@@ -103,7 +101,7 @@ fn tables() -> Vec<Table> {
             db: "orders",
             table: "idempotency_keys",
             rows_per_order: 1,
-            retention_secs: DAY,
+            retention_secs: idempotency::DEFAULT_TTL_SECS,
             insert: "INSERT INTO idempotency_keys (scope, key, fingerprint, status_code, headers, body, created_at, expires_at)
                      SELECT 'bench-prefill', gen_random_uuid()::text, md5(g::text), 201, '{}'::jsonb,
                             convert_to(repeat('x', 400), 'UTF8'), c, c + interval '1 day' {spread}"
@@ -113,7 +111,7 @@ fn tables() -> Vec<Table> {
             db: "orders",
             table: "order_history",
             rows_per_order: 3,
-            retention_secs: 90 * DAY,
+            retention_secs: order_api::DEFAULT_HISTORY_RETENTION_SECS,
             insert: "WITH o AS (
                          INSERT INTO orders (id, client_id, sku, quantity, amount_cents, card_token, card_last4, status, created_at, updated_at)
                          SELECT gen_random_uuid(), 'bench-prefill', 'SKU-' || lpad((g % 1000)::text, 4, '0'), 1, 1000,
@@ -246,14 +244,18 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(2_500)).await;
         assert_eq!(early + idempotency::reap(&pool, 1_000).await.unwrap(), 20);
         let mut conn = pool.acquire().await.unwrap();
-        let week = Duration::from_secs(7 * DAY);
+        let week = Duration::from_secs(inbox::DEFAULT_RETENTION_SECS);
         assert_eq!(inbox::purge(&mut conn, week, 1_000).await.unwrap(), 40);
-        let purged = order_api::orders::purge_history(&mut conn, Duration::from_secs(90 * DAY), 1_000)
-            .await
-            .unwrap();
+        let purged = order_api::orders::purge_history(
+            &mut conn,
+            Duration::from_secs(order_api::DEFAULT_HISTORY_RETENTION_SECS),
+            1_000,
+        )
+        .await
+        .unwrap();
         assert_eq!(purged, 60);
         let published: u64 = sqlx::query("DELETE FROM outbox WHERE published_at < now() - make_interval(secs => $1)")
-            .bind((3 * DAY) as f64)
+            .bind(outbox::DEFAULT_RETENTION_SECS as f64)
             .execute(&mut *conn)
             .await
             .unwrap()

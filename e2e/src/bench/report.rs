@@ -16,13 +16,17 @@ fn pcts(p: &Percentiles) -> String {
 pub fn markdown(f: &Figures) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "# Saga capacity — {}\n\n{}\n", f.date, f.machine);
+    let topics = kafka::client::TopicSettings {
+        replication_factor: f.kafka_nodes.min(3) as i32,
+        ..Default::default()
+    };
     let _ = writeln!(
         s,
         "- Kafka: {} node(s), {} partitions per topic, replication factor {} (min ISR {})",
         f.kafka_nodes,
         f.partitions,
-        f.kafka_nodes.min(3),
-        f.kafka_nodes.min(3).saturating_sub(1).max(1)
+        topics.replication_factor,
+        topics.min_insync_replicas()
     );
     let _ = writeln!(s, "- orders: {}", f.mix.describe());
     let _ = writeln!(s, "- PostgreSQL: {}", f.postgres.version);

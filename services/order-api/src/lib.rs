@@ -30,6 +30,10 @@ pub const NAME: &str = "order-api";
 /// The `orders` database when `DATABASE_URL` is not set.
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/orders";
 
+/// How long a finished order's saga history is kept unless
+/// `ORDER_HISTORY_RETENTION_SECS` says otherwise: 90 days, in seconds.
+pub const DEFAULT_HISTORY_RETENTION_SECS: u64 = 90 * 86_400;
+
 /// order-api configuration, from arguments or environment variables.
 #[derive(Debug, Clone, clap::Parser)]
 #[command(name = "order-api", about = "Orders HTTP API and saga orchestrator")]
@@ -74,7 +78,7 @@ pub struct Config {
     pub keys: idempotency::KeyArgs,
     /// How long the saga history of a finished (CONFIRMED or CANCELLED)
     /// order is kept, in seconds; the order row itself stays.
-    #[arg(long, env = "ORDER_HISTORY_RETENTION_SECS", default_value_t = 90 * 86_400)]
+    #[arg(long, env = "ORDER_HISTORY_RETENTION_SECS", default_value_t = DEFAULT_HISTORY_RETENTION_SECS)]
     pub history_retention_secs: u64,
     /// Connections of the saga consumer's own pool. The consumer never
     /// queues behind `POST /orders` for a connection: sharing the one pool,

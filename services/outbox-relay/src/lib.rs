@@ -48,7 +48,7 @@ pub struct Config {
     #[arg(long, env = "RELAY_POLL_MS", default_value_t = 5)]
     pub poll_ms: u64,
     /// How long published rows are kept before deletion.
-    #[arg(long, env = "OUTBOX_RETENTION_SECS", default_value_t = 3 * 86_400)]
+    #[arg(long, env = "OUTBOX_RETENTION_SECS", default_value_t = outbox::DEFAULT_RETENTION_SECS)]
     pub retention_secs: u64,
     /// Negative controls (test builds only): the layers this service can switch off.
     #[command(flatten)]
