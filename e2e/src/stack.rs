@@ -125,6 +125,12 @@ pub struct Stack {
 /// The client the stack provisions an API key for at start.
 pub const DRIVER_CLIENT: &str = "e2e-driver";
 
+/// Replicas of the saga's topics on a cluster of `nodes`: one per node,
+/// three at most.
+pub fn replication_factor(nodes: usize) -> i32 {
+    i32::try_from(nodes.min(3)).expect("at most 3")
+}
+
 impl Stack {
     /// Starts the broker and all services and waits until each is ready.
     pub async fn start(mut opts: StackOptions) -> anyhow::Result<Self> {
@@ -321,7 +327,7 @@ impl Stack {
             env.push(("KAFKA_PARTITIONS".into(), self.opts.partitions.to_string()));
         }
         if s != Service::Broker && s != Service::Gateway && self.broker_nodes.len() > 1 {
-            let replicas = self.broker_nodes.len().min(3);
+            let replicas = replication_factor(self.broker_nodes.len());
             env.push(("KAFKA_REPLICATION_FACTOR".into(), replicas.to_string()));
         }
         for (svc, k, v) in &self.opts.extra_env {

@@ -55,11 +55,11 @@ use uuid::Uuid;
 
 #[cfg(feature = "kafka")]
 pub use kafka::KafkaPublisher;
+pub use relay::{PublishError, Publisher, Relay};
 
 /// How long a relay keeps published rows unless `OUTBOX_RETENTION_SECS`
 /// says otherwise: three days, in seconds.
 pub const DEFAULT_RETENTION_SECS: u64 = 3 * 86_400;
-pub use relay::{PublishError, Publisher, Relay};
 
 /// Errors of the outbox.
 #[derive(Debug, thiserror::Error)]

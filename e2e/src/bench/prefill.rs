@@ -102,10 +102,13 @@ fn tables() -> Vec<Table> {
             table: "idempotency_keys",
             rows_per_order: 1,
             retention_secs: idempotency::DEFAULT_TTL_SECS,
-            insert: "INSERT INTO idempotency_keys (scope, key, fingerprint, status_code, headers, body, created_at, expires_at)
-                     SELECT 'bench-prefill', gen_random_uuid()::text, md5(g::text), 201, '{}'::jsonb,
-                            convert_to(repeat('x', 400), 'UTF8'), c, c + interval '1 day' {spread}"
-                .into(),
+            // A key expires (and is reaped) its TTL after it was written.
+            insert: format!(
+                "INSERT INTO idempotency_keys (scope, key, fingerprint, status_code, headers, body, created_at, expires_at)
+                 SELECT 'bench-prefill', gen_random_uuid()::text, md5(g::text), 201, '{{}}'::jsonb,
+                        convert_to(repeat('x', 400), 'UTF8'), c, c + make_interval(secs => {}) {{spread}}",
+                idempotency::DEFAULT_TTL_SECS
+            ),
         },
         Table {
             db: "orders",

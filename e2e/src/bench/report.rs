@@ -17,7 +17,7 @@ pub fn markdown(f: &Figures) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "# Saga capacity — {}\n\n{}\n", f.date, f.machine);
     let topics = kafka::client::TopicSettings {
-        replication_factor: f.kafka_nodes.min(3) as i32,
+        replication_factor: crate::stack::replication_factor(f.kafka_nodes as usize),
         ..Default::default()
     };
     let _ = writeln!(

@@ -89,7 +89,7 @@ impl Stack {
         let mut args = kafka::KafkaArgs::new(self.brokers()).with_sasl(user, password, &self.tls.kafka.ca_file);
         // The topics the harness makes are the services' kind.
         args.partitions = self.opts.partitions;
-        args.replication_factor = i32::try_from(self.broker_nodes.len().min(3)).unwrap_or(1);
+        args.replication_factor = super::replication_factor(self.broker_nodes.len());
         args
     }
 
