@@ -89,6 +89,10 @@ pub fn producer_with_timeout<C: Connect + ?Sized>(kafka: &C, timeout: Duration) 
     Ok(outbox::kafka::idempotent_producer(kafka.client_config(), timeout)?)
 }
 
+/// The timestamp type of every topic this crate creates: the broker's
+/// append time.
+pub const LOG_APPEND_TIME: &str = "LogAppendTime";
+
 /// What every topic of the saga must be.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TopicSettings {
@@ -160,11 +164,15 @@ pub async fn ensure_exactly<C: Connect + ?Sized>(kafka: &C, names: &[String], se
     let new: Vec<NewTopic<'_>> = names
         .iter()
         .map(|n| {
+            // The broker stamps each record with the time it appended it,
+            // whatever the producer says: the audit holds the outbox's marks
+            // against the log on the broker's word, not the relay's.
             let mut topic = NewTopic::new(
                 n,
                 settings.partitions,
                 TopicReplication::Fixed(settings.replication_factor),
-            );
+            )
+            .set("message.timestamp.type", LOG_APPEND_TIME);
             if settings.replication_factor > 1 {
                 topic = topic.set("min.insync.replicas", &min_isr);
             }

@@ -107,12 +107,16 @@ pub async fn settle(mut claimed: Claimed<'_>, results: Vec<Result<(), PublishErr
             Err(e) => refused.push(row.id, e),
         }
     }
-    // Marks what the broker took and ends the batch's note — and the notes
+    // Marks what the broker took (keeping the first mark's time, which a
+    // deadline's re-send does not reset: the audit holds it against the
+    // log) and ends the batch's note — and the notes
     // of crashed relays' batches that held some of these rows: those rows
     // went out before, and are counted as published again.
     let republished: i64 = sqlx::query_scalar(
         "WITH marked AS (
-             UPDATE outbox SET published_at = clock_timestamp(), attempts = attempts + 1
+             UPDATE outbox SET published_at = t.now, first_published_at = COALESCE(first_published_at, t.now),
+                    attempts = attempts + 1
+             FROM (SELECT clock_timestamp() AS now) t
              WHERE id = ANY($2::int8[])),
          gone AS (
              DELETE FROM outbox_inflight WHERE batch = $1 OR ids && $2::int8[] RETURNING batch, ids)

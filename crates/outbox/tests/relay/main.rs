@@ -467,3 +467,40 @@ async fn a_batch_whose_ack_is_lost_is_retried_and_the_broker_keeps_one_copy() {
         "the idempotent producer's retry was appended again: {doubled:?}"
     );
 }
+
+/// A deadline's re-send makes a row pending again (`enqueue_again`) and the
+/// relay marks it again, but its first mark stays: the chaos suite holds
+/// that time against the broker's append time of the row's first copy, so a
+/// relay that marked a row it never sent cannot be hidden by the re-send.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resent_row_keeps_the_time_of_its_first_mark() {
+    let (_serial, broker, db, topic) = setup().await;
+    let env = db.enqueue(&topic, Uuid::new_v4(), 0).await;
+    let relay = Relay::new(db.pool.clone(), KafkaPublisher::new(&broker).unwrap(), "test");
+    drain(&relay).await;
+    type Marks = (
+        Option<chrono::DateTime<chrono::Utc>>,
+        Option<chrono::DateTime<chrono::Utc>>,
+    );
+    let marks = || async {
+        sqlx::query_as::<_, Marks>("SELECT first_published_at, published_at FROM outbox WHERE event_id = $1")
+            .bind(env.event_id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+    };
+    let (first, published) = marks().await;
+    assert!(first.is_some() && first == published, "{first:?} {published:?}");
+    let mut conn = db.pool.acquire().await.unwrap();
+    outbox::enqueue_again(&mut conn, &common::outbox_event(&topic, &env))
+        .await
+        .unwrap();
+    drop(conn);
+    assert_eq!(marks().await.0, first, "pending again, its first mark kept");
+    drain(&relay).await;
+    let (again, published) = marks().await;
+    assert_eq!(again, first, "marked again, its first mark kept");
+    assert!(published > first, "the latest mark moved: {published:?}");
+    assert_eq!(read_all(&broker, &topic).await.len(), 2, "two copies in the log");
+    db.drop().await;
+}
