@@ -1,15 +1,21 @@
 //! NEGATIVE CONTROLS ONLY (feature `negative-controls`; this project's
-//! failpoints builds turn it on through its `switches` crate): the two
+//! failpoints builds turn it on through its `switches` crate): the three
 //! protections of the publishing side broken on purpose, so that the chaos
 //! suite can show it notices. Each is chosen once, at a process's start;
 //! the Kafka publisher hands a row's identity (`identity`) and its
 //! producer's settings (`producer_settings`) over here, compiled only
 //! with the feature. Built without it, this module does not exist.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 static MINT: AtomicBool = AtomicBool::new(false);
 static NOT_IDEMPOTENT: AtomicBool = AtomicBool::new(false);
+static MARK_UNSENT: AtomicBool = AtomicBool::new(false);
+static ROWS: AtomicU64 = AtomicU64::new(0);
+
+/// Under [`marks_unsent`], one row in this many is reported delivered
+/// without being sent.
+pub const UNSENT_EVERY: u64 = 20;
 
 /// From now on the Kafka publisher mints a new event id at every publish
 /// instead of sending the one the row was given: a row published again (a
@@ -24,6 +30,22 @@ pub fn event_id_at_publish() {
 /// appended again.
 pub fn no_producer_idempotence() {
     NOT_IDEMPOTENT.store(true, Ordering::SeqCst);
+}
+
+/// From now on the Kafka publisher reports every [`UNSENT_EVERY`]th row
+/// as acknowledged without sending it, and the relay marks it published:
+/// a loss before the log (a relay that does not await its deliveries, or
+/// treats a failed one as done). Nothing downstream ever sees the row —
+/// unless a deadline's re-send puts it in the log later, as its first copy.
+pub fn marks_unsent() {
+    MARK_UNSENT.store(true, Ordering::SeqCst);
+}
+
+/// Whether the row about to be published is one to leave unsent (counted
+/// over every row this process publishes).
+#[cfg(feature = "kafka")]
+pub(crate) fn leave_unsent() -> bool {
+    MARK_UNSENT.load(Ordering::Relaxed) && ROWS.fetch_add(1, Ordering::Relaxed) % UNSENT_EVERY == UNSENT_EVERY - 1
 }
 
 /// The identity a row is published under: its own — or, minting at

@@ -39,11 +39,18 @@ pub enum Switch {
     /// payment per operation nor sends a gateway key (the chaos suite's
     /// negative control).
     NoPaymentDedup,
+    /// `UNSAFE_OUTBOX_AFTER_COMMIT`: order-api commits a new order, then
+    /// writes the command it waits on in a second transaction — the dual
+    /// write the outbox exists to prevent.
+    OutboxAfterCommit,
+    /// `UNSAFE_RELAY_MARKS_UNSENT`: the relay marks rows published that it
+    /// never delivered (one in `outbox::negative_controls::UNSENT_EVERY`).
+    RelayMarksUnsent,
 }
 
 impl Switch {
     /// Every switch.
-    pub const ALL: [Switch; 7] = [
+    pub const ALL: [Switch; 9] = [
         Switch::NoInbox,
         Switch::InboxSeparateTx,
         Switch::NoIdempotencyKey,
@@ -51,6 +58,8 @@ impl Switch {
         Switch::NoProducerIdempotence,
         Switch::EventIdAtPublish,
         Switch::NoPaymentDedup,
+        Switch::OutboxAfterCommit,
+        Switch::RelayMarksUnsent,
     ];
 
     /// The environment variable that sets it.
@@ -63,6 +72,8 @@ impl Switch {
             Switch::NoProducerIdempotence => "UNSAFE_NO_PRODUCER_IDEMPOTENCE",
             Switch::EventIdAtPublish => "UNSAFE_EVENT_ID_AT_PUBLISH",
             Switch::NoPaymentDedup => "PAYMENT_UNSAFE_DISABLE_DEDUP",
+            Switch::OutboxAfterCommit => "UNSAFE_OUTBOX_AFTER_COMMIT",
+            Switch::RelayMarksUnsent => "UNSAFE_RELAY_MARKS_UNSENT",
         }
     }
 
@@ -76,6 +87,10 @@ impl Switch {
             Switch::NoProducerIdempotence => "the producer is NOT idempotent",
             Switch::EventIdAtPublish => "the relay mints a NEW event id at every publish",
             Switch::NoPaymentDedup => "payment-service deduplicates nothing",
+            Switch::OutboxAfterCommit => {
+                "a new order's command is written AFTER its order commits, in a second transaction"
+            }
+            Switch::RelayMarksUnsent => "the relay marks rows published that it NEVER sent",
         }
     }
 
@@ -87,8 +102,10 @@ impl Switch {
             Switch::NoInbox | Switch::InboxSeparateTx => ("inbox", cfg!(feature = "inbox")),
             Switch::NoIdempotencyKey => ("idempotency", cfg!(feature = "idempotency")),
             Switch::OffsetBeforeHandling => ("kafka", cfg!(feature = "kafka")),
-            Switch::NoProducerIdempotence | Switch::EventIdAtPublish => ("outbox", cfg!(feature = "outbox")),
-            Switch::NoPaymentDedup => return None,
+            Switch::NoProducerIdempotence | Switch::EventIdAtPublish | Switch::RelayMarksUnsent => {
+                ("outbox", cfg!(feature = "outbox"))
+            }
+            Switch::NoPaymentDedup | Switch::OutboxAfterCommit => return None,
         };
         if compiled {
             None
@@ -174,6 +191,16 @@ pub struct Switches {
     #[arg(long = "payment-unsafe-disable-dedup", env = "PAYMENT_UNSAFE_DISABLE_DEDUP", default_value_t = false,
           action = clap::ArgAction::Set, hide_short_help = true)]
     pub no_payment_dedup: bool,
+    /// NEGATIVE CONTROL ONLY (test builds): order-api writes a new order's
+    /// command in a second transaction, after the order commits.
+    #[arg(long = "unsafe-outbox-after-commit", env = "UNSAFE_OUTBOX_AFTER_COMMIT", default_value_t = false,
+          action = clap::ArgAction::Set, hide_short_help = true)]
+    pub outbox_after_commit: bool,
+    /// NEGATIVE CONTROL ONLY (test builds): the relay marks some rows
+    /// published without sending them.
+    #[arg(long = "unsafe-relay-marks-unsent", env = "UNSAFE_RELAY_MARKS_UNSENT", default_value_t = false,
+          action = clap::ArgAction::Set, hide_short_help = true)]
+    pub relay_marks_unsent: bool,
 }
 
 impl Switches {
@@ -187,6 +214,8 @@ impl Switches {
             self.no_producer_idempotence,
             self.event_id_at_publish,
             self.no_payment_dedup,
+            self.outbox_after_commit,
+            self.relay_marks_unsent,
         ];
         Switch::ALL
             .into_iter()
@@ -257,6 +286,8 @@ fn hand_over(switch: Switch) {
         Switch::NoProducerIdempotence => outbox::negative_controls::no_producer_idempotence(),
         #[cfg(feature = "outbox")]
         Switch::EventIdAtPublish => outbox::negative_controls::event_id_at_publish(),
+        #[cfg(feature = "outbox")]
+        Switch::RelayMarksUnsent => outbox::negative_controls::marks_unsent(),
         _ => {}
     }
 }

@@ -128,11 +128,12 @@ pub async fn connect(database_url: &str, pool_size: u32) -> anyhow::Result<PgPoo
 }
 
 /// The negative controls this service can run (`switches::Switches::install` refuses others).
-pub const SWITCHES: [switches::Switch; 4] = [
+pub const SWITCHES: [switches::Switch; 5] = [
     switches::Switch::NoInbox,
     switches::Switch::InboxSeparateTx,
     switches::Switch::NoIdempotencyKey,
     switches::Switch::OffsetBeforeHandling,
+    switches::Switch::OutboxAfterCommit,
 ];
 
 /// Connects to the database (creating and migrating it) and binds the HTTP

@@ -59,9 +59,10 @@ pub struct Config {
 }
 
 /// The negative controls this service can run (`switches::Switches::install` refuses others).
-pub const SWITCHES: [switches::Switch; 2] = [
+pub const SWITCHES: [switches::Switch; 3] = [
     switches::Switch::EventIdAtPublish,
     switches::Switch::NoProducerIdempotence,
+    switches::Switch::RelayMarksUnsent,
 ];
 
 /// A built relay.

@@ -75,8 +75,9 @@ pub struct App {
 }
 
 /// The negative controls this service can run (`switches::Switches::install` refuses others).
-pub const SWITCHES: [switches::Switch; 3] = [
+pub const SWITCHES: [switches::Switch; 4] = [
     switches::Switch::NoInbox,
+    switches::Switch::InboxSeparateTx,
     switches::Switch::NoPaymentDedup,
     switches::Switch::OffsetBeforeHandling,
 ];

@@ -211,23 +211,60 @@ pub async fn create(State(state): State<AppState>, request: Idempotent) -> Resul
         Begun::New(tx) => tx,
         Begun::Answered(outcome) => return Ok(idempotency::respond(outcome)?),
     };
-    let placed = place(&mut tx, &request.scope, &new).await;
-    complete(&state, &request, tx, placed).await
+    // NEGATIVE CONTROL ONLY (UNSAFE_OUTBOX_AFTER_COMMIT, test builds): the
+    // command leaves the order's transaction and is written after it.
+    let dual_write = switches::on(switches::Switch::OutboxAfterCommit);
+    let placed = place(&mut tx, &request.scope, &new, !dual_write).await;
+    let unwritten = placed.as_ref().ok().and_then(|(_, command)| command.clone());
+    let answered = complete(&state, &request, tx, placed.map(|(response, _)| response)).await;
+    match unwritten {
+        Some(command) if answered.as_ref().is_ok_and(|r| r.status() == StatusCode::CREATED) => {
+            write_apart(&state.pool, command).await?;
+            answered
+        }
+        _ => answered,
+    }
 }
 
+/// A command of a new order, not yet written: order id, command, event id.
+type Unwritten = (Uuid, contract::Message, Uuid);
+
 /// The order and the command it waits on, in the request's transaction:
-/// the response to store under its key.
-async fn place(conn: &mut PgConnection, client: &str, new: &orders::NewOrder) -> Result<StoredResponse, ApiError> {
+/// the response to store under its key. Without `with_command` (only the
+/// negative control), the command is returned unwritten instead.
+async fn place(
+    conn: &mut PgConnection,
+    client: &str,
+    new: &orders::NewOrder,
+    with_command: bool,
+) -> Result<(StoredResponse, Option<Unwritten>), ApiError> {
     let (id, command_id) = (Uuid::now_v7(), Uuid::now_v7());
     let order = orders::insert_with(conn, id, client, new, Some(command_id)).await?;
     // The command a PENDING order waits on, built where every state's is.
     let first = saga::transitions::command(&order, Status::Pending).expect("PENDING waits on a command");
-    saga_kit::emit::emit_as(conn, id, &first, None, command_id).await?;
+    let unwritten = if with_command {
+        saga_kit::emit::emit_as(conn, id, &first, None, command_id).await?;
+        None
+    } else {
+        Some((id, first, command_id))
+    };
     fail::fail_point!(CRASH_BEFORE_COMMIT, |_| telemetry::crash_point(CRASH_BEFORE_COMMIT));
     telemetry::metrics::incr("orders_created_total", &[]);
     tracing::info!(order_id = %order.id, "order placed");
-    Ok(StoredResponse::json(StatusCode::CREATED, &order, "application/json")
-        .with_header("location", format!("/orders/{}", order.id)))
+    let response = StoredResponse::json(StatusCode::CREATED, &order, "application/json")
+        .with_header("location", format!("/orders/{}", order.id));
+    Ok((response, unwritten))
+}
+
+/// NEGATIVE CONTROL ONLY: the dual write the outbox forbids — the command
+/// of an order already committed, in a transaction of its own. A crash
+/// before it (the suite's crash after the commit) loses the command for
+/// good: only the deadline's re-send ever puts it in the log.
+async fn write_apart(pool: &sqlx::PgPool, (id, command, command_id): Unwritten) -> anyhow::Result<()> {
+    let mut tx = pool.begin().await?;
+    saga_kit::emit::emit_as(&mut tx, id, &command, None, command_id).await?;
+    tx.commit().await?;
+    Ok(())
 }
 
 /// Crash point (failpoints builds): abort inside the order's transaction,
