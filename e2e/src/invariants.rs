@@ -90,6 +90,28 @@ pub struct Audit {
     /// deadline (overlapping faults), not lost. (A later copy applied makes
     /// the order a rescue instead.)
     pub late_not_lost: BTreeMap<String, BTreeSet<Uuid>>,
+    /// Messages lost before the log, read from the outboxes, the orders'
+    /// history and the broker's append times: a row marked published with
+    /// no copy in its topic before the mark, or a command re-sent that
+    /// existed nowhere before its re-send. How many, and the first 20 in words.
+    pub lost_before_the_log: usize,
+    /// See [`Audit::lost_before_the_log`].
+    pub lost_before_the_log_evidence: Vec<String>,
+    /// Events in the broker's log their consumer's inbox does not hold
+    /// (its group committed past them: acknowledged, never handled).
+    pub never_handled: usize,
+    /// Inbox rows whose effect (a reservation movement, a payment
+    /// operation, a saga transition) is absent.
+    pub handled_without_effect: usize,
+    /// Effects whose event no inbox row records.
+    pub effect_without_inbox: usize,
+    /// Inbox rows that name no copy in the log.
+    pub inbox_without_source: usize,
+    /// Events applied from a later copy than the first their consumer was
+    /// delivered (the first copy's effect lost).
+    pub applied_from_later_copy: usize,
+    /// The first few findings of the four checks above, in words.
+    pub effects_evidence: Vec<String>,
     /// When each broken invariant's first evidence was written (an inbox
     /// miss, a reconciler's history row, a second capture, a stuck order's
     /// creation), by invariant name: where a picture marks it.

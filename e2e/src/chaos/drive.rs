@@ -12,8 +12,8 @@ use sqlx::Connection;
 
 use super::clients::{Acked, ClientStats, Clients};
 use super::faults::{self, Fault, Schedule};
+use super::judge;
 use super::plan::{self, Kind};
-use super::provenance;
 use super::report::{self, Report, Sample};
 use super::ChaosConfig;
 use crate::driver::Client;
@@ -44,15 +44,9 @@ pub(super) async fn drive(stack: &mut Stack, cfg: &ChaosConfig) -> anyhow::Resul
     let started_at = chrono::Utc::now();
     let clients = Clients::start(&client, plan, cfg.orders, cfg.clients, cfg.rate_per_sec, started);
     let sampler = Sampler::start(stack.db_url("orders"), clients.acked.clone(), cfg);
-    let schedule = faults::run_schedule(stack, &client, &mut rng, cfg, started, &clients).await?;
+    let schedule = faults::run_schedule(stack, &client, cfg, started, &clients).await?;
     let (acked, stats) = clients.finish().await?;
     let load_ms = started.elapsed().as_millis() as u64;
-
-    let calm = Instant::now();
-    let drained = calm_down(stack, &client, cfg).await;
-    let quiesce_ms = calm.elapsed().as_millis() as u64;
-    let samples = sampler.stop().await?;
-
     let expected = Expected {
         initial_stock: stock.iter().map(|(s, n)| ((*s).to_owned(), i64::from(*n))).collect(),
         acknowledged: acked.iter().map(|(k, (id, _))| (k.clone(), *id)).collect(),
@@ -62,6 +56,15 @@ pub(super) async fn drive(stack: &mut Stack, cfg: &ChaosConfig) -> anyhow::Resul
         resends_judged_by_the_log: true,
         amount_is_nonce: true,
     };
+
+    let calm = Instant::now();
+    let (drained, stopped_early) = calm_down(stack, &client, cfg, &expected).await;
+    let quiesce_ms = calm.elapsed().as_millis() as u64;
+    let samples = sampler.stop().await?;
+    if stopped_early {
+        // Nothing moves from here on: the verdict's look is the settled one.
+        stack.interrupt_services().await;
+    }
     let run = Run {
         schedule,
         acked,
@@ -94,23 +97,72 @@ pub(super) async fn drive(stack: &mut Stack, cfg: &ChaosConfig) -> anyhow::Resul
 /// stays quiet for the window (longer than every deadline, so no
 /// reconciler is still due to act) with orders open will not drain: that
 /// ends the wait at once, and the audit names the stuck orders.
-async fn calm_down(stack: &mut Stack, client: &Client, cfg: &ChaosConfig) -> anyhow::Result<()> {
+///
+/// A run with a layer off stops waiting at the first durable evidence of
+/// the effect its layer guards (read from the databases and the log every
+/// few seconds, as the verdict reads them): the wait for deadlines and a
+/// quiet window would show nothing more. Returns whether it stopped so;
+/// the caller then stops the services before the verdict's look.
+async fn calm_down(
+    stack: &mut Stack,
+    client: &Client,
+    cfg: &ChaosConfig,
+    expected: &Expected,
+) -> (anyhow::Result<()>, bool) {
     faults::end_windows(stack, client).await;
     for s in Service::ALL {
         stack.disarm(s);
         if !stack.is_running(s) {
-            stack.start_service(s).await?;
+            if let Err(e) = stack.start_service(s).await {
+                return (Err(e), false);
+            }
         }
     }
-    let (end, window) = (Instant::now() + cfg.quiesce_timeout, cfg.quiet_window());
+    let stack = &*stack;
+    let settle = async {
+        let (end, window) = (Instant::now() + cfg.quiesce_timeout, cfg.quiet_window());
+        tokio::select! {
+            drained = wait_drained(stack, cfg.quiesce_timeout) => drained?,
+            still = wait_quiet(stack, window, end) => {
+                still?;
+                anyhow::bail!("nothing moved for {window:?} with the saga not drained: stuck");
+            }
+        }
+        wait_quiet(stack, window, end).await
+    };
+    let Some(layer) = cfg.layer_off else {
+        return (settle.await, false);
+    };
     tokio::select! {
-        drained = wait_drained(stack, cfg.quiesce_timeout) => drained?,
-        still = wait_quiet(stack, window, end) => {
-            still?;
-            anyhow::bail!("nothing moved for {window:?} with the saga not drained: stuck");
-        }
+        settled = settle => (settled, false),
+        () = first_evidence(stack, layer, expected) => (
+            Err(anyhow::anyhow!("stopped at the first evidence of {} off, before draining", layer.name())),
+            true,
+        ),
     }
-    wait_quiet(stack, window, end).await
+}
+
+/// Returns once the audit and the log show the effect `layer` guards in
+/// two looks in a row, five seconds apart: durable, not a batch caught
+/// half-way (with the inbox committed apart, every batch in flight shows an
+/// inbox row without its effect for a moment).
+async fn first_evidence(stack: &Stack, layer: super::LayerOff, expected: &Expected) {
+    let mut seen_before = false;
+    loop {
+        let mut seen = false;
+        if let Ok(mut a) = audit(stack, expected).await {
+            let mut scratch = super::Duplicates::default();
+            if let Ok(log) = report::count_duplicates(stack, &mut scratch).await {
+                judge::log_checks(stack, &log, &mut a).await;
+            }
+            seen = layer.caught_in(&a);
+        }
+        if seen && seen_before {
+            return;
+        }
+        seen_before = seen;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
 }
 
 /// What the system has done so far, as counters that only move when it
@@ -232,66 +284,6 @@ struct Run {
     quiesce_ms: u64,
 }
 
-/// Events applied from a later copy than the first are rescues: counted
-/// per cause, and a loss in a run that loses nothing on purpose.
-fn rescued_by_late_copies(audit: &mut crate::invariants::Audit, late: &[provenance::LateCopy]) {
-    if late.is_empty() {
-        return;
-    }
-    for l in late {
-        // Re-sent and applied from the re-sent copy: a rescue, not lateness.
-        for late_orders in audit.late_not_lost.values_mut() {
-            late_orders.remove(&l.order_id);
-        }
-        let cause = if l.injected {
-            "applied from an injected copy (the first copy lost)"
-        } else {
-            "applied from a copy published again (the first copy lost)"
-        };
-        audit.rescued.entry(cause.into()).or_default().insert(l.order_id);
-        if audit.rescue_evidence.len() < 20 {
-            audit.rescue_evidence.push(format!(
-                "order {}: {} applied event {} from offset {}, its first copy at {}{}",
-                l.order_id,
-                l.consumer,
-                l.event_id,
-                l.applied,
-                l.first,
-                if l.injected { " (the copy was injected)" } else { "" }
-            ));
-        }
-    }
-    audit.late_not_lost.retain(|_, orders| !orders.is_empty());
-    let injected = late.iter().filter(|l| l.injected).count();
-    audit.seen(crate::invariants::NOTHING_LOST, late.iter().map(|l| l.at).min());
-    audit.violations.push(format!(
-        "{}: {} events were applied from a later copy than the first their consumer was delivered \
-         ({injected} from an injected copy, {} from one published again): the first copy's effect was lost",
-        crate::invariants::NOTHING_LOST,
-        late.len(),
-        late.len() - injected
-    ));
-}
-
-/// Events the log shows answered twice break "each step applied once".
-fn applied_twice_in_the_log(audit: &mut crate::invariants::Audit, twice: &[provenance::AnsweredTwice]) {
-    audit.events_answered_twice = twice.len();
-    let Some(first) = twice.first() else {
-        return;
-    };
-    audit.seen(crate::invariants::STEP_ONCE, twice.iter().filter_map(|t| t.at).min());
-    audit.violations.push(format!(
-        "{}: {} events caused two or more distinct events of one type in the log (applied twice), \
-         e.g. event {} of order {} answered {} times with {}",
-        crate::invariants::STEP_ONCE,
-        twice.len(),
-        first.cause,
-        first.order_id,
-        first.answers,
-        first.event_type
-    ));
-}
-
 /// Audits the drained system and decides whether the run counts and passed.
 /// Also returns the database audit's own violations (before the log's
 /// verdict on late copies is added), for the second look to compare.
@@ -323,17 +315,13 @@ async fn verdict(
     }
     match counted {
         Ok(log) => {
-            applied_twice_in_the_log(&mut audit, &log.answered_twice());
             if log.mislabelled.0 > 0 {
                 problems.push(format!(
                     "{} messages in the log whose headers or key disagree with their body, e.g. {:?}",
                     log.mislabelled.0, log.mislabelled.1
                 ));
             }
-            match provenance::late_copies(stack, &log).await {
-                Ok(late) => rescued_by_late_copies(&mut audit, &late),
-                Err(e) => problems.push(format!("could not tell which copies the inboxes applied: {e}")),
-            }
+            problems.extend(judge::log_checks(stack, &log, &mut audit).await);
         }
         Err(e) => problems.push(format!("could not read the topics back to count duplicates: {e}")),
     }
@@ -352,6 +340,32 @@ async fn verdict(
     }
 
     problems.extend(stats.violations.iter().cloned());
+    // An order the client gave up on is an acknowledgement nobody can
+    // check: the run must leave none.
+    if stats.indeterminate > 0 {
+        problems.push(format!(
+            "{}: {} orders indeterminate — their clients gave up retrying without an answer",
+            crate::invariants::NOTHING_LOST,
+            stats.indeterminate
+        ));
+    }
+    // Every dead letter is accounted for: no run of the suite poisons a
+    // message on purpose, so each one is a message the saga lost.
+    let mut dead_letters = BTreeMap::new();
+    match report::dead_letters(stack).await {
+        Ok((counts, described)) => {
+            let n: usize = counts.values().sum();
+            if n > 0 {
+                problems.push(format!(
+                    "{}: {n} dead letters in a run that poisons nothing on purpose: {described:?}",
+                    crate::invariants::NOTHING_LOST
+                ));
+            }
+            dead_letters = counts;
+        }
+        Err(e) => problems.push(format!("could not read the dead-letter topics back: {e}")),
+    }
+    let mut invalid = Vec::new();
     for (exit, n) in &unexpected_exits {
         problems.push(format!("a process the schedule did not end exited {n} time(s): {exit}"));
     }
@@ -360,21 +374,24 @@ async fn verdict(
     }
     let kinds = Fault::kinds(cfg.brokers).len();
     if faults_fired.len() < kinds {
-        problems.push(format!("only {} of {kinds} fault kinds fired", faults_fired.len()));
+        invalid.push(format!("only {} of {kinds} fault kinds fired", faults_fired.len()));
     }
-    // Every consumer crashed with fresh work in its open transaction at
-    // least once: the window where an inbox committed apart, or an offset
-    // stored first, loses the effect.
-    for s in [Service::Inventory, Service::Payment, Service::OrderApi] {
-        let key = format!("{}: {}", s.name(), saga_kit::consumer::CRASH_IN_TRANSACTION);
-        if !crash_points.contains_key(&key) {
-            problems.push(format!(
-                "{key} never fired: that consumer never crashed inside its transaction"
-            ));
-        }
+    // Every process crashed in every window armed in it at least once: a
+    // consumer inside its open transaction (where an inbox committed apart,
+    // or an offset stored first, loses the effect), after its commit,
+    // order-api around its commit, the relay between ack and mark.
+    let never: Vec<String> = faults::crash_point_pairs()
+        .into_iter()
+        .filter(|pair| !crash_points.contains_key(pair))
+        .collect();
+    if !never.is_empty() {
+        invalid.push(format!(
+            "{} (service, crash point) pairs never fired: {never:?}",
+            never.len()
+        ));
     }
     if duplicates.delivered() == 0 {
-        problems.push("no duplicates were delivered: the run proves nothing".into());
+        invalid.push("no duplicates were delivered: the run proves nothing".into());
     }
     // Every duplicate copy in the log reached its consumer and was absorbed
     // (the inboxes also count redeliveries the log does not show: offsets
@@ -400,12 +417,13 @@ async fn verdict(
     // (its clients all stuck behind an outage, say): a problem of the run,
     // so that its logs are kept like any failed run's.
     if cfg.rate_per_sec.is_finite() && offered_per_sec < cfg.offered_floor * cfg.rate_per_sec {
-        problems.push(format!(
+        invalid.push(format!(
             "orders were offered at {offered_per_sec:.1}/s, under {:.0} % of the {}/s asked (acknowledged {placed_per_sec:.1}/s)",
             cfg.offered_floor * 100.0,
             cfg.rate_per_sec
         ));
     }
+    problems.extend(invalid.iter().cloned());
     Ok((
         Report {
             seed: cfg.seed,
@@ -430,6 +448,8 @@ async fn verdict(
             placed_per_sec,
             offered_per_sec,
             audit,
+            dead_letters,
+            invalid,
             problems,
         },
         first_look,
@@ -500,36 +520,4 @@ async fn groups_lag(stack: &Stack) -> Vec<Option<i64>> {
     .await
     // A reader that panicked read nothing: every group unknown, never "0 behind".
     .unwrap_or_else(|_| vec![None; contract::topics::consumers::ALL.len()])
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// An order re-sent to past its deadline is late, not lost, while its
-    /// first copy is the one applied; the log showing the re-sent copy
-    /// applied makes it a rescue — and the run's failure.
-    #[test]
-    fn a_resent_order_is_late_unless_the_log_shows_its_resent_copy_applied() {
-        let (late, rescued) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
-        let mut audit = crate::invariants::Audit::default();
-        audit
-            .late_not_lost
-            .insert("Resent:ReserveStock".into(), [late, rescued].into_iter().collect());
-        rescued_by_late_copies(&mut audit, &[]);
-        assert!(audit.violations.is_empty() && audit.rescued.is_empty());
-        let copy = provenance::LateCopy {
-            consumer: "inventory-service",
-            event_id: uuid::Uuid::new_v4(),
-            order_id: rescued,
-            injected: false,
-            first: 3,
-            applied: 9,
-            at: chrono::Utc::now(),
-        };
-        rescued_by_late_copies(&mut audit, &[copy]);
-        assert_eq!(audit.late_not_lost["Resent:ReserveStock"], [late].into_iter().collect());
-        assert!(audit.rescued.values().any(|o| o.contains(&rescued)));
-        assert_eq!(audit.violations.len(), 1, "{:?}", audit.violations);
-    }
 }

@@ -7,8 +7,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
-use rand::seq::SliceRandom;
-use rand::Rng;
 use serde::Serialize;
 
 use super::clients::Clients;
@@ -20,7 +18,10 @@ use crate::stack::{Service, Stack};
 
 mod crash;
 mod partition;
-use crash::{crash_at, crash_points_of};
+mod schedule;
+pub use crash::crash_point_pairs;
+use crash::{crash_at, crash_points_of, every_pair_fired};
+pub use schedule::{choose, Choice, Plan};
 
 /// The fault kinds of the suite, numbered as in the issue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
@@ -301,14 +302,15 @@ pub(super) struct Schedule {
     pub unexpected_exits: BTreeMap<String, u32>,
 }
 
-/// Injects faults while the clients work, until every kind fired once and
-/// the clients are done. Without traffic the crash points cannot fire: once
-/// the clients are done, at most one more round runs, and what never fired
-/// is reported as such.
+/// Injects faults while the clients work, in the order and with the
+/// choices of the seed's [`Plan`], until every kind fired — a crash-point
+/// kind once each of its (service, point) pairs fired — and the clients are
+/// done. Without traffic the crash points cannot fire: once the clients
+/// are done, at most one more round runs, and what never fired is reported
+/// as such (the run is then invalid).
 pub(super) async fn run_schedule(
     stack: &mut Stack,
     client: &Client,
-    rng: &mut StdRng,
     cfg: &ChaosConfig,
     started: Instant,
     clients: &Clients,
@@ -316,16 +318,16 @@ pub(super) async fn run_schedule(
     let mut timeline = Vec::new();
     let mut crash_points: BTreeMap<String, u32> = BTreeMap::new();
     let mut duplicates = Duplicates::default();
-    let kinds = Fault::kinds(stack.broker_nodes().len() as u32);
-    let mut round: Vec<Fault> = kinds.clone();
+    let nodes = stack.broker_nodes().len() as u32;
+    let kinds = Fault::kinds(nodes);
+    let plan = Plan::new(cfg.seed, kinds.clone());
     let mut fired_kinds = BTreeSet::new();
     let mut left_after_clients: Option<usize> = None;
     let mut placing_ms = None;
     let mut open: Option<(usize, Window)> = None;
     let mut unexpected_exits = BTreeMap::new();
-    loop {
-        let jitter = rng.gen_range(0..=cfg.fault_interval.as_millis() as u64 / 2);
-        tokio::time::sleep(cfg.fault_interval + Duration::from_millis(jitter)).await;
+    for index in 0.. {
+        tokio::time::sleep(plan.pause_before(index, cfg.fault_interval)).await;
         close_window(stack, &mut open, &mut timeline, &mut fired_kinds).await;
         end_windows(stack, client).await;
         restart_the_exited(stack, &mut unexpected_exits).await?;
@@ -346,24 +348,29 @@ pub(super) async fn run_schedule(
             }
             *left -= 1;
         }
-        if round.is_empty() {
-            round = kinds.clone();
-            round.shuffle(rng);
-            // The kinds that have not fired yet (a crash point no traffic
-            // reached in its window) go first: while the clients still
-            // send, not after, when a point on the order path cannot fire.
-            round.sort_by_key(|f| fired_kinds.contains(f));
-        }
-        let fault = round.remove(0);
+        let fault = plan.kind_at(index);
+        let mut rng = plan.rng_for(index);
+        let choice = choose(fault, &mut rng, nodes);
         let at_ms = started.elapsed().as_millis() as u64;
-        let (detail, fired, window) = inject(stack, client, rng, fault, &mut crash_points, &mut duplicates).await?;
+        let (detail, fired, window) = inject(
+            stack,
+            client,
+            &mut rng,
+            fault,
+            choice,
+            &mut crash_points,
+            &mut duplicates,
+        )
+        .await?;
         if let Some(window) = window {
             open = Some((timeline.len(), window));
         }
         if cfg.progress {
             eprintln!("chaos: t={:>5.1}s fault {fault:?}: {detail}", at_ms as f64 / 1000.0);
         }
-        if fired {
+        // A crash-point kind is done once every process it arms has crashed
+        // there (not one of three consumers): until then it comes again.
+        if fired && (crash_points_of(fault).is_none() || every_pair_fired(fault, &crash_points)) {
             fired_kinds.insert(fault);
         }
         timeline.push(FaultEvent {
@@ -416,6 +423,7 @@ async fn inject(
     client: &Client,
     rng: &mut StdRng,
     fault: Fault,
+    choice: Choice,
     crash_points: &mut BTreeMap<String, u32>,
     duplicates: &mut Duplicates,
 ) -> anyhow::Result<(String, bool, Option<Window>)> {
@@ -440,15 +448,9 @@ async fn inject(
         | Fault::ConsumerBeforeOffsetCommit
         | Fault::ConsumerInTransaction => unreachable!("crash points are handled above"),
         Fault::RandomKill => {
-            let s = *[
-                Service::OrderApi,
-                Service::Relay,
-                Service::Inventory,
-                Service::Payment,
-                Service::Gateway,
-            ]
-            .choose(rng)
-            .expect("non-empty");
+            let Choice::Service(s) = choice else {
+                anyhow::bail!("{fault:?} chose {choice:?}")
+            };
             let restarted = stack.restart(s).await?;
             (
                 format!("SIGKILL + restart {} ({restarted})", s.name()),
@@ -457,7 +459,9 @@ async fn inject(
             )
         }
         Fault::BrokerRestart => {
-            let node = rng.gen_range(1..=stack.broker_nodes().len() as u32);
+            let Choice::Node(node) = choice else {
+                anyhow::bail!("{fault:?} chose {choice:?}")
+            };
             let restarted = stack.restart_broker_node(node).await?;
             (
                 format!(
@@ -469,11 +473,17 @@ async fn inject(
             )
         }
         Fault::ServiceCutFromBrokers => {
-            let (detail, fired) = partition::cut_service(stack, rng).await?;
+            let Choice::Service(s) = choice else {
+                anyhow::bail!("{fault:?} chose {choice:?}")
+            };
+            let (detail, fired) = partition::cut_service(stack, s).await?;
             (detail, fired, None)
         }
         Fault::KafkaNodeIsolated => {
-            let (detail, fired) = partition::isolate_node(stack, rng).await?;
+            let Choice::Node(node) = choice else {
+                anyhow::bail!("{fault:?} chose {choice:?}")
+            };
+            let (detail, fired) = partition::isolate_node(stack, node).await?;
             (detail, fired, None)
         }
         Fault::PostgresCrash => {
@@ -515,9 +525,9 @@ async fn inject(
             )
         }
         Fault::NetworkFault => {
-            let mode = *[Mode::Latency(Duration::from_millis(150)), Mode::Reset, Mode::Blackhole]
-                .choose(rng)
-                .expect("non-empty");
+            let Choice::Network(mode) = choice else {
+                anyhow::bail!("{fault:?} chose {choice:?}")
+            };
             let proxy = stack
                 .gateway_proxy()
                 .ok_or_else(|| anyhow::anyhow!("no gateway proxy"))?;

@@ -9,7 +9,7 @@
 
 use serde::Serialize;
 
-use crate::invariants::{Audit, CHARGED_ONCE, NOTHING_LOST, NOTHING_STUCK, ORDER_PER_KEY, STEP_ONCE};
+use crate::invariants::{Audit, CHARGED_ONCE, NOTHING_LOST, ORDER_PER_KEY, STEP_ONCE};
 use crate::stack::Service;
 
 /// A layer switched off.
@@ -26,16 +26,22 @@ pub enum LayerOff {
     InventoryInbox,
     /// Layer 3: payment-service's inbox.
     PaymentInbox,
-    /// Layer 3 done wrong: inventory commits its inbox rows in their own
-    /// transaction, before the effect (the suite's in-transaction crash
-    /// then loses the effect).
+    /// Layer 3 done wrong: every consumer (the order saga, inventory,
+    /// payment) commits its inbox rows in their own transaction, before the
+    /// effect (the suite's in-transaction crash then loses the effect).
     InboxSeparateTx,
-    /// At-least-once done wrong: inventory's consumer commits each batch's
+    /// At-least-once done wrong: every consumer commits each batch's
     /// offsets before handling it (the suite's in-transaction crash then
     /// loses the batch).
     OffsetBeforeHandling,
     /// Layer 4: the gateway ignores `Idempotency-Key` (a retried charge charges again).
     GatewayKey,
+    /// Layer 2 done wrong: order-api commits a new order, then writes its
+    /// command in a second transaction (the dual write the outbox forbids).
+    OutboxAfterCommit,
+    /// Layer 2 done wrong: the relay marks rows published that it never
+    /// delivered (one row in twenty).
+    RelayMarksUnsent,
 }
 
 /// What a run with a layer off must show.
@@ -51,7 +57,7 @@ pub struct Expectation {
 
 impl LayerOff {
     /// Every switch.
-    pub const ALL: [LayerOff; 8] = [
+    pub const ALL: [LayerOff; 10] = [
         LayerOff::HttpKey,
         LayerOff::EventIdAtPublish,
         LayerOff::OrderSagaInbox,
@@ -60,34 +66,26 @@ impl LayerOff {
         LayerOff::InboxSeparateTx,
         LayerOff::OffsetBeforeHandling,
         LayerOff::GatewayKey,
+        LayerOff::OutboxAfterCommit,
+        LayerOff::RelayMarksUnsent,
     ];
 
-    /// The service and variable that switch it off.
-    pub fn env(self) -> (Service, &'static str) {
-        match self {
+    /// The services and the variable that switch it off.
+    pub fn env(self) -> (Vec<Service>, &'static str) {
+        const CONSUMERS: [Service; 3] = [Service::OrderApi, Service::Inventory, Service::Payment];
+        let (service, var) = match self {
+            LayerOff::InboxSeparateTx => return (CONSUMERS.to_vec(), "UNSAFE_INBOX_SEPARATE_TX"),
+            LayerOff::OffsetBeforeHandling => return (CONSUMERS.to_vec(), "UNSAFE_OFFSET_BEFORE_HANDLING"),
             LayerOff::HttpKey => (Service::OrderApi, "UNSAFE_NO_IDEMPOTENCY_KEY"),
             LayerOff::EventIdAtPublish => (Service::Relay, "UNSAFE_EVENT_ID_AT_PUBLISH"),
             LayerOff::OrderSagaInbox => (Service::OrderApi, "UNSAFE_NO_INBOX"),
             LayerOff::InventoryInbox => (Service::Inventory, "UNSAFE_NO_INBOX"),
             LayerOff::PaymentInbox => (Service::Payment, "UNSAFE_NO_INBOX"),
-            LayerOff::InboxSeparateTx => (Service::Inventory, "UNSAFE_INBOX_SEPARATE_TX"),
-            LayerOff::OffsetBeforeHandling => (Service::Inventory, "UNSAFE_OFFSET_BEFORE_HANDLING"),
             LayerOff::GatewayKey => (Service::Gateway, "UNSAFE_NO_IDEMPOTENCY_KEY"),
-        }
-    }
-
-    /// The consumer whose repeated effect shows an inbox layer missing, and
-    /// the business keys that catch the repeat there (`inbox_misses.caught_by`).
-    fn repeated_effect(self) -> Option<(&'static str, &'static [&'static str])> {
-        use contract::topics::consumers::{INVENTORY, PAYMENT};
-        match self {
-            LayerOff::InventoryInbox => Some((
-                INVENTORY.name,
-                &["reservation per order", "release once per reservation"],
-            )),
-            LayerOff::PaymentInbox => Some((PAYMENT.name, &["payment per operation"])),
-            _ => None,
-        }
+            LayerOff::OutboxAfterCommit => (Service::OrderApi, "UNSAFE_OUTBOX_AFTER_COMMIT"),
+            LayerOff::RelayMarksUnsent => (Service::Relay, "UNSAFE_RELAY_MARKS_UNSENT"),
+        };
+        (vec![service], var)
     }
 
     /// The invariant a run with this layer off must break, the effect that
@@ -122,16 +120,17 @@ impl LayerOff {
                 "redelivered and injected commands reach the payment; only the payment per operation stops them",
             ),
             LayerOff::InboxSeparateTx => (
-                NOTHING_STUCK,
-                "an order whose reservation never happened: stuck, or moved only by the reconciler",
+                NOTHING_LOST,
+                "an event recorded in its consumer's inbox whose effect (a reservation movement, a payment \
+                 operation, a saga transition) is absent",
                 "a crash with the effect's transaction open, after the inbox rows committed on their own, leaves \
                  the event recorded as processed: its redelivery (and every re-send) is absorbed and the effect \
                  is never applied",
             ),
             LayerOff::OffsetBeforeHandling => (
                 NOTHING_LOST,
-                "an order finished only by a later copy of its lost message (a re-send, a republish, an \
-                 injected copy: the inbox names the copy applied), or stuck",
+                "an event in the log past its group's committed offset that no inbox holds, or one applied only \
+                 from a later copy (a re-send, a republish, an injected copy: the inbox names the copy applied)",
                 "a crash with the handler's transaction open, after the offset was committed, loses the batch: \
                  the broker never redelivers it, and only a later copy (or nothing) moves the order",
             ),
@@ -140,35 +139,85 @@ impl LayerOff {
                 "an order captured twice in the gateway's ledger",
                 "payment-service's retry after a crash or a timeout charges again",
             ),
+            LayerOff::OutboxAfterCommit => (
+                NOTHING_LOST,
+                "a command re-sent by the deadline reconciler that existed nowhere before (not in the log, not \
+                 in the outbox): lost before the log",
+                "the suite's crash after an order's commit, before its response, falls between the order's \
+                 transaction and its command's: the command is never written, and only the re-send makes one",
+            ),
+            LayerOff::RelayMarksUnsent => (
+                NOTHING_LOST,
+                "an outbox row marked published whose first copy the broker appended after the mark, or never",
+                "the rows marked unsent reach no consumer: their orders wait for the deadline's re-send (a \
+                 command again, or the reply a repeated command gets back), whose copy is the first in the log",
+            ),
         };
         Expectation { invariant, effect, why }
     }
 
-    /// Whether `audit` shows the effect this layer guards: read from the
-    /// databases and the ledger, consumer by consumer — never from the
-    /// count of duplicates an inbox absorbed (a switched-off inbox counts
-    /// none, so a counter would "catch" it with no effect repeated).
-    pub fn caught_in(self, audit: &Audit) -> bool {
-        if let Some((consumer, effects)) = self.repeated_effect() {
-            return audit
+    /// The checks of `audit` that show the effect this layer guards, by
+    /// name: each read from the databases, the ledger and the broker's log,
+    /// consumer by consumer — never from the count of duplicates an inbox
+    /// absorbed (a switched-off inbox counts none, so a counter would
+    /// "catch" it with no effect repeated). Empty: not caught.
+    pub fn caught_by(self, audit: &Audit) -> Vec<&'static str> {
+        use contract::topics::consumers::{INVENTORY, PAYMENT};
+        let missed = |consumer: &str, keys: &[&str]| {
+            audit
                 .inbox_misses
                 .get(consumer)
-                .is_some_and(|by| effects.iter().any(|e| by.get(*e).is_some_and(|n| *n > 0)));
-        }
-        match self {
-            LayerOff::HttpKey => audit.requests_with_two_orders > 0,
-            LayerOff::EventIdAtPublish => {
-                audit.replies_applied_twice > 0
-                    || audit.events_answered_twice > 0
-                    || audit.inbox_misses.values().flat_map(|by| by.values()).any(|n| *n > 0)
+                .is_some_and(|by| keys.iter().any(|k| by.get(*k).is_some_and(|n| *n > 0)))
+        };
+        let any_miss = audit.inbox_misses.values().flat_map(|by| by.values()).any(|n| *n > 0);
+        let checks: &[(&'static str, bool)] = match self {
+            LayerOff::HttpKey => &[("a client request made two orders", audit.requests_with_two_orders > 0)],
+            LayerOff::EventIdAtPublish => &[
+                ("a reply applied twice (order_history)", audit.replies_applied_twice > 0),
+                ("an event answered twice in the log", audit.events_answered_twice > 0),
+                ("a business key caught a repeat (inbox_misses)", any_miss),
+            ],
+            LayerOff::OrderSagaInbox => &[
+                ("a reply applied twice (order_history)", audit.replies_applied_twice > 0),
+                ("an event answered twice in the log", audit.events_answered_twice > 0),
+                ("an effect without its inbox row", audit.effect_without_inbox > 0),
+            ],
+            LayerOff::InventoryInbox => &[
+                (
+                    "a reservation movement repeated (inbox_misses)",
+                    missed(
+                        INVENTORY.name,
+                        &["reservation per order", "release once per reservation"],
+                    ),
+                ),
+                ("an effect without its inbox row", audit.effect_without_inbox > 0),
+            ],
+            LayerOff::PaymentInbox => &[
+                (
+                    "a payment operation repeated (inbox_misses)",
+                    missed(PAYMENT.name, &["payment per operation"]),
+                ),
+                ("an effect without its inbox row", audit.effect_without_inbox > 0),
+            ],
+            LayerOff::InboxSeparateTx => &[("an inbox row without its effect", audit.handled_without_effect > 0)],
+            LayerOff::OffsetBeforeHandling => &[
+                ("an event in the log no inbox holds", audit.never_handled > 0),
+                ("an event applied from a later copy", audit.applied_from_later_copy > 0),
+            ],
+            LayerOff::GatewayKey => &[
+                ("an order captured twice (ledger)", !audit.double_charged.is_empty()),
+                ("a gateway key with two ledger entries", audit.ledger_keys_repeated > 0),
+            ],
+            LayerOff::OutboxAfterCommit | LayerOff::RelayMarksUnsent => {
+                &[("a message lost before the log", audit.lost_before_the_log > 0)]
             }
-            LayerOff::OrderSagaInbox => audit.replies_applied_twice > 0 || audit.events_answered_twice > 0,
-            LayerOff::InboxSeparateTx | LayerOff::OffsetBeforeHandling => {
-                !audit.stuck.is_empty() || !audit.rescued.is_empty() || !audit.lost.is_empty()
-            }
-            LayerOff::GatewayKey => !audit.double_charged.is_empty() || audit.ledger_keys_repeated > 0,
-            LayerOff::InventoryInbox | LayerOff::PaymentInbox => unreachable!("handled above"),
-        }
+        };
+        checks.iter().filter(|(_, hit)| *hit).map(|(name, _)| *name).collect()
+    }
+
+    /// Whether `audit` shows the effect this layer guards ([`LayerOff::caught_by`]).
+    pub fn caught_in(self, audit: &Audit) -> bool {
+        !self.caught_by(audit).is_empty()
     }
 
     /// The words of the audit's line that states this layer's own effect
@@ -192,6 +241,8 @@ impl LayerOff {
             LayerOff::InboxSeparateTx => "inbox-separate-tx",
             LayerOff::OffsetBeforeHandling => "offset-before-handling",
             LayerOff::GatewayKey => "gateway-key",
+            LayerOff::OutboxAfterCommit => "outbox-after-commit",
+            LayerOff::RelayMarksUnsent => "relay-marks-unsent",
         }
     }
 }

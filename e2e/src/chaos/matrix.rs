@@ -20,6 +20,13 @@ pub struct Cell {
     pub ok: bool,
     /// The invariants the run broke, with how many problems named each.
     pub broken: Vec<String>,
+    /// Switch set: the checks that caught it ([`LayerOff::caught_by`]).
+    #[serde(default)]
+    pub caught_by: Vec<String>,
+    /// Why the run's schedule was not a valid one (empty: valid). A cell
+    /// counts only when valid.
+    #[serde(default)]
+    pub invalid: Vec<String>,
     /// Seconds from the start of the load to the first evidence of the
     /// invariant the switch must break (`None`: not seen, or the ordinary run).
     pub first_seen_s: Option<f64>,
@@ -39,7 +46,12 @@ impl Cell {
         Self {
             seed: report.seed,
             layer_off: report.layer_off,
-            ok: report.caught().unwrap_or_else(|| report.passed()),
+            ok: report.valid() && report.caught().unwrap_or_else(|| report.passed()),
+            caught_by: report
+                .layer_off
+                .map(|l| l.caught_by(&report.audit).into_iter().map(str::to_owned).collect())
+                .unwrap_or_default(),
+            invalid: report.invalid.clone(),
             broken: report.broken().iter().map(|(k, n)| format!("{k} ({n})")).collect(),
             first_seen_s,
             evidence: match (invariant, report.layer_off.and_then(LayerOff::ground_truth)) {
@@ -74,6 +86,8 @@ pub async fn run(base: &ChaosConfig, seeds: &[u64], mut each: impl FnMut(&Cell))
                     layer_off,
                     ok: false,
                     broken: vec![],
+                    caught_by: vec![],
+                    invalid: vec![],
                     first_seen_s: None,
                     evidence: None,
                     error: Some(format!("{e:#}")),
@@ -108,9 +122,11 @@ pub fn markdown(cells: &[Cell]) -> String {
                 None => "—".to_owned(),
                 Some(c) if c.error.is_some() => "ERROR".to_owned(),
                 Some(c) if c.layer_off.is_none() => if c.ok { "passed" } else { "FAILED" }.to_owned(),
+                Some(c) if !c.invalid.is_empty() => "INVALID".to_owned(),
                 Some(c) if c.ok => format!(
-                    "caught: {}{}",
+                    "caught: {} ({}){}",
                     c.layer_off.expect("a switch").expected().invariant,
+                    c.caught_by.join("; "),
                     c.first_seen_s
                         .map(|t| format!(", first at {t:.0} s"))
                         .unwrap_or_default()

@@ -8,10 +8,13 @@
 //! ([`faults`]). The clients (`clients`) retry like careful clients; `drive` runs
 //! the phases; [`report`] says what happened.
 
+mod before_log;
 mod clients;
 mod drive;
+mod effects;
 pub mod faults;
 mod inject;
+mod judge;
 pub mod layers;
 pub mod matrix;
 mod picture;
@@ -82,14 +85,17 @@ pub struct ChaosConfig {
 }
 
 impl ChaosConfig {
-    /// The CI-sized run: 300 orders at 6/s (traffic through the whole first
-    /// round of faults: a crash point fires only on fresh work), every fault
-    /// kind, a few minutes.
+    /// The CI-sized run: 300 orders at 6/s and more while a fault kind or
+    /// crash point has not fired (traffic through the whole schedule: a
+    /// crash point fires only on fresh work), every fault kind, a few minutes.
     pub fn ci(seed: u64) -> Self {
         Self {
             seed,
             orders: 300,
-            max_orders: 300,
+            // Past 300, the clients go on at the same rate until every fault
+            // kind and every (service, crash point) pair has fired: a crash
+            // point fires only on fresh work.
+            max_orders: 1_500,
             clients: 8,
             rate_per_sec: 6.0,
             offered_floor: 0.0,
@@ -144,8 +150,10 @@ pub async fn run(cfg: &ChaosConfig) -> anyhow::Result<Report> {
             .push((Service::Payment, "PAYMENT_UNSAFE_DISABLE_DEDUP".into(), "true".into()));
     }
     if let Some(layer) = cfg.layer_off {
-        let (service, var) = layer.env();
-        opts.extra_env.push((service, var.into(), "true".into()));
+        let (services, var) = layer.env();
+        for service in services {
+            opts.extra_env.push((service, var.into(), "true".into()));
+        }
     }
     let run_dir = opts.run_dir.clone();
     if cfg.progress {

@@ -22,12 +22,14 @@ use uuid::Uuid;
 use super::inject::INJECTED;
 use crate::stack::Stack;
 
-/// One copy of an event in the log: partition, offset, injected by the suite.
+/// One copy of an event in the log: partition, offset, the broker's time
+/// of it (ms; the append time on the saga's topics), injected by the suite.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Copy {
     order_id: Uuid,
     partition: i32,
     offset: i64,
+    at_ms: Option<i64>,
     injected: bool,
 }
 
@@ -38,10 +40,23 @@ pub(super) struct Copy {
 pub(super) struct Log {
     copies: BTreeMap<(String, Uuid), Vec<Copy>>,
     caused: BTreeMap<(Uuid, String), Answers>,
+    /// Every event in the log once: its topic, type and order.
+    events: BTreeMap<Uuid, Event>,
     /// Messages whose `event_id` / `event_type` headers or key disagree
     /// with their body (what a tool or a dead-letter reader trusts without
     /// parsing), described; and how many there were.
     pub mislabelled: (usize, Vec<String>),
+}
+
+/// An event as the log holds it: topic, type, order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Event {
+    /// Its topic.
+    pub topic: String,
+    /// Its type.
+    pub event_type: String,
+    /// Its order.
+    pub order_id: Uuid,
 }
 
 /// The distinct events of one type one event caused: each one's order and
@@ -113,6 +128,11 @@ impl Log {
                     .entry(env.event_id)
                     .or_insert((env.order_id, m.timestamp().to_millis()));
             }
+            self.events.entry(env.event_id).or_insert_with(|| Event {
+                topic: topic.to_owned(),
+                event_type: env.event_type.clone(),
+                order_id: env.order_id,
+            });
             self.copies
                 .entry((topic.to_owned(), env.event_id))
                 .or_default()
@@ -120,6 +140,7 @@ impl Log {
                     order_id: env.order_id,
                     partition: m.partition(),
                     offset: m.offset(),
+                    at_ms: m.timestamp().to_millis(),
                     injected,
                 });
         }
@@ -145,6 +166,29 @@ impl Log {
                 }
             })
             .collect()
+    }
+
+    /// When the broker appended the first copy of `event_id` on `topic`
+    /// (ms), if the log holds one.
+    pub fn first_appended(&self, topic: &str, event_id: Uuid) -> Option<i64> {
+        self.copies
+            .get(&(topic.to_owned(), event_id))?
+            .iter()
+            .filter_map(|c| c.at_ms)
+            .min()
+    }
+
+    /// When the broker appended the first copy of `event_id` on any topic (ms).
+    pub fn first_appended_anywhere(&self, event_id: Uuid) -> Option<i64> {
+        contract::topics::ALL
+            .iter()
+            .filter_map(|topic| self.first_appended(topic, event_id))
+            .min()
+    }
+
+    /// Every event in the log, once each.
+    pub fn events(&self) -> &BTreeMap<Uuid, Event> {
+        &self.events
     }
 
     /// Copies beyond the first, per topic.

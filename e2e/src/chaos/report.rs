@@ -105,6 +105,16 @@ pub struct Report {
     pub offered_per_sec: f64,
     /// The invariant audit.
     pub audit: Audit,
+    /// Dead letters per dead-letter topic, read back from the broker: each
+    /// one a violation in a run that poisons nothing on purpose.
+    #[serde(default)]
+    pub dead_letters: BTreeMap<String, usize>,
+    /// Why the run is not a valid one, whatever its verdict: a fault kind or
+    /// a (service, crash point) pair that never fired, no duplicate
+    /// delivered, less load offered than asked. Each is in `problems` too;
+    /// a run with a layer off must have none of them to count as caught.
+    #[serde(default)]
+    pub invalid: Vec<String>,
     /// Reasons the run does not count or failed (empty: passed).
     pub problems: Vec<String>,
 }
@@ -142,6 +152,11 @@ impl Report {
         let layer = self.layer_off?;
         Some(layer.caught_in(&self.audit))
     }
+
+    /// Whether the run's schedule was a valid one ([`Report::invalid`] empty).
+    pub fn valid(&self) -> bool {
+        self.invalid.is_empty()
+    }
 }
 
 /// Reads every topic back whole (a partial read is an error), counts the
@@ -174,6 +189,39 @@ pub(super) async fn count_duplicates(stack: &Stack, d: &mut Duplicates) -> anyho
         d.absorbed.insert(consumer.to_owned(), n);
     }
     Ok(log)
+}
+
+/// The dead letters of every saga topic, read back whole: per dead-letter
+/// topic, how many, and the first few described by their headers.
+pub(super) async fn dead_letters(stack: &Stack) -> anyhow::Result<(BTreeMap<String, usize>, Vec<String>)> {
+    use rdkafka::message::Headers as _;
+    use rdkafka::Message as _;
+    let (mut counts, mut described) = (BTreeMap::new(), Vec::new());
+    for topic in contract::topics::ALL {
+        let dlt = kafka::client::dead_letter_topic(topic);
+        let (b, t, group) = (stack.kafka(), dlt.clone(), format!("chaos-audit-{}", Uuid::new_v4()));
+        let messages =
+            tokio::task::spawn_blocking(move || kafka::read_whole_topic(&b, &t, &group, Duration::from_secs(3)))
+                .await??;
+        for m in messages.iter().take(5usize.saturating_sub(described.len())) {
+            let headers: Vec<String> = m
+                .headers()
+                .map(|h| {
+                    h.iter()
+                        .map(|h| format!("{}={}", h.key, String::from_utf8_lossy(h.value.unwrap_or_default())))
+                        .collect()
+                })
+                .unwrap_or_default();
+            described.push(format!(
+                "{dlt} {}:{} [{}]",
+                m.partition(),
+                m.offset(),
+                headers.join(", ")
+            ));
+        }
+        counts.insert(dlt, messages.len());
+    }
+    Ok((counts, described))
 }
 
 /// Acknowledged orders per intended kind and final status.
@@ -397,9 +445,50 @@ pub fn markdown(r: &Report) -> String {
         let _ = writeln!(
             s,
             "## Late, not lost\n\nOrders the deadline reconciler acted on while the first copy of the message it \
-             stood in for was still on its way — a command re-sent (its consumer applied the first copy; the \
-             re-sent one was absorbed), or a reply reconciled from its sender's record (the reply arrived after, \
+             stood in for was still on its way — a command re-sent (in the log, or waiting in the outbox, \
+             before the re-send; its consumer applied the first copy and absorbed the re-sent one), or a reply reconciled from its sender's record (the reply arrived after, \
              and its first copy was applied as a no-op): {per:?}\n"
+        );
+    }
+    let _ = writeln!(
+        s,
+        "## Lost before the log\n\nOutbox rows marked published against the broker's append time of their first \
+         copy, and re-sent commands against the log and the outbox: {} lost\n",
+        r.audit.lost_before_the_log
+    );
+    for row in &r.audit.lost_before_the_log_evidence {
+        let _ = writeln!(s, "- {row}");
+    }
+    if !r.audit.lost_before_the_log_evidence.is_empty() {
+        let _ = writeln!(s);
+    }
+    let a = &r.audit;
+    let _ = writeln!(
+        s,
+        "## Events against their inboxes and effects\n\nevents in the log no inbox holds {}; inbox rows without \
+         their effect {}; effects without an inbox row {}; inbox rows naming no copy {}; events applied from a \
+         later copy {}; dead letters {:?}\n",
+        a.never_handled,
+        a.handled_without_effect,
+        a.effect_without_inbox,
+        a.inbox_without_source,
+        a.applied_from_later_copy,
+        r.dead_letters
+    );
+    for row in &a.effects_evidence {
+        let _ = writeln!(s, "- {row}");
+    }
+    if !a.effects_evidence.is_empty() {
+        let _ = writeln!(s);
+    }
+    if let Some(layer) = r.layer_off {
+        let _ = writeln!(
+            s,
+            "## Caught\n\n{} off, caught by: {:?}; schedule valid: {} {:?}\n",
+            layer.name(),
+            layer.caught_by(a),
+            r.valid(),
+            r.invalid
         );
     }
     let _ = writeln!(s, "## Rescued by the deadline reconciler\n");

@@ -30,6 +30,18 @@ async fn chaos_run_finds_no_double_charge_and_loses_nothing() {
     assert!(report.duplicates.delivered() > 0, "duplicates were delivered");
     assert!(report.duplicates.total_absorbed() > 0, "and absorbed");
     assert!(report.audit.double_charged.is_empty() && report.audit.lost.is_empty() && report.audit.stuck.is_empty());
+    assert_eq!(report.audit.lost_before_the_log, 0);
+    assert_eq!(report.clients.indeterminate, 0);
+    // The seed fixed the schedule: the run met, place by place, the kinds
+    // and targets its plan draws from the seed alone.
+    let plan = chaos::faults::Plan::new(cfg.seed, chaos::Fault::kinds(cfg.brokers));
+    for (i, event) in report.timeline.iter().enumerate() {
+        assert_eq!(event.fault, plan.kind_at(i), "place {i}: {event:?}");
+        let choice = chaos::faults::choose(event.fault, &mut plan.rng_for(i), cfg.brokers);
+        if let Some(words) = choice.words() {
+            assert!(event.detail.contains(&words), "place {i}: {words} not in {event:?}");
+        }
+    }
     // The picture: both series, one lane per fault kind, one mark per fault.
     let svg = chaos::svg(&report);
     assert_eq!(svg.matches("<polyline").count(), 2, "orders/s and open orders");

@@ -28,6 +28,14 @@ async fn must_catch(layer: LayerOff) {
     );
     let report = chaos::run(&cfg).await.expect("chaos run completes");
     println!("{}", chaos::markdown(&report));
+    // The ordinary schedule, whole: every fault kind and crash point fired.
+    assert!(
+        report.valid(),
+        "{} off (seed {}): not a valid run: {:?}",
+        layer.name(),
+        cfg.seed,
+        report.invalid
+    );
     let e = layer.expected();
     assert_eq!(
         report.caught(),
@@ -90,4 +98,22 @@ async fn with_offsets_committed_before_handling_a_crash_loses_messages_even_with
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_gateway_key_a_retried_charge_charges_again() {
     must_catch(LayerOff::GatewayKey).await;
+}
+
+/// The dual write the outbox exists to prevent: the order commits, its
+/// command is written after, in a transaction of its own. The suite's crash
+/// after the order's commit falls between the two; the deadline's re-send
+/// then writes the command for the first time — a loss before the log,
+/// which the audit tells from lateness by the log and the outbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_command_written_after_the_order_commits_a_crash_between_loses_it_before_the_log() {
+    must_catch(LayerOff::OutboxAfterCommit).await;
+}
+
+/// A relay that marks rows it never delivered: the re-sends finish the
+/// orders, and the audit holds every mark against the broker's append time
+/// of the row's first copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_relay_marking_rows_it_never_sent_the_audit_finds_marks_before_the_log() {
+    must_catch(LayerOff::RelayMarksUnsent).await;
 }

@@ -103,3 +103,22 @@ pub(super) async fn crash_at(
     let any = outcome.contains(&Some(true));
     Ok((format!("{} at {}", words.join(", "), targets[0].1), any))
 }
+
+/// Every (service, crash point) pair the crash-point faults arm.
+pub fn crash_point_pairs() -> Vec<String> {
+    Fault::FIRST_ROUND
+        .into_iter()
+        .filter_map(crash_points_of)
+        .flatten()
+        .map(|(s, point)| format!("{}: {point}", s.name()))
+        .collect()
+}
+
+/// Whether every pair `fault` arms has fired at least once so far.
+pub(super) fn every_pair_fired(fault: Fault, crash_points: &BTreeMap<String, u32>) -> bool {
+    crash_points_of(fault).is_some_and(|targets| {
+        targets
+            .iter()
+            .all(|(s, point)| crash_points.contains_key(&format!("{}: {point}", s.name())))
+    })
+}

@@ -5,9 +5,6 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
-use rand::rngs::StdRng;
-use rand::seq::SliceRandom as _;
-use rand::Rng as _;
 use testkit::partition::Cut;
 
 use crate::stack::{Service, Stack};
@@ -24,10 +21,7 @@ const NODE_CUT: Duration = Duration::from_secs(15);
 /// Cuts a consumer service from every Kafka node for [`SERVICE_CUT`]; its
 /// database and HTTP stay reachable. Returns what happened and whether
 /// packets were dropped.
-pub(super) async fn cut_service(stack: &mut Stack, rng: &mut StdRng) -> anyhow::Result<(String, bool)> {
-    let s = *[Service::Inventory, Service::Payment, Service::OrderApi]
-        .choose(rng)
-        .expect("non-empty");
+pub(super) async fn cut_service(stack: &mut Stack, s: Service) -> anyhow::Result<(String, bool)> {
     let uid = stack
         .process_uid(s)
         .context("the stack does not run its processes under uids of their own")?;
@@ -55,10 +49,10 @@ pub(super) async fn cut_service(stack: &mut Stack, rng: &mut StdRng) -> anyhow::
 
 /// Cuts one Kafka node from the other two, both ways (client, controller
 /// and replication ports), for [`NODE_CUT`]; clients still reach it.
-pub(super) async fn isolate_node(stack: &mut Stack, rng: &mut StdRng) -> anyhow::Result<(String, bool)> {
+pub(super) async fn isolate_node(stack: &mut Stack, node: u32) -> anyhow::Result<(String, bool)> {
     let nodes = stack.broker_nodes().to_vec();
     anyhow::ensure!(nodes.len() >= 3, "a node can be isolated only in a cluster of three");
-    let isolated = &nodes[rng.gen_range(0..nodes.len())];
+    let isolated = &nodes[node as usize - 1];
     let ports = |n: &testkit::broker::NodeSpec| vec![n.port, n.controller_port, n.advertised_port];
     let uid = |id| {
         stack
