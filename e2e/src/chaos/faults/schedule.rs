@@ -174,5 +174,9 @@ mod tests {
             .filter_map(|t| t.1.words())
             .collect();
         assert!(victims.len() > 1, "{victims:?}");
+        // Each place has a generator of its own, not one they all share.
+        let plan = Plan::new(7, Fault::kinds(3));
+        let firsts: std::collections::BTreeSet<u64> = (0..8).map(|i| plan.rng_for(i).gen()).collect();
+        assert_eq!(firsts.len(), 8);
     }
 }
