@@ -3,18 +3,34 @@
 
 use std::process::Command;
 
-/// Runs `cargo test --workspace`, echoing its output, and ends with one
-/// line totalling every test binary's result.
+/// How many of the slowest tests the test command names at its end.
+const SLOWEST: usize = 15;
+
+/// Runs `cargo test --workspace`, echoing its output, and ends with the
+/// slowest tests (each test binary runs under
+/// `xtask/scripts/timed-test-runner.sh`, which has libtest time each test)
+/// and one line totalling every test binary's result.
 pub fn run_tests(mut cmd: Command, args: &[String]) -> anyhow::Result<i32> {
+    let runner = crate::workspace_root().join("xtask/scripts/timed-test-runner.sh");
     cmd.args([
         "test",
         "--workspace",
         "--no-fail-fast",
         "--features",
         crate::FAILPOINT_FEATURES,
+        "--config",
+        &format!("target.'cfg(all())'.runner = [{:?}]", runner.display().to_string()),
     ])
     .args(args);
     let run = run_counted(cmd)?;
+    let mut timed = run.timed.clone();
+    timed.sort_by(|a, b| b.1.total_cmp(&a.1));
+    if !timed.is_empty() {
+        println!("the {} slowest tests:", SLOWEST.min(timed.len()));
+        for (name, secs) in timed.iter().take(SLOWEST) {
+            println!("  {secs:>8.1} s  {name}");
+        }
+    }
     println!("all tests: {} passed, {} failed", run.passed, run.failed);
     if run.failed == 0 && !run.status.success() {
         // A binary that died (a signal, an abort) or did not build prints no
@@ -29,6 +45,8 @@ pub struct TestRun {
     status: std::process::ExitStatus,
     pub passed: u64,
     pub failed: u64,
+    /// Each test libtest timed (`--report-time`): name, seconds.
+    pub timed: Vec<(String, f64)>,
 }
 
 impl TestRun {
@@ -47,7 +65,7 @@ impl TestRun {
 pub fn run_counted(mut cmd: Command) -> anyhow::Result<TestRun> {
     use std::io::{BufRead, BufReader};
     let mut child = cmd.stdout(std::process::Stdio::piped()).spawn()?;
-    let (mut passed, mut failed) = (0u64, 0u64);
+    let (mut passed, mut failed, mut timed) = (0u64, 0u64, Vec::new());
     for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
         let line = line?;
         println!("{line}");
@@ -55,9 +73,24 @@ pub fn run_counted(mut cmd: Command) -> anyhow::Result<TestRun> {
             passed += result_count(rest, " passed");
             failed += result_count(rest, " failed");
         }
+        timed.extend(duration(&line));
     }
     let status = child.wait()?;
-    Ok(TestRun { status, passed, failed })
+    Ok(TestRun {
+        status,
+        passed,
+        failed,
+        timed,
+    })
+}
+
+/// A test's name and duration from libtest's `--report-time` line
+/// (`test a::b ... ok <12.345s>`).
+fn duration(line: &str) -> Option<(String, f64)> {
+    let rest = line.strip_prefix("test ")?;
+    let (name, outcome) = rest.split_once(" ... ")?;
+    let secs = outcome.rsplit_once('<')?.1.strip_suffix("s>")?.parse().ok()?;
+    Some((name.to_owned(), secs))
 }
 
 /// The number before `word` in a `test result:` line's rest
@@ -76,7 +109,18 @@ fn result_count(rest: &str, word: &str) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::result_count;
+    use super::{duration, result_count};
+
+    #[test]
+    fn a_timed_line_gives_its_test_and_seconds_and_others_nothing() {
+        assert_eq!(
+            duration("test chaos::a_run ... ok <177.510s>"),
+            Some(("chaos::a_run".to_owned(), 177.51))
+        );
+        assert_eq!(duration("test x::y ... FAILED <2.000s>").map(|d| d.1), Some(2.0));
+        assert_eq!(duration("test x::y ... ok"), None);
+        assert_eq!(duration("test result: ok. 3 passed"), None);
+    }
 
     #[test]
     fn a_result_line_is_counted_and_a_run_of_no_test_is_zero() {
