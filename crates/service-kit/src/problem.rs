@@ -212,6 +212,13 @@ pub mod responses {
         "Body over the size limit"
     );
     crate::problem_response!(
+        /// 408: a body that broke off or timed out before it arrived whole
+        /// (nothing stored; send it again with the same key).
+        IncompleteBody,
+        408,
+        "Body incomplete"
+    );
+    crate::problem_response!(
         /// 503: the service's database does not answer.
         DatabaseUnavailable,
         503,

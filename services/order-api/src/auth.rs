@@ -132,6 +132,10 @@ pub enum Refusal {
     /// The body is larger than the limit.
     #[error("request body larger than {0} bytes")]
     TooLarge(usize),
+    /// The body broke off or timed out before it arrived whole (not its
+    /// size): nothing was read, nothing stored, and a retry may succeed.
+    #[error("the request body broke off or timed out before it arrived whole; nothing was stored: send it again")]
+    Incomplete,
     /// Over the client's request rate.
     #[error("more than {0} requests per second")]
     TooMany(f64),
@@ -162,6 +166,11 @@ impl IntoResponse for Refusal {
                 "/problems/unavailable",
                 "Service unavailable",
             ),
+            Self::Incomplete => (
+                StatusCode::REQUEST_TIMEOUT,
+                "/problems/incomplete-body",
+                "Request body incomplete",
+            ),
         };
         let mut resp = Problem::new(status, kind, title, self.to_string()).into_response();
         match self {
@@ -172,7 +181,7 @@ impl IntoResponse for Refusal {
             Self::TooMany(_) | Self::TooManyLookups(_) | Self::Unavailable => {
                 resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(1));
             }
-            Self::TooLarge(_) => {}
+            Self::TooLarge(_) | Self::Incomplete => {}
         }
         resp
     }
@@ -324,14 +333,35 @@ pub async fn middleware(State(auth): State<Arc<Auth>>, mut req: Request, next: N
     let (parts, body) = req.into_parts();
     let body = match axum::body::to_bytes(body, max).await {
         Ok(bytes) => bytes,
-        Err(_) => {
-            telemetry::metrics::incr("api_refusals_total", &[("reason", "too_large")]);
-            return Refusal::TooLarge(max).into_response();
+        Err(e) => {
+            let refusal = body_refusal(e, max);
+            let reason = if matches!(refusal, Refusal::TooLarge(_)) {
+                "too_large"
+            } else {
+                "incomplete_body"
+            };
+            telemetry::metrics::incr("api_refusals_total", &[("reason", reason)]);
+            return refusal.into_response();
         }
     };
     req = Request::from_parts(parts, axum::body::Body::from(body));
     req.extensions_mut().insert(idempotency::Scope(client));
     next.run(req).await
+}
+
+/// Why a body could not be read: over the limit (413, final), or broken off
+/// or timed out on the way (408: a transient error — a careful client
+/// retries it with its key, where a 413 would tell it to give up).
+fn body_refusal(e: axum::Error, max: usize) -> Refusal {
+    let inner = e.into_inner();
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(inner.as_ref());
+    while let Some(e) = source {
+        if e.is::<http_body_util::LengthLimitError>() {
+            return Refusal::TooLarge(max);
+        }
+        source = e.source();
+    }
+    Refusal::Incomplete
 }
 
 /// A new API key for `client`: its id and the key itself, which is shown
@@ -385,6 +415,24 @@ pub async fn list_keys(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Over the limit is a 413; a body that breaks off on the way is a 408,
+    /// never "too large" (a careful client stops retrying on a 413).
+    #[tokio::test]
+    async fn a_body_over_the_limit_is_413_and_one_that_breaks_off_is_408() {
+        let big = axum::body::Body::from(vec![b'x'; 100]);
+        let e = axum::body::to_bytes(big, 10).await.unwrap_err();
+        assert!(matches!(body_refusal(e, 10), Refusal::TooLarge(10)));
+        let chunks: Vec<Result<&'static [u8], std::io::Error>> = vec![
+            Ok(b"{\"sku\":"),
+            Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "client gone")),
+        ];
+        let broken = axum::body::Body::from_stream(futures::stream::iter(chunks));
+        let e = axum::body::to_bytes(broken, 16_384).await.unwrap_err();
+        let refusal = body_refusal(e, 16_384);
+        assert!(matches!(refusal, Refusal::Incomplete), "{refusal:?}");
+        assert_eq!(refusal.into_response().status(), StatusCode::REQUEST_TIMEOUT);
+    }
 
     #[test]
     fn the_stored_hash_is_not_the_key() {
