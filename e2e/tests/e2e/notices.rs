@@ -65,6 +65,8 @@ async fn crash_between_send_and_mark(name: &str, delivery: &str, point: &str) ->
     let mut stack = crate::stack(name).await;
     stack.set_env(Service::OrderApi, "NOTICE_DELIVERY", delivery);
     stack.set_env(Service::OrderApi, "NOTICE_INTERVAL_MS", "100");
+    // The crashed worker's lease runs out soon: its notices go out again.
+    stack.set_env(Service::OrderApi, "NOTICE_LEASE_MS", "1500");
     stack.arm(Service::OrderApi, point);
     stack.restart(Service::OrderApi).await.unwrap();
     let client = Client::new(&stack, Duration::from_secs(5)).unwrap();

@@ -224,14 +224,14 @@ impl App {
                 async move { saga::reconcile::scan(&pool, &gateway, &deadlines).await }
             },
         );
-        let (pool, gateway, delivery) = (
+        let (pool, gateway, notice_args) = (
             self.state.pool.clone(),
             self.state.gateway.clone(),
-            config.notices.delivery,
+            config.notices.clone(),
         );
         tasks.spawn_every("notices", config.notices.interval(), move || {
-            let (pool, gateway) = (pool.clone(), gateway.clone());
-            async move { notices::send_pending(&pool, &gateway, delivery).await.map(|_| ()) }
+            let (pool, gateway, args) = (pool.clone(), gateway.clone(), notice_args.clone());
+            async move { notices::send_pending(&pool, &gateway, &args).await.map(|_| ()) }
         });
         tasks.spawn_once(
             "card backfill",
