@@ -51,12 +51,12 @@ enum Cmd {
     /// beside the broker's and the database's ceilings. Fifteen to twenty minutes (`--quick`: fewer);
     /// figures go to target/bench-results/e2e.json and e2e.md.
     Bench(BenchArgs),
-    /// Tell one failure scenario of docs/scenarios.md (1..=26) — what is
+    /// Tell one failure scenario of docs/scenarios.md (1..=27) — what is
     /// injected, which layer acts, what is checked — and run its test.
     /// Without a number: list them.
     Scenario {
         /// The scenario's number.
-        #[arg(value_parser = clap::value_parser!(u8).range(1..=26))]
+        #[arg(value_parser = clap::value_parser!(u8).range(1..=scenario::ALL.len() as i64))]
         n: Option<u8>,
     },
     /// List or replay the dead letters of a topic (e.g. inventory.commands),
@@ -400,5 +400,24 @@ async fn main() -> anyhow::Result<()> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    /// Every scenario docs/scenarios.md lists can be asked for by its
+    /// number, and none past the last (the parser once stopped at 26 of 27).
+    #[test]
+    fn every_listed_scenario_number_parses_and_the_next_does_not() {
+        let n = super::scenario::ALL.len();
+        for k in 1..=n {
+            assert!(
+                super::Cli::try_parse_from(["xtask", "scenario", &k.to_string()]).is_ok(),
+                "scenario {k}"
+            );
+        }
+        assert!(super::Cli::try_parse_from(["xtask", "scenario", &(n + 1).to_string()]).is_err());
     }
 }
