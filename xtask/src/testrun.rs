@@ -23,7 +23,11 @@ pub fn run_tests(mut cmd: Command, args: &[String]) -> anyhow::Result<i32> {
     ])
     .args(args);
     let run = run_counted(cmd)?;
-    let mut timed = run.timed.clone();
+    let mut timed: Vec<(String, f64)> = run
+        .timed
+        .iter()
+        .map(|(name, secs)| (name.clone(), secs - run.waits.get(name).copied().unwrap_or(0.0)))
+        .collect();
     timed.sort_by(|a, b| b.1.total_cmp(&a.1));
     if !timed.is_empty() {
         println!("the {} slowest tests:", SLOWEST.min(timed.len()));
@@ -47,6 +51,9 @@ pub struct TestRun {
     pub failed: u64,
     /// Each test libtest timed (`--report-time`): name, seconds.
     pub timed: Vec<(String, f64)>,
+    /// Seconds each end-to-end test waited for its share of the machine
+    /// (`machine-wait` lines), by test.
+    pub waits: std::collections::BTreeMap<String, f64>,
 }
 
 impl TestRun {
@@ -66,6 +73,7 @@ pub fn run_counted(mut cmd: Command) -> anyhow::Result<TestRun> {
     use std::io::{BufRead, BufReader};
     let mut child = cmd.stdout(std::process::Stdio::piped()).spawn()?;
     let (mut passed, mut failed, mut timed) = (0u64, 0u64, Vec::new());
+    let mut waits = std::collections::BTreeMap::new();
     for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
         let line = line?;
         println!("{line}");
@@ -74,6 +82,9 @@ pub fn run_counted(mut cmd: Command) -> anyhow::Result<TestRun> {
             failed += result_count(rest, " failed");
         }
         timed.extend(duration(&line));
+        if let Some((name, secs)) = machine_wait(&line) {
+            *waits.entry(name).or_insert(0.0) += secs;
+        }
     }
     let status = child.wait()?;
     Ok(TestRun {
@@ -81,7 +92,15 @@ pub fn run_counted(mut cmd: Command) -> anyhow::Result<TestRun> {
         passed,
         failed,
         timed,
+        waits,
     })
+}
+
+/// A `machine-wait <test> <seconds>` line of the end-to-end tests.
+fn machine_wait(line: &str) -> Option<(String, f64)> {
+    let mut words = line.strip_prefix("machine-wait ")?.split(' ');
+    let (name, secs) = (words.next()?, words.next()?.parse().ok()?);
+    Some((name.to_owned(), secs))
 }
 
 /// A test's name and duration from libtest's `--report-time` line
@@ -109,7 +128,16 @@ fn result_count(rest: &str, word: &str) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{duration, result_count};
+    use super::{duration, machine_wait, result_count};
+
+    #[test]
+    fn a_machine_wait_line_gives_its_test_and_seconds() {
+        assert_eq!(
+            machine_wait("machine-wait chaos::a_run 12.500"),
+            Some(("chaos::a_run".to_owned(), 12.5))
+        );
+        assert_eq!(machine_wait("test chaos::a_run ... ok <1.0s>"), None);
+    }
 
     #[test]
     fn a_timed_line_gives_its_test_and_seconds_and_others_nothing() {

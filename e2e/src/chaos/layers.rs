@@ -230,6 +230,21 @@ impl LayerOff {
         }
     }
 
+    /// The share of the catch matrix one run of the test command takes:
+    /// [`LayerOff::SHARE`] switches in a row of [`LayerOff::ALL`], starting
+    /// where `seed` says, so that consecutive seeds go round every switch
+    /// (the whole matrix is `cargo xtask chaos --matrix`).
+    pub fn share(seed: u64) -> Vec<LayerOff> {
+        let n = Self::ALL.len() as u64;
+        let start = seed.wrapping_mul(Self::SHARE as u64) % n;
+        (0..Self::SHARE as u64)
+            .map(|i| Self::ALL[((start + i) % n) as usize])
+            .collect()
+    }
+
+    /// How many switches one run of the test command takes.
+    pub const SHARE: usize = 3;
+
     /// Its name on the command line.
     pub fn name(self) -> &'static str {
         match self {
@@ -244,5 +259,23 @@ impl LayerOff {
             LayerOff::OutboxAfterCommit => "outbox-after-commit",
             LayerOff::RelayMarksUnsent => "relay-marks-unsent",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LayerOff;
+
+    #[test]
+    fn consecutive_seeds_go_round_every_switch() {
+        let mut seen = std::collections::BTreeSet::new();
+        for seed in 1_000..1_000 + LayerOff::ALL.len() as u64 {
+            let share = LayerOff::share(seed);
+            assert_eq!(share.len(), LayerOff::SHARE);
+            let distinct: std::collections::BTreeSet<_> = share.iter().collect();
+            assert_eq!(distinct.len(), LayerOff::SHARE, "{share:?}");
+            seen.extend(share);
+        }
+        assert_eq!(seen.len(), LayerOff::ALL.len());
     }
 }

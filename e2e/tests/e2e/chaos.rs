@@ -62,7 +62,12 @@ async fn chaos_run_finds_no_double_charge_and_loses_nothing() {
     );
 }
 
+/// payment-service's inbox and gateway key off at once. Not in the test
+/// command: the catch matrix's `payment-inbox` and `gateway-key` switch
+/// each of the two off alone, and are caught on their effects; run it with
+/// `cargo xtask chaos --negative-control` or `-- --ignored chaos::negative`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "covered by the catch matrix's payment-inbox and gateway-key switches; cargo xtask chaos --negative-control"]
 async fn negative_control_without_dedup_finds_double_charges() {
     let _slot = crate::exclusive().await;
     let mut cfg = ChaosConfig::ci(seed());

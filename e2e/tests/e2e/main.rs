@@ -34,9 +34,27 @@ use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock};
 /// Two cores: ordinary e2e tests share the machine, a chaos run has it alone.
 static MACHINE: std::sync::LazyLock<std::sync::Arc<RwLock<()>>> = std::sync::LazyLock::new(Default::default);
 
+/// Says how long this test waited for its share of the machine, on the
+/// test binary's own stdout (past libtest's capture), as
+/// `machine-wait <test> <seconds>`: `cargo xtask test` takes it off the
+/// test's duration, so its list of the slowest tests is of work, not waits.
+fn waited(since: std::time::Instant) {
+    use std::io::Write as _;
+    let thread = std::thread::current();
+    let line = format!(
+        "machine-wait {} {:.3}\n",
+        thread.name().unwrap_or("?"),
+        since.elapsed().as_secs_f64()
+    );
+    let _ = std::io::stdout().write_all(line.as_bytes());
+}
+
 /// Held by a chaos test for its whole run.
 pub async fn exclusive() -> OwnedRwLockWriteGuard<()> {
-    MACHINE.clone().write_owned().await
+    let since = std::time::Instant::now();
+    let slot = MACHINE.clone().write_owned().await;
+    waited(since);
+    slot
 }
 
 /// A fresh stack for one test, and its share of the machine.
@@ -67,7 +85,10 @@ impl TestStack {
 
 /// A share of the machine, for a test that boots its own stack.
 pub async fn share() -> OwnedRwLockReadGuard<()> {
-    MACHINE.clone().read_owned().await
+    let since = std::time::Instant::now();
+    let slot = MACHINE.clone().read_owned().await;
+    waited(since);
+    slot
 }
 
 /// Seeds stock and places one payable order through `stack`, until it
@@ -91,7 +112,7 @@ pub async fn one_confirmed_order(stack: &e2e::Stack) {
 
 /// Boots a fresh stack for one test.
 pub async fn stack(label: &str) -> TestStack {
-    let share = MACHINE.clone().read_owned().await;
+    let share = share().await;
     let mut opts = e2e::StackOptions::ephemeral(label).expect("stack options");
     opts.remove_run_dir_on_drop = true;
     TestStack {
