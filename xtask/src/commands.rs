@@ -67,7 +67,9 @@ pub async fn chaos(args: ChaosArgs) -> anyhow::Result<()> {
     let mut cfg = e2e::chaos::ChaosConfig::ci(seed);
     cfg.brokers = brokers;
     cfg.orders = orders;
-    cfg.max_orders = orders;
+    // Past `orders`, the clients go on (as in the test command's run) until
+    // every fault kind and crash point has fired: a run is valid only then.
+    cfg.max_orders = cfg.max_orders.max(orders);
     cfg.clients = clients;
     cfg.rate_per_sec = rate;
     cfg.fault_interval = std::time::Duration::from_millis(fault_interval_ms);
