@@ -163,15 +163,9 @@ impl Report {
 /// duplicate copies in the broker's log (per topic) and the redeliveries
 /// each consumer's inbox absorbed (its durable count); returns the log.
 pub(super) async fn count_duplicates(stack: &Stack, d: &mut Duplicates) -> anyhow::Result<Log> {
-    let brokers = stack.kafka();
     let mut log = Log::default();
     for topic in contract::topics::ALL {
-        let (b, t) = (brokers.clone(), topic.to_owned());
-        let group = format!("chaos-audit-{}", Uuid::new_v4());
-        let messages =
-            tokio::task::spawn_blocking(move || kafka::read_whole_topic(&b, &t, &group, Duration::from_secs(5)))
-                .await??;
-        log.add(topic, &messages);
+        log.add(topic, &read_back(stack, topic, Duration::from_secs(5)).await?);
     }
     d.in_log = log.duplicates_per_topic();
     for topic in contract::topics::ALL {
@@ -191,6 +185,17 @@ pub(super) async fn count_duplicates(stack: &Stack, d: &mut Duplicates) -> anyho
     Ok(log)
 }
 
+/// `topic` read back whole (a partial read is an error) by a group of its
+/// own, done reading after `idle` without a message.
+async fn read_back(stack: &Stack, topic: &str, idle: Duration) -> anyhow::Result<Vec<rdkafka::message::OwnedMessage>> {
+    let (b, t, group) = (
+        stack.kafka(),
+        topic.to_owned(),
+        format!("chaos-audit-{}", Uuid::new_v4()),
+    );
+    Ok(tokio::task::spawn_blocking(move || kafka::read_whole_topic(&b, &t, &group, idle)).await??)
+}
+
 /// The dead letters of every saga topic, read back whole: per dead-letter
 /// topic, how many, and the first few described by their headers.
 pub(super) async fn dead_letters(stack: &Stack) -> anyhow::Result<(BTreeMap<String, usize>, Vec<String>)> {
@@ -199,10 +204,7 @@ pub(super) async fn dead_letters(stack: &Stack) -> anyhow::Result<(BTreeMap<Stri
     let (mut counts, mut described) = (BTreeMap::new(), Vec::new());
     for topic in contract::topics::ALL {
         let dlt = kafka::client::dead_letter_topic(topic);
-        let (b, t, group) = (stack.kafka(), dlt.clone(), format!("chaos-audit-{}", Uuid::new_v4()));
-        let messages =
-            tokio::task::spawn_blocking(move || kafka::read_whole_topic(&b, &t, &group, Duration::from_secs(3)))
-                .await??;
+        let messages = read_back(stack, &dlt, Duration::from_secs(3)).await?;
         for m in messages.iter().take(5usize.saturating_sub(described.len())) {
             let headers: Vec<String> = m
                 .headers()
