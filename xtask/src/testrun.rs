@@ -35,6 +35,13 @@ pub fn run_tests(mut cmd: Command, args: &[String]) -> anyhow::Result<i32> {
             println!("  {secs:>8.1} s  {name}");
         }
     }
+    if !run.panics.is_empty() {
+        // The end of the output is what a CI log shows: why each test failed.
+        println!("why they failed (each panic, its first lines):");
+        for panic in &run.panics {
+            println!("{panic}");
+        }
+    }
     println!("all tests: {} passed, {} failed", run.passed, run.failed);
     if run.failed == 0 && !run.status.success() {
         // A binary that died (a signal, an abort) or did not build prints no
@@ -54,6 +61,9 @@ pub struct TestRun {
     /// Seconds each end-to-end test waited for its share of the machine
     /// (`machine-wait` lines), by test.
     pub waits: std::collections::BTreeMap<String, f64>,
+    /// Each panic's `thread '…' panicked at` line and the lines after it
+    /// (its message), shortened.
+    pub panics: Vec<String>,
 }
 
 impl TestRun {
@@ -74,9 +84,11 @@ pub fn run_counted(mut cmd: Command) -> anyhow::Result<TestRun> {
     let mut child = cmd.stdout(std::process::Stdio::piped()).spawn()?;
     let (mut passed, mut failed, mut timed) = (0u64, 0u64, Vec::new());
     let mut waits = std::collections::BTreeMap::new();
+    let mut panics = Panics::default();
     for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
         let line = line?;
         println!("{line}");
+        panics.read(&line);
         if let Some(rest) = line.strip_prefix("test result: ") {
             passed += result_count(rest, " passed");
             failed += result_count(rest, " failed");
@@ -93,7 +105,45 @@ pub fn run_counted(mut cmd: Command) -> anyhow::Result<TestRun> {
         failed,
         timed,
         waits,
+        panics: panics.found,
     })
+}
+
+/// Lines kept of a panic's message after its `panicked at` line.
+const PANIC_LINES: usize = 3;
+/// Characters kept of each such line.
+const PANIC_WIDTH: usize = 400;
+
+/// Collects each panic's header and the first lines of its message.
+#[derive(Default)]
+struct Panics {
+    found: Vec<String>,
+    /// Lines still to keep of the current panic's message.
+    open: usize,
+}
+
+impl Panics {
+    fn read(&mut self, line: &str) {
+        if line.starts_with("thread '") && line.contains("' panicked at ") {
+            self.found.push(format!("  {}", shorten(line)));
+            self.open = PANIC_LINES;
+        } else if self.open > 0 {
+            self.open -= 1;
+            if line.starts_with("note: ") || line.is_empty() {
+                self.open = 0;
+            } else if let Some(last) = self.found.last_mut() {
+                last.push_str("\n    ");
+                last.push_str(&shorten(line));
+            }
+        }
+    }
+}
+
+fn shorten(line: &str) -> String {
+    match line.char_indices().nth(PANIC_WIDTH) {
+        Some((at, _)) => format!("{}…", &line[..at]),
+        None => line.to_owned(),
+    }
 }
 
 /// A `machine-wait <test> <seconds>` line of the end-to-end tests.
@@ -128,7 +178,25 @@ fn result_count(rest: &str, word: &str) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{duration, machine_wait, result_count};
+    use super::{Panics, duration, machine_wait, result_count};
+
+    #[test]
+    fn a_panic_is_kept_with_its_message_and_nothing_after() {
+        let mut panics = Panics::default();
+        for line in [
+            "test x::y ... FAILED <2.0s>",
+            "thread 'x::y' panicked at e2e/tests/e2e/chaos.rs:123:5:",
+            "[\"3 orders lost\"]",
+            "note: run with `RUST_BACKTRACE=1`",
+            "test result: FAILED. 0 passed; 1 failed",
+        ] {
+            panics.read(line);
+        }
+        assert_eq!(
+            panics.found,
+            ["  thread 'x::y' panicked at e2e/tests/e2e/chaos.rs:123:5:\n    [\"3 orders lost\"]"]
+        );
+    }
 
     #[test]
     fn a_machine_wait_line_gives_its_test_and_seconds() {

@@ -90,6 +90,8 @@ fn free_port() -> u16 {
 /// this failed there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compose_kafka_has_a_principal_per_service_and_the_stacks_acls() {
+    // A Kafka node of its own: not beside a chaos run, whose rate it would slow.
+    let _share = crate::share().await;
     // Each Kafka client service signs in as itself, with its own password.
     let doc = compose();
     let env = |service: &str, var: &str| {
