@@ -178,7 +178,7 @@ fn result_count(rest: &str, word: &str) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{Panics, duration, machine_wait, result_count};
+    use super::{duration, machine_wait, result_count, Panics};
 
     #[test]
     fn a_panic_is_kept_with_its_message_and_nothing_after() {

@@ -23,7 +23,7 @@
 
 use std::time::Duration;
 
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::{Acquire, PgPool, Postgres, Transaction};
 
 use crate::{claim_any, lookup_any, store, Claim, Error, StoredResponse};
 
@@ -63,12 +63,13 @@ pub enum Outcome {
     Mismatch,
 }
 
-/// What [`begin`] found.
+/// What [`begin`] found: `'c` is the transaction's, `'static` when it
+/// was begun on the pool, a connection's borrow when begun on one.
 #[derive(Debug)]
-pub enum Begun {
+pub enum Begun<'c> {
     /// The key is this request's: do the work in this transaction (which
     /// holds the key's claim), then [`complete`].
-    New(Transaction<'static, Postgres>),
+    New(Transaction<'c, Postgres>),
     /// Answered without running: a replay, in flight, or a mismatch.
     Answered(Outcome),
 }
@@ -76,8 +77,12 @@ pub enum Begun {
 /// Opens the request's transaction and claims its key in it ([`crate::claim`]):
 /// the transaction to do the work in, or the answer when the key was
 /// completed, is in flight, or belongs to another request.
-pub async fn begin(pool: &PgPool, request: Keyed<'_>) -> Result<Begun, Error> {
-    let mut tx = pool.begin().await?;
+///
+/// `conn` is the pool (a connection is taken from it) or a connection
+/// already held: a handler with a deadline takes its connection within
+/// it, then begins here.
+pub async fn begin<'c>(conn: impl Acquire<'c, Database = Postgres>, request: Keyed<'_>) -> Result<Begun<'c>, Error> {
+    let mut tx = conn.begin().await?;
     let answered = match claim_any(&mut tx, request.scope, request.key, &request.accepted()).await? {
         Claim::New => return Ok(Begun::New(tx)),
         Claim::Replay(stored) => Outcome::Replayed(stored),
@@ -96,7 +101,7 @@ pub async fn begin(pool: &PgPool, request: Keyed<'_>) -> Result<Begun, Error> {
 /// one's work is rolled back and that request's answer returned instead.
 pub async fn complete(
     pool: &PgPool,
-    mut tx: Transaction<'static, Postgres>,
+    mut tx: Transaction<'_, Postgres>,
     request: Keyed<'_>,
     ttl: Duration,
     response: &StoredResponse,
@@ -124,7 +129,7 @@ pub async fn complete(
 /// returned.
 pub async fn finish<E: From<Error>>(
     pool: &PgPool,
-    tx: Transaction<'static, Postgres>,
+    tx: Transaction<'_, Postgres>,
     request: Keyed<'_>,
     ttl: Duration,
     result: Result<StoredResponse, E>,

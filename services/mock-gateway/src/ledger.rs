@@ -458,7 +458,7 @@ async fn insert_charge(
 /// A keyed request's start, with the configured faults around it: the
 /// latency, the claim of its key ([`idempotency::begin`]), and an injected
 /// failure before anything is written (nothing stored: the retry runs).
-async fn begin(state: &AppState, request: &Idempotent, faults: &Faults) -> Result<Begun, GatewayError> {
+async fn begin(state: &AppState, request: &Idempotent, faults: &Faults) -> Result<Begun<'static>, GatewayError> {
     if faults.latency_ms > 0 {
         tokio::time::sleep(Duration::from_millis(faults.latency_ms)).await;
     }

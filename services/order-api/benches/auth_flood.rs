@@ -85,6 +85,11 @@ async fn serve(pool: &sqlx::PgPool, gateway: &mock_gateway::LocalGateway, args: 
         gateway: order_api::gateway::Client::new(&gateway.url, &gateway.order_api_key, Duration::from_secs(5)).unwrap(),
         auth: auth.clone(),
         fingerprint_key: idempotency::FingerprintKey::for_tests(),
+        // This bench measures its own subject, not admission control.
+        admission: order_api::http::admission::Admission::new(&order_api::http::admission::AdmissionArgs {
+            max_in_flight: 100_000,
+            deadline_ms: 600_000,
+        }),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());

@@ -130,6 +130,11 @@ async fn main() {
             .unwrap(),
         auth: order_api::auth::Auth::new(pool.clone(), Default::default()),
         fingerprint_key: idempotency::FingerprintKey::for_tests(),
+        // This bench measures its own subject, not admission control.
+        admission: order_api::http::admission::Admission::new(&order_api::http::admission::AdmissionArgs {
+            max_in_flight: 100_000,
+            deadline_ms: 600_000,
+        }),
     };
     let app: Router = order_api::http::router(state.clone()).merge(
         Router::new()

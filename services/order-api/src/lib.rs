@@ -55,6 +55,9 @@ pub struct Config {
     /// The HTTP port's limits: header and body read timeouts, connections at once.
     #[command(flatten)]
     pub http: service_kit::ServeArgs,
+    /// Admission control on the API port: requests in flight, their deadline.
+    #[command(flatten)]
+    pub admission: http::admission::AdmissionArgs,
     /// Where an order's journey reads the participants' parts (their admin
     /// ports) and links its trace.
     #[command(flatten)]
@@ -104,6 +107,8 @@ pub struct AppState {
     pub auth: std::sync::Arc<auth::Auth>,
     /// Key of the Idempotency-Key request fingerprints.
     pub fingerprint_key: idempotency::FingerprintKey,
+    /// The API port's places in flight and request deadline.
+    pub admission: http::admission::Admission,
 }
 
 impl axum::extract::FromRef<AppState> for idempotency::FingerprintKey {
@@ -156,6 +161,7 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         gateway,
         auth,
         fingerprint_key: config.keys.fingerprint_key(),
+        admission: http::admission::Admission::new(&config.admission),
     };
     Ok(App {
         state,

@@ -27,6 +27,9 @@ pub enum ApiError {
     /// A dependency (the card vault) is down: nothing stored, retry later.
     #[error("{0}")]
     Unavailable(String),
+    /// Turned away under load (admission control): nothing stored, retry later.
+    #[error("{}", .0.detail())]
+    Overloaded(crate::http::admission::Overload),
     /// Anything else: logged, not shown.
     #[error("internal error")]
     Internal(#[from] anyhow::Error),
@@ -52,6 +55,7 @@ impl ApiError {
                 "/problems/unavailable",
                 "Temporarily unavailable",
             ),
+            Self::Overloaded(_) => (StatusCode::SERVICE_UNAVAILABLE, "/problems/overloaded", "Overloaded"),
             Self::Internal(_) => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "/problems/internal",
@@ -76,8 +80,10 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        if let Self::Internal(e) = &self {
-            tracing::error!(error = ?e, "request failed");
+        match &self {
+            Self::Internal(e) => tracing::error!(error = ?e, "request failed"),
+            Self::Overloaded(why) => telemetry::metrics::incr("api_refusals_total", &[("reason", why.reason())]),
+            _ => {}
         }
         let mut resp = self.to_stored().to_response(false);
         if let Some(secs) = retry_after(&self) {
@@ -91,7 +97,7 @@ impl IntoResponse for ApiError {
 fn retry_after(e: &ApiError) -> Option<HeaderValue> {
     match e {
         ApiError::Refused(r) => r.retry_after().map(HeaderValue::from),
-        ApiError::Unavailable(_) => Some(HeaderValue::from(1)),
+        ApiError::Unavailable(_) | ApiError::Overloaded(_) => Some(HeaderValue::from(1)),
         _ => None,
     }
 }

@@ -1,5 +1,6 @@
 //! HTTP surface: `POST /orders`, `GET /orders/{id}`, `POST /orders/{id}/cancel`.
 
+pub mod admission;
 pub mod error;
 pub mod orders;
 
@@ -43,14 +44,17 @@ pub fn openapi_json() -> String {
     service_kit::http::openapi_json::<ApiDoc>()
 }
 
-/// The API router: `/orders` behind API keys and per-client limits.
+/// The API router: `/orders` behind admission control (outermost: a
+/// refusal under load costs no key check), API keys and per-client limits.
 pub fn router(state: AppState) -> Router {
     let auth = axum::middleware::from_fn_with_state(state.auth.clone(), crate::auth::middleware);
+    let admission = axum::middleware::from_fn_with_state(state.admission.clone(), admission::middleware);
     Router::new()
         .route("/orders", post(orders::create))
         .route("/orders/{id}", get(orders::show))
         .route("/orders/{id}/cancel", post(orders::cancel))
         .route_layer(auth)
+        .route_layer(admission)
         .with_state(state)
 }
 

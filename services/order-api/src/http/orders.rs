@@ -3,12 +3,15 @@
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use axum::Json;
 use idempotency::{Begun, Outcome, StoredResponse};
 use serde::{Deserialize, Serialize};
+use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, Postgres, Transaction};
 use uuid::Uuid;
 
+use crate::http::admission::Deadline;
 use crate::http::{ApiError, Problem};
 use crate::orders::{self, HistoryEntry, NewOrder, Order, Status};
 use crate::saga::{self, Input};
@@ -27,10 +30,11 @@ service_kit::problem_response!(
     "Over the client's request rate (Retry-After)"
 );
 service_kit::problem_response!(
-    /// 503: the API key could not be checked (its store unreachable).
-    KeyCheckUnavailable,
+    /// 503: overloaded (no place in flight, or the request's deadline
+    /// passed before its transaction), or the API key could not be checked.
+    ServiceUnavailable,
     503,
-    "The API key could not be checked now (nothing stored; retry after Retry-After)"
+    "Overloaded (`/problems/overloaded`: at the limit of requests in flight, or the deadline passed before the work began), or the API key could not be checked now: nothing stored; retry after Retry-After"
 );
 service_kit::problem_response!(
     /// 404: no such order — or another client's, which is not told apart.
@@ -196,19 +200,40 @@ pub struct OrderView {
         (status = 409, description = "The same key is still being processed (Retry-After)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid fields, or the key reused with another body", body = Problem, content_type = "application/problem+json"),
         (status = 500, description = "Internal error (nothing stored; retry with the key)", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The card vault is unavailable, or the API key could not be checked (nothing stored; retry with the key after Retry-After)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Overloaded (`/problems/overloaded`: at the limit of requests in flight, or the deadline passed before the work began), the card vault is unavailable, or the API key could not be checked: nothing stored; retry with the key after Retry-After", body = Problem, content_type = "application/problem+json"),
     )
 )]
 ///
 /// A body that does not parse or validate (400/422) is refused before the
 /// key is claimed: nothing is stored under the key, so the client can fix
 /// the body and retry with the same key (Stripe's rule).
-pub async fn create(State(state): State<AppState>, request: Idempotent) -> Result<Response, ApiError> {
+///
+/// Under admission control ([`crate::http::admission`]): the card's token
+/// and a database connection are taken within the request's deadline;
+/// then the transaction — key claimed, order and command written, answer
+/// stored — runs to its end whatever the client does.
+pub async fn create(
+    State(state): State<AppState>,
+    Extension(deadline): Extension<Deadline>,
+    request: Idempotent,
+) -> Result<Response, ApiError> {
     let body = parse_json::<CreateOrder>(&request.body)?;
     body.validate()?;
     // The number goes to the vault and no further: the order keeps the token.
-    let new = body.tokenise(&state.gateway).await?;
-    let mut tx = match idempotency::begin(&state.pool, request.keyed()).await? {
+    let new = deadline.within(body.tokenise(&state.gateway)).await??;
+    let conn = deadline.within(state.pool.acquire()).await??;
+    deadline.commit(create_in(state, conn, request, new)).await
+}
+
+/// The order's transaction on `conn`: the key claimed (or its answer
+/// replayed), the order and its first command written, the answer stored.
+async fn create_in(
+    state: AppState,
+    mut conn: PoolConnection<Postgres>,
+    request: Idempotent,
+    new: NewOrder,
+) -> Result<Response, ApiError> {
+    let mut tx = match idempotency::begin(&mut *conn, request.keyed()).await? {
         Begun::New(tx) => tx,
         Begun::Answered(outcome) => return Ok(idempotency::respond(outcome)?),
     };
@@ -282,7 +307,7 @@ pub const CRASH_AFTER_COMMIT_BEFORE_RESPONSE: &str = "order_api::after_commit_be
 async fn complete(
     state: &AppState,
     request: &Idempotent,
-    tx: Transaction<'static, Postgres>,
+    tx: Transaction<'_, Postgres>,
     result: Result<StoredResponse, ApiError>,
 ) -> Result<Response, ApiError> {
     let (pool, ttl) = (&state.pool, state.idempotency_ttl);
@@ -310,16 +335,17 @@ async fn complete(
         OrderNotFound,
         RateLimited,
         service_kit::problem::responses::Internal,
-        KeyCheckUnavailable,
+        ServiceUnavailable,
     )
 )]
 pub async fn show(
     State(state): State<AppState>,
     axum::Extension(client): axum::Extension<idempotency::Scope>,
+    Extension(deadline): Extension<Deadline>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
-    let mut conn = state.pool.acquire().await?;
+    let mut conn = deadline.within(state.pool.acquire()).await??;
     let order = orders::get(&mut conn, id).await?.ok_or(ApiError::NotFound)?;
     if order.client_id != client.0 {
         // Not 403: that would tell a client another client's order exists.
@@ -349,7 +375,7 @@ pub async fn show(
         (status = 409, description = "Not cancellable in its state, or the key in flight", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "The key reused with another request", body = Problem, content_type = "application/problem+json"),
         service_kit::problem::responses::Internal,
-        KeyCheckUnavailable,
+        ServiceUnavailable,
     )
 )]
 /// `POST /orders/{id}/cancel` — requires `Idempotency-Key`. A CONFIRMED
@@ -357,16 +383,22 @@ pub async fn show(
 /// cancelled or cancelled answers 200; any other status 409.
 pub async fn cancel(
     State(state): State<AppState>,
+    Extension(deadline): Extension<Deadline>,
     Path(id): Path<String>,
     request: Idempotent,
 ) -> Result<Response, ApiError> {
     let id = parse_id(&id)?;
-    let mut tx = match idempotency::begin(&state.pool, request.keyed()).await? {
-        Begun::New(tx) => tx,
-        Begun::Answered(outcome) => return Ok(idempotency::respond(outcome)?),
-    };
-    let cancelled = cancel_order(&mut tx, id, &request.scope).await;
-    complete(&state, &request, tx, cancelled).await
+    let mut conn = deadline.within(state.pool.acquire()).await??;
+    deadline
+        .commit(async move {
+            let mut tx = match idempotency::begin(&mut *conn, request.keyed()).await? {
+                Begun::New(tx) => tx,
+                Begun::Answered(outcome) => return Ok(idempotency::respond(outcome)?),
+            };
+            let cancelled = cancel_order(&mut tx, id, &request.scope).await;
+            complete(&state, &request, tx, cancelled).await
+        })
+        .await
 }
 
 /// The cancel of order `id` for `client`, in the request's transaction: a

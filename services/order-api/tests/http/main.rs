@@ -4,6 +4,7 @@
 //! shared broker (`testkit::broker::shared`). No relay runs: these tests are
 //! about what one request writes, and the outbox row it leaves there.
 
+mod admission;
 mod auth;
 mod cards;
 mod idempotency;
@@ -53,6 +54,11 @@ impl TestApi {
     }
 
     pub async fn start_with(ttl: Duration, limits: order_api::auth::AuthArgs) -> Self {
+        Self::start_configured(ttl, |config| config.auth = limits).await
+    }
+
+    /// A test API whose configuration `configure` changes last.
+    pub async fn start_configured(ttl: Duration, configure: impl FnOnce(&mut order_api::Config)) -> Self {
         let db = TempDb::new("eo_http");
         let gateway_db = TempDb::new("eo_http_gw");
         let (token, service) = (
@@ -90,7 +96,7 @@ impl TestApi {
             mock_gateway::random_secret().expose(),
         ])
         .expect("configuration");
-        config.auth = limits;
+        configure(&mut config);
         let app = order_api::build(config).await.expect("order-api");
         let (addr, admin) = (app.local_addr(), app.admin_addr());
         let (pool, auth) = (app.state().pool.clone(), app.state().auth.clone());
