@@ -156,7 +156,14 @@ impl Stack {
                 opts.pg_base = pg.url();
                 Some(pg)
             }
-            None => None,
+            None => {
+                if opts.postgres_socket {
+                    if let Some(socket) = testkit::postgres::socket_url(&opts.pg_base).await {
+                        opts.pg_base = socket;
+                    }
+                }
+                None
+            }
         };
         let mut broker_nodes = vec![testkit::broker::NodeSpec {
             id: 1,

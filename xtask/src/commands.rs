@@ -174,6 +174,8 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         ..Default::default()
     };
     let mut opts = StackOptions::ephemeral("bench")?;
+    // The deployment's shape on one host: PostgreSQL over its Unix socket.
+    opts.postgres_socket = true;
     opts.brokers = kafka_nodes;
     opts.partitions = partitions;
     // A provider's tokenise limit is set to the deployment's rate; the
@@ -203,6 +205,7 @@ pub async fn up() -> anyhow::Result<()> {
     opts.db_prefix = String::new();
     opts.fixed_ports = true;
     opts.echo = true;
+    opts.postgres_socket = true;
     // The databases outlive a stop, so do the secrets that key what
     // they store (card and request fingerprints).
     let secrets_file = workspace_root().join(".data/secrets.env");

@@ -21,6 +21,20 @@ use sqlx::{ConnectOptions as _, Connection as _};
 /// Loopback only; a deployment sets its own URL with a password instead.
 const HBA_LINE: &str = "host all postgres 127.0.0.1/32 trust # effectively-once: local test server";
 
+/// The lines this module adds to `pg_hba.conf` for the server's Unix
+/// socket, first, so they win over Debian's `peer` lines: the `postgres`
+/// role without a password (as [`HBA_LINE`] over TCP), the services' own
+/// roles (members of [`SERVICE_GROUP`]) with their passwords; every other
+/// local role as Debian has it. The local stack and the bench reach the
+/// server through the socket ([`socket_url`]): no TCP, no TLS.
+const HBA_LOCAL_LINES: &str = "local all postgres trust # effectively-once: local test server\n\
+local all +eo_services scram-sha-256 # effectively-once: local test server";
+
+/// The role every service's database role is a member of (no privileges
+/// of its own): `pg_hba.conf` lets its members in over the Unix socket
+/// with their passwords.
+pub const SERVICE_GROUP: &str = "eo_services";
+
 /// Settings the local test server needs beyond Debian's defaults: the test
 /// command boots several stacks at once (five pools each), so more
 /// connections than the default 100.
@@ -44,6 +58,10 @@ pub async fn answers(url: &str) -> bool {
 pub async fn ensure() -> anyhow::Result<()> {
     let url = crate::db::server_url();
     if answers(&url).await {
+        // A server this module set up before its socket lines existed gets them now.
+        if let Err(e) = allow_local_socket(true) {
+            eprintln!("(the server's Unix socket stays as it was: {e:#})");
+        }
         return Ok(());
     }
     let opts = PgConnectOptions::from_str(&url)?;
@@ -69,6 +87,7 @@ pub async fn ensure() -> anyhow::Result<()> {
         );
         std::fs::write(&hba, format!("{HBA_LINE}\n{text}"))?;
     }
+    allow_local_socket(false)?;
     let conf = etc.join("conf.d/effectively-once.conf");
     if !conf.is_file() {
         std::fs::create_dir_all(etc.join("conf.d"))?;
@@ -105,6 +124,65 @@ pub async fn ensure() -> anyhow::Result<()> {
     }
     eprintln!("  PostgreSQL answers at {shown}");
     Ok(())
+}
+
+/// Adds [`HBA_LOCAL_LINES`] to the Debian cluster's `pg_hba.conf` when
+/// they are missing — only to a cluster this module set up (its
+/// [`HBA_LINE`] is there) — and, when `reload`, has the running server
+/// read it again.
+fn allow_local_socket(reload: bool) -> anyhow::Result<()> {
+    let Some((version, name)) = cluster() else {
+        return Ok(());
+    };
+    let hba = PathBuf::from(format!("/etc/postgresql/{version}/{name}/pg_hba.conf"));
+    let Ok(text) = std::fs::read_to_string(&hba) else {
+        return Ok(());
+    };
+    if !text.contains(HBA_LINE) || text.contains(HBA_LOCAL_LINES) {
+        return Ok(());
+    }
+    eprintln!(
+        "allowing the local roles over the server's Unix socket ({})",
+        hba.display()
+    );
+    std::fs::write(&hba, format!("{HBA_LOCAL_LINES}\n{text}"))?;
+    if reload {
+        let status = Command::new("pg_ctlcluster")
+            .args(["--skip-systemctl-redirect", &version, &name, "reload"])
+            .status()?;
+        anyhow::ensure!(
+            status.success(),
+            "pg_ctlcluster {version} {name} reload failed with {status}"
+        );
+    }
+    Ok(())
+}
+
+/// The directories a local server's Unix socket may be in (Debian's first).
+const SOCKET_DIRS: [&str; 2] = ["/var/run/postgresql", "/tmp"];
+
+/// The URL of the server at `server` (a local TCP URL) through its Unix
+/// socket — `postgres://postgres@%2Fvar%2Frun%2Fpostgresql:5432`, the
+/// socket's directory as the host — when the socket is there and answers;
+/// `None` otherwise (a remote server, no socket, or one that refuses).
+pub async fn socket_url(server: &str) -> Option<String> {
+    let opts = PgConnectOptions::from_str(server).ok()?;
+    if !["127.0.0.1", "localhost"].contains(&opts.get_host()) {
+        return None;
+    }
+    let port = opts.get_port();
+    let (scheme, rest) = server.split_once("://")?;
+    let user = rest.rsplit_once('@').map(|(user, _)| user)?;
+    for dir in SOCKET_DIRS {
+        if !Path::new(dir).join(format!(".s.PGSQL.{port}")).exists() {
+            continue;
+        }
+        let url = format!("{scheme}://{user}@{}:{port}", dir.replace('/', "%2F"));
+        if answers(&url).await {
+            return Some(url);
+        }
+    }
+    None
 }
 
 /// The first cluster `pg_lsclusters` lists: (version, name).

@@ -161,13 +161,21 @@ pub struct Postgres {
     /// Every setting not at its built-in default (`name=value`, from
     /// `pg_settings` where the source is a file, ALTER SYSTEM or the command line).
     pub settings: Vec<String>,
+    /// How the services reached it (`unix socket <dir>` or `tcp <host:port>`).
+    pub transport: String,
+    /// Whether a connection as the services make them ran over TLS.
+    pub tls: bool,
 }
 
 impl Postgres {
-    async fn read(url: &str) -> anyhow::Result<Self> {
+    async fn read(url: &str, transport: String) -> anyhow::Result<Self> {
         use sqlx::Connection as _;
         let mut db = sqlx::PgConnection::connect(url).await?;
         let version: String = sqlx::query_scalar("SELECT version()").fetch_one(&mut db).await?;
+        let tls: bool =
+            sqlx::query_scalar("SELECT coalesce((SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()), false)")
+                .fetch_one(&mut db)
+                .await?;
         let settings: Vec<String> = sqlx::query_scalar(
             "SELECT name || '=' || setting || coalesce(unit, '') FROM pg_settings
              WHERE source NOT IN ('default', 'override', 'client', 'session') ORDER BY name",
@@ -175,7 +183,12 @@ impl Postgres {
         .fetch_all(&mut db)
         .await?;
         db.close().await?;
-        Ok(Self { version, settings })
+        Ok(Self {
+            version,
+            settings,
+            transport,
+            tls,
+        })
     }
 }
 
@@ -348,7 +361,7 @@ async fn measure(stack: &mut Stack, cfg: &BenchConfig) -> anyhow::Result<Figures
     let stack = &*stack;
     let client = Client::new(stack, Duration::from_secs(10))?;
     let orders_db = stack.db_url("orders");
-    let postgres = Postgres::read(&orders_db).await?;
+    let postgres = Postgres::read(&orders_db, stack.postgres_transport()).await?;
     eprintln!("bench: {} SKUs seeded, {} API keys", cfg.mix.skus, cfg.mix.api_keys);
     let load = Load::prepare(stack, &client, cfg.mix.clone()).await?;
     // Before the prefill: its connections' CPU leaves with them, and

@@ -32,6 +32,12 @@ pub fn markdown(f: &Figures) -> String {
     let _ = writeln!(s, "- PostgreSQL: {}", f.postgres.version);
     let _ = writeln!(
         s,
+        "- reached over: {} (TLS: {})",
+        f.postgres.transport,
+        if f.postgres.tls { "yes" } else { "no" }
+    );
+    let _ = writeln!(
+        s,
         "- its settings not at their defaults: `{}`",
         f.postgres.settings.join("`, `")
     );

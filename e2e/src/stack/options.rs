@@ -41,6 +41,10 @@ pub struct StackOptions {
     /// its `postgresql.conf`), which it can crash; `None`: the databases
     /// live on the shared server at `pg_base`.
     pub own_postgres: Option<String>,
+    /// On the shared server, reach PostgreSQL through its Unix socket when
+    /// it answers there (no TCP, no TLS: the local stack and the bench);
+    /// off for the test stacks, whose faults act on TCP.
+    pub postgres_socket: bool,
     /// Runs each service and each Kafka node under a uid of its own
     /// ([`Stack::process_uid`]), so that a partition can cut one of them
     /// off by its uid ([`testkit::partition::Cut`]).
@@ -73,6 +77,7 @@ impl StackOptions {
             partitions: kafka::PARTITIONS,
             secrets: None,
             own_postgres: None,
+            postgres_socket: false,
             isolated_uids: false,
             remove_run_dir_on_drop: false,
         })

@@ -57,6 +57,24 @@ const WATCHED: [Service; 5] = [
 ];
 
 impl Stack {
+    /// How the services reach PostgreSQL: `unix socket <dir>` or `tcp
+    /// <host:port>` (a bench records it with its figures).
+    pub fn postgres_transport(&self) -> String {
+        let rest = self
+            .opts
+            .pg_base
+            .split_once("://")
+            .map_or(&*self.opts.pg_base, |(_, r)| r);
+        let host = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+        match host.strip_prefix("%2F") {
+            Some(path) => {
+                let dir = path.rsplit_once(':').map_or(path, |(d, _)| d);
+                format!("unix socket /{}", dir.replace("%2F", "/"))
+            }
+            None => format!("tcp {host}"),
+        }
+    }
+
     /// Whether this stack runs its own PostgreSQL (it can crash it).
     pub fn owns_postgres(&self) -> bool {
         self.postgres.is_some()

@@ -88,6 +88,20 @@ impl Roles {
             .execute(&mut admin)
             .await?;
         }
+        // The group the server's Unix socket lets in with a password
+        // (another stack may be creating it at the same moment).
+        let group = testkit::postgres::SERVICE_GROUP;
+        sqlx::query(&format!(
+            "DO $$ BEGIN CREATE ROLE {group} NOLOGIN; \
+             EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$"
+        ))
+        .execute(&mut admin)
+        .await?;
+        for (name, _) in self.0.values() {
+            sqlx::query(&format!("GRANT {group} TO {}", ident(name)))
+                .execute(&mut admin)
+                .await?;
+        }
         for (s, db) in OWNED {
             let (db, role) = (db_name(db), &self.0[&s].0);
             let owner = ident(role);

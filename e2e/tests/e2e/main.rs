@@ -28,6 +28,7 @@ mod scenarios;
 mod supervisor;
 mod traces;
 mod transactions;
+mod transport;
 
 use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock};
 
@@ -112,9 +113,15 @@ pub async fn one_confirmed_order(stack: &e2e::Stack) {
 
 /// Boots a fresh stack for one test.
 pub async fn stack(label: &str) -> TestStack {
+    stack_with(label, |_| {}).await
+}
+
+/// Boots a fresh stack for one test, its options changed by `configure`.
+pub async fn stack_with(label: &str, configure: impl FnOnce(&mut e2e::StackOptions)) -> TestStack {
     let share = share().await;
     let mut opts = e2e::StackOptions::ephemeral(label).expect("stack options");
     opts.remove_run_dir_on_drop = true;
+    configure(&mut opts);
     TestStack {
         stack: e2e::Stack::start(opts).await.expect("stack starts"),
         _share: share,
