@@ -32,6 +32,13 @@ async fn one_order_is_one_trace_across_all_five_services() {
         opts.extra_env
             .push((s, "OTEL_EXPORTER_OTLP_ENDPOINT".into(), receiver.endpoint()));
         opts.extra_env.push((s, "OTEL_BSP_SCHEDULE_DELAY".into(), "100".into()));
+        // The per-order lines are DEBUG (telemetry::trace::PER_ORDER): in
+        // the spans always, in the log when the filter asks, as here.
+        opts.extra_env.push((
+            s,
+            "RUST_LOG".into(),
+            format!("info,{}=debug", telemetry::trace::PER_ORDER),
+        ));
     }
     let stack = e2e::Stack::start(opts).await.expect("stack starts");
     let client = Client::new(&stack, Duration::from_secs(10)).unwrap();

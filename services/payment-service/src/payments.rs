@@ -449,7 +449,7 @@ pub(crate) async fn record_all(
     for (s, _) in settlements.iter().zip(&moved).filter(|(_, moved)| **moved) {
         telemetry::metrics::incr("payment_settled_total", &[("status", s.status.as_str())]);
         s.span
-            .in_scope(|| tracing::info!(status = s.status.as_str(), reply = %s.reply.to_parts().0, "payment settled"));
+            .in_scope(|| tracing::debug!(target: telemetry::trace::PER_ORDER, status = s.status.as_str(), reply = %s.reply.to_parts().0, "payment settled"));
         let envelope = saga_kit::emit::envelope(s.order_id, s.reply, s.cause, s.span);
         replies.push((s.reply.clone(), envelope));
     }

@@ -32,6 +32,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
+use tracing::Instrument as _;
 
 use crate::http::ApiError;
 
@@ -124,11 +125,16 @@ impl Deadline {
         }
         self.committed.store(true, Ordering::SeqCst);
         let place = self.place.clone();
-        let task = tokio::spawn(async move {
-            let done = transaction.await;
-            drop(place);
-            done
-        });
+        // In the request's span: the trace context the outbox row carries
+        // on to the participants comes from it.
+        let task = tokio::spawn(
+            async move {
+                let done = transaction.await;
+                drop(place);
+                done
+            }
+            .instrument(tracing::Span::current()),
+        );
         task.await
             .map_err(|e| ApiError::Internal(anyhow::anyhow!("the request's transaction panicked: {e}")))?
     }

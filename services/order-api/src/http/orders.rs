@@ -276,7 +276,7 @@ async fn place(
     };
     fail::fail_point!(CRASH_BEFORE_COMMIT, |_| telemetry::crash_point(CRASH_BEFORE_COMMIT));
     telemetry::metrics::incr("orders_created_total", &[]);
-    tracing::info!(order_id = %order.id, "order placed");
+    tracing::debug!(target: telemetry::trace::PER_ORDER, order_id = %order.id, "order placed");
     let response = StoredResponse::json(StatusCode::CREATED, &order, "application/json")
         .with_header("location", format!("/orders/{}", order.id));
     Ok((response, unwritten))

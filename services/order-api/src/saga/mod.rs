@@ -247,7 +247,7 @@ impl Plan {
             let took = (chrono::Utc::now() - order.created_at).to_std().unwrap_or_default();
             telemetry::metrics::observe("saga_duration_seconds", &[("status", to.as_str())], took);
         }
-        tracing::info!(from = order.status.as_str(), to = to.as_str(), "saga transition");
+        tracing::debug!(target: telemetry::trace::PER_ORDER, from = order.status.as_str(), to = to.as_str(), "saga transition");
         order.status = to;
         if let Some(reason) = cancel_reason {
             order.cancel_reason = Some(reason.into());
