@@ -29,6 +29,7 @@ mod roles;
 mod secrets;
 mod tls;
 pub use kafka_identity::acls as kafka_acls;
+pub use observe::groups_lag;
 pub use options::{default_bin_dir, StackOptions};
 pub use restart::{Killed, Restarted};
 pub use secrets::Secrets;

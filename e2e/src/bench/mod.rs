@@ -20,6 +20,7 @@ pub mod mix;
 pub mod pg_profile;
 pub mod pg_settings;
 pub mod prefill;
+pub mod queues;
 mod report;
 pub mod scale;
 pub mod search;

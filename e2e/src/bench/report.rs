@@ -249,6 +249,33 @@ fn trials(s: &mut String, f: &Figures) {
             t.postgres_per_order.commits
         );
     }
+    let _ = writeln!(
+        s,
+        "\nThe queues behind each trial — peak (growth over the window; seconds to empty after the orders drained, ✗: not within {} s):\n",
+        super::queues::DRAIN_LIMIT.as_secs()
+    );
+    for t in &f.trials {
+        let queues: Vec<String> = t
+            .queues
+            .queues
+            .iter()
+            .map(|q| {
+                format!(
+                    "{} {} ({:+.0}; {})",
+                    q.name,
+                    q.peak,
+                    q.growth,
+                    q.drained_secs.map_or("✗".into(), |d| format!("{d:.0} s"))
+                )
+            })
+            .collect();
+        let behind = if t.queues_behind.is_empty() {
+            "all kept up".to_owned()
+        } else {
+            format!("**behind: {}**", t.queues_behind.join(", "))
+        };
+        let _ = writeln!(s, "- {:.0}/s: {behind} — {}", t.rate, queues.join(" · "));
+    }
 }
 
 fn prefilled(s: &mut String, f: &Figures) {

@@ -50,8 +50,14 @@ pub struct Trial {
     /// Sustained: every order sent within [`load::MAX_SEND_LAG`], none
     /// failed, completions per second at least [`MIN_COMPLETED`] of
     /// arrivals, the backlog grew by at most half a second of arrivals (or
-    /// 20) from the second to the last quarter of the window, and it drained.
+    /// 20) from the second to the last quarter of the window, and it
+    /// drained; and so did every queue behind it ([`Trial::queues`]).
     pub sustained: bool,
+    /// The outboxes, the notices and the consumer groups' lag, second by
+    /// second ([`super::queues`]).
+    pub queues: super::queues::Queues,
+    /// The queues that grew or did not empty (empty: none).
+    pub queues_behind: Vec<String>,
     /// Orders sent per second (all, over the time to send the last).
     pub offered_per_sec: f64,
     /// How late the most delayed order was sent, in seconds.
@@ -81,6 +87,7 @@ pub async fn trial(stack: &Stack, load: &Load, rate: f64, window: Duration) -> a
     let pg_before = PgCounters::read(stack).await?;
     let profiling = super::pg_profile::reset(orders_db).await;
     let before = testkit::process::cpu_seconds_by_command();
+    let sampler = super::queues::Sampler::start(stack);
     let sent = load::open_loop(load, orders_db, rate, window).await?;
     let after = testkit::process::cpu_seconds_by_command();
     let b = &sent.backlog;
@@ -92,6 +99,8 @@ pub async fn trial(stack: &Stack, load: &Load, rate: f64, window: Duration) -> a
     };
     let backlog_growth = quarter(3) - quarter(1);
     let drain = load::wait_drained(orders_db, Duration::from_secs(180)).await?;
+    let queues = sampler.finish(stack, window.as_secs() as usize).await;
+    let queues_behind: Vec<String> = queues.behind(rate).into_iter().map(str::to_owned).collect();
     let pg_after = PgCounters::read(stack).await?;
     let placed = sent.intended.len();
     let pg_statements = if profiling {
@@ -112,7 +121,9 @@ pub async fn trial(stack: &Stack, load: &Load, rate: f64, window: Duration) -> a
         backlog_mid,
         backlog_end,
         backlog_growth,
-        sustained: sent.on_time() && sent.failed == 0 && kept_up && completed_enough,
+        sustained: sent.on_time() && sent.failed == 0 && kept_up && completed_enough && queues_behind.is_empty(),
+        queues,
+        queues_behind,
         offered_per_sec: sent.offered_per_sec,
         send_lag_secs: sent.send_lag.as_secs_f64(),
         latency: Percentiles::of(&lat),

@@ -196,7 +196,7 @@ async fn snapshot(stack: &Stack) -> anyhow::Result<Snapshot> {
             .await?,
         );
     }
-    let lag = groups_lag(stack).await.into_iter().map(|l| l.unwrap_or(-1)).collect();
+    let lag = stack.groups_lag().await.into_iter().map(|l| l.unwrap_or(-1)).collect();
     Ok(Snapshot {
         ledger_rows: scalar("gateway", "SELECT count(*) FROM ledger").await?,
         outbox,
@@ -501,23 +501,10 @@ async fn wait_drained(stack: &Stack, timeout: Duration) -> anyhow::Result<()> {
 
 /// Messages the saga's consumer groups have not committed yet, all topics together.
 async fn consumers_lag(stack: &Stack) -> i64 {
-    groups_lag(stack)
+    stack
+        .groups_lag()
         .await
         .into_iter()
         .map(|l| l.unwrap_or(i64::MAX / 4))
         .sum()
-}
-
-/// Each of the saga's consumer groups' lag on its topic (`None`: not read).
-async fn groups_lag(stack: &Stack) -> Vec<Option<i64>> {
-    let brokers = stack.kafka();
-    tokio::task::spawn_blocking(move || {
-        contract::topics::consumers::ALL
-            .iter()
-            .map(|c| kafka::group_lag(&brokers, c.name, c.topic, Duration::from_secs(5)).ok())
-            .collect()
-    })
-    .await
-    // A reader that panicked read nothing: every group unknown, never "0 behind".
-    .unwrap_or_else(|_| vec![None; contract::topics::consumers::ALL.len()])
 }

@@ -34,6 +34,12 @@ impl Stack {
             .unwrap_or(0)
     }
 
+    /// Each of the saga's consumer groups' lag on its topic, in the order
+    /// of `contract::topics::consumers::ALL` (`None`: not read).
+    pub async fn groups_lag(&self) -> Vec<Option<i64>> {
+        groups_lag(self.kafka()).await
+    }
+
     /// The log file of a process.
     pub fn log_path(&self, s: Service) -> PathBuf {
         self.opts.run_dir.join("logs").join(format!("{}.log", s.name()))
@@ -109,4 +115,18 @@ impl Stack {
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
     }
+}
+
+/// Each of the saga's consumer groups' lag on its topic at `brokers`, in
+/// the order of `contract::topics::consumers::ALL` (`None`: not read).
+pub async fn groups_lag(brokers: kafka::KafkaArgs) -> Vec<Option<i64>> {
+    tokio::task::spawn_blocking(move || {
+        contract::topics::consumers::ALL
+            .iter()
+            .map(|c| kafka::group_lag(&brokers, c.name, c.topic, Duration::from_secs(5)).ok())
+            .collect()
+    })
+    .await
+    // A reader that panicked read nothing: every group unknown, never "0 behind".
+    .unwrap_or_else(|_| vec![None; contract::topics::consumers::ALL.len()])
 }

@@ -21,6 +21,7 @@ mod notices;
 mod offsets;
 mod payments;
 mod privileges;
+mod queues;
 mod reconcile;
 mod rotation;
 mod saga;
