@@ -117,6 +117,7 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         quick,
         instances,
         trace_cost,
+        overload,
         pg_set,
         kafka_nodes,
         partitions,
@@ -139,6 +140,7 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
             .args(["--prefill-rate", &prefill_rate.to_string()])
             .args(["--prefill-orders", &prefill_orders.to_string()])
             .args(trace_cost.map(|r| format!("--trace-cost={r}")))
+            .args(overload.map(|c| format!("--overload={c}")))
             .args(pg_set.iter().map(|(n, v)| format!("--pg-set={n}={v}")))
             .status()?;
         std::process::exit(status.code().unwrap_or(1));
@@ -156,6 +158,30 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         std::fs::write(dir.join("trace-cost.json"), serde_json::to_vec_pretty(&cost)?)?;
         std::fs::write(dir.join("trace-cost.md"), &md)?;
         println!("{md}");
+        return Ok(());
+    }
+    if let Some(capacity) = overload {
+        let mut opts = StackOptions::ephemeral("overload")?;
+        opts.postgres_socket = true;
+        opts.extra_env
+            .push((Service::Gateway, "GATEWAY_TOKENISE_PER_SEC".into(), "100000".into()));
+        eprintln!("booting a fresh stack (logs in {})…", opts.run_dir.display());
+        let stack = unless_interrupted(Stack::start(opts)).await?;
+        let client = e2e::driver::Client::new(&stack, e2e::bench::overload::CLIENT_TIMEOUT)?;
+        let case = unless_interrupted(async {
+            let load = e2e::bench::mix::Load::prepare(&stack, &client, e2e::bench::mix::Mix::realistic()).await?;
+            e2e::bench::overload::run(&load, &stack.db_url("orders"), capacity).await
+        })
+        .await;
+        stack.shutdown(case.is_ok()).await?;
+        let case = case?;
+        let dir = workspace_root().join("target").join("bench-results");
+        std::fs::create_dir_all(&dir)?;
+        let md = e2e::bench::overload::markdown(&case);
+        std::fs::write(dir.join("overload.json"), serde_json::to_vec_pretty(&case)?)?;
+        std::fs::write(dir.join("overload.md"), &md)?;
+        println!("{md}");
+        anyhow::ensure!(case.passed, "the overload case missed: {:?}", case.missed);
         return Ok(());
     }
     let cfg = e2e::bench::BenchConfig {

@@ -171,6 +171,11 @@ pub struct BenchArgs {
     /// orders/s; figures to target/bench-results/trace-cost.*.
     #[arg(long, value_name = "RATE")]
     pub trace_cost: Option<f64>,
+    /// Instead: the overload case against this capacity (orders/s, from a
+    /// search): half of it, three times it for 60 s, half again, from
+    /// careful clients; figures to target/bench-results/overload.*.
+    #[arg(long, value_name = "CAPACITY")]
+    pub overload: Option<f64>,
     /// A PostgreSQL setting for this run, `name=value` (repeatable;
     /// applied with ALTER SYSTEM and reset after; not those needing a restart).
     #[arg(long = "pg-set", value_name = "NAME=VALUE", value_parser = e2e::bench::pg_settings::parse)]

@@ -185,6 +185,15 @@ pub async fn socket_url(server: &str) -> Option<String> {
     None
 }
 
+/// The server log of the first cluster `pg_lsclusters` lists (its last
+/// column), when it is a file this process can see.
+pub fn log_file() -> Option<PathBuf> {
+    let out = Command::new("pg_lsclusters").arg("--no-header").output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let path = PathBuf::from(text.lines().next()?.split_whitespace().last()?);
+    path.is_file().then_some(path)
+}
+
 /// The first cluster `pg_lsclusters` lists: (version, name).
 fn cluster() -> Option<(String, String)> {
     let out = Command::new("pg_lsclusters").arg("--no-header").output().ok()?;

@@ -17,6 +17,7 @@ pub mod ceilings;
 pub mod floor;
 pub mod load;
 pub mod mix;
+pub mod overload;
 pub mod pg_profile;
 pub mod pg_settings;
 pub mod prefill;
