@@ -304,7 +304,7 @@ pub async fn audit(stack: &Stack, expected: &Expected) -> anyhow::Result<Audit> 
     for db in ["orders", "inventory", "payments"] {
         let mut c = connect(&stack.db_url(db)).await?;
         let (pending, parked): (i64, i64) = sqlx::query_as(
-            "SELECT count(*) FILTER (WHERE published_at IS NULL AND parked_at IS NULL),
+            "SELECT count(*) FILTER (WHERE parked_at IS NULL),
                     count(*) FILTER (WHERE parked_at IS NOT NULL) FROM outbox",
         )
         .fetch_one(&mut c)

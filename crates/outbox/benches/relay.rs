@@ -227,7 +227,7 @@ async fn main() {
         tx.commit().await.unwrap();
         let ms: f64 = loop {
             let v: Option<f64> = sqlx::query_scalar(
-                "SELECT EXTRACT(EPOCH FROM published_at - created_at)::float8 * 1000 FROM outbox WHERE event_id = $1 AND published_at IS NOT NULL",
+                "SELECT EXTRACT(EPOCH FROM published_at - created_at)::float8 * 1000 FROM outbox_published WHERE event_id = $1",
             )
             .bind(env.event_id)
             .fetch_optional(&pool)

@@ -3,9 +3,10 @@
 //! A service never publishes from a request or message handler. It calls
 //! [`enqueue`] with the transaction that carries its state change, so the
 //! event exists if and only if the change committed. The [`relay`] later
-//! publishes pending rows and marks them; a crash between publish and mark
-//! publishes the row again, with the same `event_id`, and the consumers'
-//! inbox absorbs it.
+//! publishes pending rows and deletes them in the transaction that settles
+//! them (the table holds pending rows only; `outbox_published` records each
+//! publication); a crash between publish and settle publishes the row
+//! again, with the same `event_id`, and the consumers' inbox absorbs it.
 //!
 //! ```no_run
 //! # async fn place(pool: &sqlx::PgPool, order_id: uuid::Uuid) -> Result<(), outbox::Error> {
@@ -57,8 +58,9 @@ use uuid::Uuid;
 pub use kafka::KafkaPublisher;
 pub use relay::{PublishError, Publisher, Relay};
 
-/// How long a relay keeps published rows unless `OUTBOX_RETENTION_SECS`
-/// says otherwise: three days, in seconds.
+/// How long a relay keeps the records of publications
+/// (`outbox_published`) unless `OUTBOX_RETENTION_SECS` says otherwise:
+/// three days, in seconds.
 pub const DEFAULT_RETENTION_SECS: u64 = 3 * 86_400;
 
 /// Errors of the outbox.
@@ -78,8 +80,8 @@ pub fn migrator() -> Migrator {
 }
 
 /// Grants the relay's database role what a relay does with this database's
-/// outbox, and nothing more: read, mark and delete `outbox` rows, book
-/// batches in `outbox_inflight`. The service that owns the tables calls it
+/// outbox, and nothing more: read, update (a refused row's error) and
+/// delete `outbox` rows, record publications in `outbox_published`. The service that owns the tables calls it
 /// after [`migrator`] ran, so a relay under its own role reads no other
 /// table of the service (least privilege: the orders, the card tokens, the
 /// idempotency keys stay the owner's). Already held, nothing is granted
@@ -88,7 +90,7 @@ pub fn migrator() -> Migrator {
 pub async fn grant_relay(pool: &sqlx::PgPool, role: &str) -> sqlx::Result<()> {
     let held: bool = sqlx::query_scalar(
         "SELECT has_table_privilege($1, 'outbox', 'SELECT, UPDATE, DELETE')
-            AND has_table_privilege($1, 'outbox_inflight', 'SELECT, INSERT, DELETE')",
+            AND has_table_privilege($1, 'outbox_published', 'SELECT, INSERT, UPDATE, DELETE')",
     )
     .bind(role)
     .fetch_one(pool)
@@ -98,7 +100,8 @@ pub async fn grant_relay(pool: &sqlx::PgPool, role: &str) -> sqlx::Result<()> {
     }
     let role = format!("\"{}\"", role.replace('"', "\"\""));
     sqlx::raw_sql(&format!(
-        "GRANT SELECT, UPDATE, DELETE ON outbox TO {role}; GRANT SELECT, INSERT, DELETE ON outbox_inflight TO {role};"
+        "GRANT SELECT, UPDATE, DELETE ON outbox TO {role}; \
+         GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_published TO {role};"
     ))
     .execute(pool)
     .await?;
@@ -192,11 +195,12 @@ const INSERT: &str = "INSERT INTO outbox (event_id, topic, message_key, envelope
 const INSERT_AGAIN: &str = "INSERT INTO outbox (event_id, topic, message_key, envelope, event_type, traceparent)
                             VALUES ($1, $2, $3, $4::json, $5, $6)
                             ON CONFLICT (event_id) DO UPDATE
-                            SET published_at = NULL, parked_at = NULL, attempts = 0, last_error = NULL";
+                            SET parked_at = NULL, attempts = 0, last_error = NULL";
 
 /// Enqueues `event` again under the same event id: publishes it once more,
-/// whether its row is still here (published or parked: it becomes pending
-/// again) or was purged (it is inserted again). A reader whose inbox has the
+/// whether its row is still here (pending, or parked: it becomes pending
+/// again) or was published and so left the table (it is inserted again;
+/// its record in `outbox_published` keeps the first publication's time). A reader whose inbox has the
 /// event absorbs the copy; one that never got it (the first copy was
 /// dead-lettered, say) handles it. For a deadline's re-send, never for a new
 /// fact.
@@ -221,7 +225,10 @@ async fn insert(conn: &mut PgConnection, event: &OutboxEvent<'_>, sql: &'static 
 /// help), each labelled with the relay's `source`. Whatever recorder the
 /// application installs receives them; [`describe_metrics`] gives it their help.
 pub const COUNTERS: &[(&str, &str)] = &[
-    ("relay_published_total", "Outbox rows published and marked."),
+    (
+        "relay_published_total",
+        "Outbox rows published and settled (deleted, their publication recorded).",
+    ),
     (
         "relay_publish_errors_total",
         "Publish attempts that failed (row stays pending).",
@@ -231,8 +238,8 @@ pub const COUNTERS: &[(&str, &str)] = &[
         "Rows the broker refused for good (parked, not retried).",
     ),
     (
-        "relay_republished_after_crash_total",
-        "Rows published again because a crash lost their mark.",
+        "relay_resent_total",
+        "Rows published under an event id published before (a deadline's re-send).",
     ),
 ];
 

@@ -3,9 +3,10 @@
 //! - `relay/core.rs` is the lesson: [`claim`] locks the head rows of their
 //!   orders in a transaction (`FOR UPDATE SKIP LOCKED`, so several relays
 //!   share the work and an order's rows go out in insert order),
-//!   [`deliver`] hands them to the broker, [`settle`] marks what it
-//!   acknowledged and commits. A crash before the commit publishes the rows
-//!   again, with the same event ids. [`Relay::run_once`] is those three
+//!   [`deliver`] hands them to the broker, [`settle`] deletes what it
+//!   acknowledged (recording the publication in `outbox_published`) and
+//!   commits: the table holds pending rows only. A crash before the commit
+//!   publishes the rows again, with the same event ids. [`Relay::run_once`] is those three
 //!   calls.
 //! - `relay/pipeline.rs` is the machinery: [`Relay::run`] keeps several
 //!   batches at the broker at once, probes for rows when idle (every
@@ -79,8 +80,11 @@ pub struct Round {
     pub failed: usize,
     /// Rows parked after a permanent error.
     pub parked: usize,
-    /// Rows published again because an earlier relay crashed before marking them.
-    pub republished: usize,
+    /// Rows whose event id had been published before (a deadline's
+    /// re-send). A row published again after a relay crashed before its
+    /// settle is not counted here — nothing recorded its first copy — but
+    /// where it lands: the consumers' `consumer_duplicates_absorbed_total`.
+    pub resent: usize,
 }
 
 /// Relays one source database's outbox.
@@ -109,11 +113,10 @@ impl<P: Publisher> Relay<P> {
     /// A relay for `pool` named `source` (used in metrics and logs).
     ///
     /// Each claimed batch holds a connection of `pool` (its transaction)
-    /// until it is settled, and a claim briefly needs a second one (the
-    /// batch's note beside it); [`Relay::run`] keeps up to `in_flight`
-    /// batches and one more connection for the idle probe: size the pool
-    /// for `in_flight + 2`. Between uses the relay keeps up to two of them
-    /// out of the pool (`relay/conns.rs`: handing a connection back costs
+    /// until it is settled; [`Relay::run`] keeps up to `in_flight` batches
+    /// and one more connection for the idle probe: size the pool for
+    /// `in_flight + 1`. Between uses the relay keeps up to two of them out
+    /// of the pool (`relay/conns.rs`: handing a connection back costs
     /// sqlx's ping).
     pub fn new(pool: PgPool, publisher: P, source: impl Into<String>) -> Self {
         Self {
@@ -157,14 +160,14 @@ impl<P: Publisher> Relay<P> {
     /// (telling `claimed` what it found), [`deliver`], [`settle`]; timed and
     /// counted.
     async fn one_batch(&self, claimed: impl FnOnce(ClaimOutcome)) -> Result<Round> {
-        let (mut conn, mut note) = match self.two_connections().await {
-            Ok(conns) => conns,
+        let mut conn = match self.spare.take().await {
+            Ok(conn) => conn,
             Err(e) => {
                 claimed(ClaimOutcome::Failed);
                 return Err(e.into());
             }
         };
-        let batch = match claim(&mut conn, &mut note, self.batch).await {
+        let batch = match claim(&mut conn, self.batch).await {
             Ok(Some(batch)) => batch,
             other => {
                 // Nothing claimed: no transaction is left open on `conn`.
@@ -173,13 +176,11 @@ impl<P: Publisher> Relay<P> {
                     return Err(e);
                 }
                 claimed(ClaimOutcome::Empty);
-                self.spare.keep(note);
                 self.spare.keep(conn);
                 return Ok(Round::default());
             }
         };
         claimed(ClaimOutcome::Rows);
-        self.spare.keep(note);
         let sent = Instant::now();
         let results = deliver(&self.publisher, &batch).await;
         metrics::histogram!("relay_publish_duration_seconds", "source" => self.source.clone())
@@ -190,31 +191,18 @@ impl<P: Publisher> Relay<P> {
             ("relay_published_total", round.published),
             ("relay_publish_errors_total", round.failed),
             ("relay_parked_total", round.parked),
-            ("relay_republished_after_crash_total", round.republished),
+            ("relay_resent_total", round.resent),
         ] {
             metrics::counter!(name, "source" => self.source.clone()).increment(rows as u64);
         }
-        if round.republished > 0 {
-            tracing::warn!(source = %self.source, rows = round.republished, "republished rows a crashed relay had published but not marked");
-        }
         Ok(round)
-    }
-
-    /// The claim's connection and the note's.
-    async fn two_connections(
-        &self,
-    ) -> sqlx::Result<(
-        sqlx::pool::PoolConnection<sqlx::Postgres>,
-        sqlx::pool::PoolConnection<sqlx::Postgres>,
-    )> {
-        Ok((self.spare.take().await?, self.spare.take().await?))
     }
 
     /// Refreshes the backlog gauges: pending rows and oldest pending age.
     pub async fn observe_backlog(&self) -> Result<(i64, f64)> {
         let (pending, age): (i64, f64) = sqlx::query_as(
             "SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(created_at))::float8, 0)
-             FROM outbox WHERE published_at IS NULL AND parked_at IS NULL",
+             FROM outbox WHERE parked_at IS NULL",
         )
         .fetch_one(&self.pool)
         .await?;
@@ -223,13 +211,14 @@ impl<P: Publisher> Relay<P> {
         Ok((pending, age))
     }
 
-    /// Deletes up to `batch` published rows older than `retention`.
+    /// Deletes up to `batch` records of publications (`outbox_published`)
+    /// older than `retention`.
     pub async fn purge_published(&self, retention: Duration, batch: i64) -> Result<u64> {
         Ok(sqlx::query(
-            "DELETE FROM outbox WHERE id IN (
-                 SELECT id FROM outbox
-                 WHERE published_at IS NOT NULL AND published_at < now() - make_interval(secs => $1)
-                 LIMIT $2)",
+            "DELETE FROM outbox_published WHERE ctid = ANY(ARRAY(
+                 SELECT ctid FROM outbox_published
+                 WHERE published_at < now() - make_interval(secs => $1)
+                 LIMIT $2))",
         )
         .bind(retention.as_secs_f64())
         .bind(batch)

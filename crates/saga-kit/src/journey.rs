@@ -81,11 +81,20 @@ pub struct PaymentRecord {
     pub reconciled_at: Option<DateTime<Utc>>,
 }
 
-/// The messages `pool`'s outbox wrote for `order_id`, in the order written.
+/// The messages `pool`'s outbox wrote for `order_id`, in the order written:
+/// those published (their records in `outbox_published`) and those still
+/// pending in `outbox` (a message re-sent after its publication shows as
+/// published, with its latest time).
 pub async fn sent(pool: &PgPool, order_id: Uuid) -> sqlx::Result<Vec<Sent>> {
     sqlx::query_as(
-        "SELECT event_id, event_type, topic, created_at, published_at, attempts, traceparent
-         FROM outbox WHERE message_key = $1 ORDER BY id",
+        "SELECT DISTINCT ON (created_at, event_id)
+                event_id, event_type, topic, created_at, published_at, attempts, traceparent
+         FROM (SELECT event_id, event_type, topic, created_at, published_at, attempts, traceparent, 0 AS pick
+               FROM outbox_published WHERE message_key = $1
+               UNION ALL
+               SELECT event_id, event_type, topic, created_at, NULL, attempts, traceparent, 1
+               FROM outbox WHERE message_key = $1) AS s
+         ORDER BY created_at, event_id, pick",
     )
     .bind(order_id.to_string())
     .fetch_all(pool)

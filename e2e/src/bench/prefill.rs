@@ -88,12 +88,13 @@ fn tables() -> Vec<Table> {
     };
     let outbox = |db, rows_per_order| Table {
         db,
-        table: "outbox",
+        // Published rows leave the outbox; their records stay for the retention.
+        table: "outbox_published",
         rows_per_order,
         retention_secs: outbox::DEFAULT_RETENTION_SECS,
-        insert: "INSERT INTO outbox (event_id, topic, message_key, envelope, event_type, created_at, published_at)
-                 SELECT gen_random_uuid(), 'order.events', gen_random_uuid()::text,
-                        json_build_object('prefill', repeat('x', 300)), 'Prefill', c, c {spread}"
+        insert: "INSERT INTO outbox_published (event_id, topic, message_key, event_type, created_at,
+                                               first_published_at, published_at, attempts)
+                 SELECT gen_random_uuid(), 'order.events', gen_random_uuid()::text, 'Prefill', c, c, c, 1 {spread}"
             .into(),
     };
     vec![
@@ -257,18 +258,19 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(purged, 60);
-        let published: u64 = sqlx::query("DELETE FROM outbox WHERE published_at < now() - make_interval(secs => $1)")
-            .bind(outbox::DEFAULT_RETENTION_SECS as f64)
-            .execute(&mut *conn)
-            .await
-            .unwrap()
-            .rows_affected();
+        let published: u64 =
+            sqlx::query("DELETE FROM outbox_published WHERE published_at < now() - make_interval(secs => $1)")
+                .bind(outbox::DEFAULT_RETENTION_SECS as f64)
+                .execute(&mut *conn)
+                .await
+                .unwrap()
+                .rows_affected();
         assert_eq!(published, 40);
         for (table, left) in [
             ("idempotency_keys", 7),
             ("inbox", 14),
             ("order_history", 21),
-            ("outbox", 14),
+            ("outbox_published", 14),
         ] {
             assert_eq!(count(dbs[0].url(), table).await, left, "{table}");
         }

@@ -98,12 +98,10 @@ async fn sample(source: &Source, dbs: &mut [Option<PgConnection>]) -> Vec<i64> {
             *conn = PgConnection::connect(url).await.ok();
         }
         let n = match conn {
-            Some(c) => sqlx::query_scalar::<_, i64>(
-                "SELECT count(*) FROM outbox WHERE published_at IS NULL AND parked_at IS NULL",
-            )
-            .fetch_one(c)
-            .await
-            .ok(),
+            Some(c) => sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox WHERE parked_at IS NULL")
+                .fetch_one(c)
+                .await
+                .ok(),
             None => None,
         };
         out.push(n.unwrap_or(-1));

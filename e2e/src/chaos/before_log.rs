@@ -7,11 +7,13 @@
 //! first one the log holds — so reading the log alone, the order looks
 //! merely slow. Two checks see through it:
 //!
-//! - **the outbox against the log**: every row the relay marked published
+//! - **the outbox against the log**: every row the relay settled as
+//!   published (deleted, its publication recorded in `outbox_published`)
 //!   has a copy of its event id in its topic appended (the broker's
-//!   `LogAppendTime`) no later than the row's first mark
-//!   (`outbox.first_published_at`, which a re-send does not reset). A mark
-//!   with no copy before it is a relay that marked what it never delivered.
+//!   `LogAppendTime`) no later than its first settle
+//!   (`outbox_published.first_published_at`, which a re-send does not
+//!   reset). A settle with no copy before it is a relay that settled what
+//!   it never delivered.
 //! - **a re-send against the log**: a command the reconciler re-sent at `R`
 //!   is late only if its first copy in the log predates `R`, or its outbox
 //!   row was written before `R` and still waited for the relay then (the
@@ -20,7 +22,8 @@
 //!   from its business transaction, and lost with it.
 //! - **an order against its command**: the command an order waits on
 //!   (`orders.last_command_id`) is written in the transaction that moved the
-//!   order, so it is always in the outbox or the log; one in neither was
+//!   order, so it is always in the outbox (pending, or recorded published)
+//!   or the log; one in neither was
 //!   lost before the re-send even came (evident at once, not at the deadline).
 
 use std::collections::BTreeMap;
@@ -132,12 +135,10 @@ pub(super) async fn lost_before_the_log(stack: &Stack, log: &Log) -> anyhow::Res
     let mut lost = Vec::new();
     for db in ["orders", "inventory", "payments"] {
         let mut c = sqlx::PgConnection::connect(&stack.db_url(db)).await?;
-        let rows: Vec<Marked> = sqlx::query_as(
-            "SELECT event_id, topic, message_key, first_published_at FROM outbox
-             WHERE first_published_at IS NOT NULL",
-        )
-        .fetch_all(&mut c)
-        .await?;
+        let rows: Vec<Marked> =
+            sqlx::query_as("SELECT event_id, topic, message_key, first_published_at FROM outbox_published")
+                .fetch_all(&mut c)
+                .await?;
         lost.extend(marked_before_appended(db, &rows, log));
     }
     let mut c = sqlx::PgConnection::connect(&stack.db_url("orders")).await?;
@@ -150,8 +151,10 @@ pub(super) async fn lost_before_the_log(stack: &Stack, log: &Log) -> anyhow::Res
         Option<chrono::DateTime<chrono::Utc>>,
     );
     let rows: Vec<Row> = sqlx::query_as(
-        "SELECT h.order_id, h.cause, h.event_id, h.at, o.created_at, o.first_published_at
-         FROM order_history h LEFT JOIN outbox o ON o.event_id = h.event_id
+        "SELECT h.order_id, h.cause, h.event_id, h.at, COALESCE(p.created_at, o.created_at), p.first_published_at
+         FROM order_history h
+              LEFT JOIN outbox_published p ON p.event_id = h.event_id
+              LEFT JOIN outbox o ON o.event_id = h.event_id
          WHERE h.cause LIKE 'Resent:%' AND h.event_id IS NOT NULL",
     )
     .fetch_all(&mut c)
@@ -171,7 +174,8 @@ pub(super) async fn lost_before_the_log(stack: &Stack, log: &Log) -> anyhow::Res
     let waiting: Vec<(Uuid, Uuid, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
         "SELECT o.id, o.last_command_id, o.updated_at FROM orders o
          WHERE o.last_command_id IS NOT NULL
-           AND NOT EXISTS (SELECT 1 FROM outbox x WHERE x.event_id = o.last_command_id)",
+           AND NOT EXISTS (SELECT 1 FROM outbox x WHERE x.event_id = o.last_command_id)
+           AND NOT EXISTS (SELECT 1 FROM outbox_published p WHERE p.event_id = o.last_command_id)",
     )
     .fetch_all(&mut c)
     .await?;

@@ -190,7 +190,7 @@ async fn snapshot(stack: &Stack) -> anyhow::Result<Snapshot> {
         let mut c = sqlx::PgConnection::connect(&stack.db_url(db)).await?;
         outbox.push(
             sqlx::query_as::<_, (i64, i64)>(
-                "SELECT COALESCE(max(id), 0), count(*) FILTER (WHERE published_at IS NOT NULL) FROM outbox",
+                "SELECT (SELECT last_value FROM outbox_id_seq), (SELECT count(*) FROM outbox_published)",
             )
             .fetch_one(&mut c)
             .await?,
@@ -475,12 +475,10 @@ async fn wait_drained(stack: &Stack, timeout: Duration) -> anyhow::Result<()> {
         let mut pending = 0i64;
         for db in ["orders", "inventory", "payments"] {
             if let Ok(mut c) = sqlx::PgConnection::connect(&stack.db_url(db)).await {
-                pending += sqlx::query_scalar::<_, i64>(
-                    "SELECT count(*) FROM outbox WHERE published_at IS NULL AND parked_at IS NULL",
-                )
-                .fetch_one(&mut c)
-                .await
-                .unwrap_or(i64::MAX / 4);
+                pending += sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox WHERE parked_at IS NULL")
+                    .fetch_one(&mut c)
+                    .await
+                    .unwrap_or(i64::MAX / 4);
             }
         }
         let lag = if busy == 0 && pending == 0 {

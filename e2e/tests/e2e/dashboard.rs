@@ -17,14 +17,14 @@ const DASHBOARD: &str = concat!(
 
 /// The panels' queries that may rightly be empty after a calm run: what
 /// only a fault makes happen (a dead letter moved, a credential refused, a
-/// relay publish failing, a row republished after a crash, an inbox miss,
+/// relay publish failing, a row re-sent by a deadline, an inbox miss,
 /// a reconciler's action). Their panels have other queries that must
 /// return data.
 const QUIET_ON_A_CALM_RUN: [&str; 7] = [
     "consumer_dead_lettered_total",
     "gateway_credential_refusals_total",
     "relay_publish_errors_total",
-    "relay_republished_after_crash_total",
+    "relay_resent_total",
     "inbox_misses_total",
     "saga_deadline_actions_total",
     "payment_reconciliations_total",

@@ -52,7 +52,7 @@ async fn each_service_role_reaches_its_own_database_only() {
             }
         }
     }
-    // Inside the orders database, the relay reads and marks the outbox and
+    // Inside the orders database, the relay reads and settles the outbox and
     // nothing else: not the orders, not the idempotency keys, and it cannot
     // write an event of its own.
     let mut relay = sqlx::PgConnection::connect(&stack.service_db_url(Service::Relay, "orders"))
@@ -60,7 +60,7 @@ async fn each_service_role_reaches_its_own_database_only() {
         .unwrap();
     for (sql, expected) in [
         ("SELECT count(*) FROM outbox", "ok"),
-        ("SELECT count(*) FROM outbox_inflight", "ok"),
+        ("SELECT count(*) FROM outbox_published", "ok"),
         ("SELECT count(*) FROM orders", "42501"),
         ("SELECT count(*) FROM idempotency_keys", "42501"),
         ("SELECT count(*) FROM inbox", "42501"),

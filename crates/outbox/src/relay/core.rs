@@ -5,23 +5,24 @@
 //!    row twice, and an order's later rows wait behind its head);
 //! 2. [`deliver`] — hand the rows to the broker and wait for its answer to
 //!    each;
-//! 3. [`settle`] — mark what it acknowledged, note what it refused, `COMMIT`.
+//! 3. [`settle`] — delete what it acknowledged (recording the publication
+//!    in `outbox_published`), note what it refused, `COMMIT`.
 //!
-//! Only the commit makes a row published. A crash anywhere before it rolls
-//! the transaction back: the rows are pending again and go out again, with
-//! the same event ids, and the consumers' inboxes absorb the copies.
+//! Only the commit makes a row published: the table holds pending rows
+//! only. A crash anywhere before it rolls the transaction back: the rows
+//! are pending again and go out again, with the same event ids, and the
+//! consumers' inboxes absorb the copies.
 //! Everything else in the relay (pipelining several batches, waking up,
 //! backing off, metrics) is in `pipeline.rs` and `relay.rs`.
 
 use sqlx::{Connection as _, PgConnection, Postgres, Transaction};
-use uuid::Uuid;
 
 use super::{PendingRow, PublishError, Publisher, Round};
 use crate::Result;
 
-/// The claim: the head row of each order (no earlier unpublished row of
-/// its `message_key`), oldest first, locked, skipping rows another relay
-/// holds.
+/// The claim: the head row of each order (no earlier row of its
+/// `message_key` in the table — every row here is unpublished, a parked
+/// one included), oldest first, locked, skipping rows another relay holds.
 ///
 /// The head rule is a scalar subquery per candidate — one probe of the
 /// pending-by-key index — not `NOT EXISTS`: the planner turned that
@@ -31,10 +32,10 @@ use crate::Result;
 const CLAIM: &str = "SELECT o.id, o.topic, o.message_key AS key, o.envelope::text AS body,
         o.event_id::text AS event_id, o.event_type, o.traceparent
  FROM outbox o
- WHERE o.published_at IS NULL AND o.parked_at IS NULL
+ WHERE o.parked_at IS NULL
    AND o.id = (
        SELECT p.id FROM outbox p
-       WHERE p.message_key = o.message_key AND p.published_at IS NULL
+       WHERE p.message_key = o.message_key
        ORDER BY p.id LIMIT 1)
  ORDER BY o.id
  LIMIT $1
@@ -45,40 +46,20 @@ const CLAIM: &str = "SELECT o.id, o.topic, o.message_key AS key, o.envelope::tex
 /// `ROLLBACK` before the connection's next statement).
 pub struct Claimed<'c> {
     tx: Transaction<'c, Postgres>,
-    /// The batch's note in `outbox_inflight`.
-    batch: Uuid,
     /// The rows, in id order.
     pub rows: Vec<PendingRow>,
 }
 
 /// Step 1: claims up to `limit` rows in a transaction on `conn`, or `None`
 /// when no row is claimable.
-///
-/// The batch is also noted in `outbox_inflight` on `note`, another
-/// connection — **outside** the transaction: a crash between the broker's
-/// ack and the commit rolls the claim back but leaves the note, so the
-/// relay that publishes those rows again can tell (and count,
-/// `relay_republished_after_crash_total`) that it publishes them a second
-/// time. The note skips the WAL flush wait (`synchronous_commit` off for
-/// that statement): a database crash could at worst lose a count.
-pub async fn claim<'c>(conn: &'c mut PgConnection, note: &mut PgConnection, limit: i64) -> Result<Option<Claimed<'c>>> {
+pub async fn claim(conn: &mut PgConnection, limit: i64) -> Result<Option<Claimed<'_>>> {
     let mut tx = conn.begin().await?;
     let rows: Vec<PendingRow> = sqlx::query_as(CLAIM).bind(limit).fetch_all(&mut *tx).await?;
     if rows.is_empty() {
         tx.rollback().await?;
         return Ok(None);
     }
-    let batch = Uuid::new_v4();
-    let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-    sqlx::query(
-        "WITH fast AS (SELECT set_config('synchronous_commit', 'off', true))
-         INSERT INTO outbox_inflight (batch, ids) SELECT $1, $2 FROM fast",
-    )
-    .bind(batch)
-    .bind(&ids)
-    .execute(note)
-    .await?;
-    Ok(Some(Claimed { tx, batch, rows }))
+    Ok(Some(Claimed { tx, rows }))
 }
 
 /// Step 2: publishes the claimed rows; each row's result, in order, once
@@ -92,9 +73,10 @@ pub async fn deliver<P: Publisher>(publisher: &P, claimed: &Claimed<'_>) -> Vec<
     results
 }
 
-/// Step 3: marks the acknowledged rows published, records the refused
-/// ones (a row the broker can never take is parked: it leaves the pending
-/// set with its error), and commits — which releases the locks.
+/// Step 3: deletes the acknowledged rows, recording each publication in
+/// `outbox_published`; records the refused ones (a row the broker can
+/// never take is parked: it leaves the pending set with its error); and
+/// commits — which releases the locks.
 pub async fn settle(mut claimed: Claimed<'_>, results: Vec<Result<(), PublishError>>) -> Result<Round> {
     let mut round = Round {
         claimed: claimed.rows.len(),
@@ -107,22 +89,26 @@ pub async fn settle(mut claimed: Claimed<'_>, results: Vec<Result<(), PublishErr
             Err(e) => refused.push(row.id, e),
         }
     }
-    // Marks what the broker took (keeping the first mark's time, which a
-    // deadline's re-send does not reset: the audit holds it against the
-    // log) and ends the batch's note — and the notes
-    // of crashed relays' batches that held some of these rows: those rows
-    // went out before, and are counted as published again.
-    let republished: i64 = sqlx::query_scalar(
-        "WITH marked AS (
-             UPDATE outbox SET published_at = t.now, first_published_at = COALESCE(first_published_at, t.now),
-                    attempts = attempts + 1
-             FROM (SELECT clock_timestamp() AS now) t
-             WHERE id = ANY($2::int8[])),
-         gone AS (
-             DELETE FROM outbox_inflight WHERE batch = $1 OR ids && $2::int8[] RETURNING batch, ids)
-         SELECT count(*) FROM gone, unnest(gone.ids) AS id WHERE gone.batch <> $1 AND id = ANY($2::int8[])",
+    // One statement: the rows leave the outbox and their publication is
+    // recorded. A row published before under the same event id (a
+    // deadline's re-send) keeps its first time, which the audit holds
+    // against the log, and counts as sent again.
+    let again: i64 = sqlx::query_scalar(
+        "WITH gone AS (
+             DELETE FROM outbox WHERE id = ANY($1::int8[])
+             RETURNING event_id, topic, message_key, event_type, traceparent, created_at, attempts),
+         recorded AS (
+             INSERT INTO outbox_published AS p
+                 (event_id, topic, message_key, event_type, traceparent, created_at,
+                  first_published_at, published_at, attempts)
+             SELECT event_id, topic, message_key, event_type, traceparent, created_at,
+                    clock_timestamp(), clock_timestamp(), attempts + 1
+             FROM gone
+             ON CONFLICT (event_id) DO UPDATE
+                 SET published_at = excluded.published_at, attempts = p.attempts + excluded.attempts
+             RETURNING xmax <> 0 AS again)
+         SELECT count(*) FILTER (WHERE again) FROM recorded",
     )
-    .bind(claimed.batch)
     .bind(&published)
     .fetch_one(&mut *claimed.tx)
     .await?;
@@ -141,7 +127,7 @@ pub async fn settle(mut claimed: Claimed<'_>, results: Vec<Result<(), PublishErr
     }
     claimed.tx.commit().await?;
     round.published = published.len();
-    round.republished = republished as usize;
+    round.resent = again as usize;
     round.parked = refused.park.iter().filter(|p| **p).count();
     round.failed = refused.ids.len() - round.parked;
     Ok(round)

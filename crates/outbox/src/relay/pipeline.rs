@@ -140,11 +140,9 @@ impl<P: Publisher> Relay<P> {
             tokio::time::sleep(self.poll_interval).await;
             let pending = async {
                 let mut conn = self.spare.take().await?;
-                let pending: bool = sqlx::query_scalar(
-                    "SELECT EXISTS (SELECT 1 FROM outbox WHERE published_at IS NULL AND parked_at IS NULL)",
-                )
-                .fetch_one(&mut *conn)
-                .await?;
+                let pending: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox WHERE parked_at IS NULL)")
+                    .fetch_one(&mut *conn)
+                    .await?;
                 self.spare.keep(conn);
                 Ok::<_, sqlx::Error>(pending)
             }

@@ -20,7 +20,7 @@ fn event(id: Uuid, body: &str) -> OutboxEvent<'static> {
 /// (event_id, topic, key, type, traceparent, body, pending) of every row, in id order.
 async fn rows(pool: &PgPool) -> Vec<(Uuid, String, String, String, Option<String>, String, bool)> {
     sqlx::query_as(
-        "SELECT event_id, topic, message_key, event_type, traceparent, envelope::text, published_at IS NULL
+        "SELECT event_id, topic, message_key, event_type, traceparent, envelope::text, parked_at IS NULL
          FROM outbox ORDER BY id",
     )
     .fetch_all(pool)
@@ -68,23 +68,24 @@ async fn a_row_exists_only_if_its_transaction_committed_and_a_batch_keeps_its_or
 }
 
 #[tokio::test]
-async fn a_resend_under_the_same_id_makes_the_row_pending_again_or_inserts_it_again() {
+async fn a_resend_under_the_same_id_makes_a_parked_row_pending_again_or_inserts_it_again() {
     let (_db, pool) = db().await;
-    let (kept, purged) = (Uuid::now_v7(), Uuid::now_v7());
+    let (parked, published) = (Uuid::now_v7(), Uuid::now_v7());
     let mut conn = pool.acquire().await.unwrap();
-    outbox::enqueue(&mut conn, &event(kept, "k")).await.unwrap();
-    sqlx::query("UPDATE outbox SET published_at = now(), attempts = 3, last_error = 'x'")
+    outbox::enqueue(&mut conn, &event(parked, "k")).await.unwrap();
+    sqlx::query("UPDATE outbox SET parked_at = now(), attempts = 3, last_error = 'x'")
         .execute(&mut *conn)
         .await
         .unwrap();
-    outbox::enqueue_again(&mut conn, &event(kept, "k")).await.unwrap();
-    outbox::enqueue_again(&mut conn, &event(purged, "p")).await.unwrap();
+    // A published row has left the table: the re-send inserts it again.
+    outbox::enqueue_again(&mut conn, &event(parked, "k")).await.unwrap();
+    outbox::enqueue_again(&mut conn, &event(published, "p")).await.unwrap();
     let state: Vec<(Uuid, bool, i32, Option<String>)> =
-        sqlx::query_as("SELECT event_id, published_at IS NULL, attempts, last_error FROM outbox ORDER BY id")
+        sqlx::query_as("SELECT event_id, parked_at IS NULL, attempts, last_error FROM outbox ORDER BY id")
             .fetch_all(&mut *conn)
             .await
             .unwrap();
-    assert_eq!(state, [(kept, true, 0, None), (purged, true, 0, None)]);
+    assert_eq!(state, [(parked, true, 0, None), (published, true, 0, None)]);
     drop(conn);
     pool.close().await;
 }

@@ -41,7 +41,7 @@ impl Db {
     }
 
     pub async fn pending(&self) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NULL")
+        sqlx::query_scalar("SELECT count(*) FROM outbox")
             .fetch_one(&self.pool)
             .await
             .unwrap()

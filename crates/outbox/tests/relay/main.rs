@@ -51,7 +51,9 @@ async fn crash_between_publish_and_mark_publishes_again_with_the_same_event_id()
     assert_eq!(read_all(&broker, &topic).await.len(), 5, "but the broker has them");
 
     let round = relay.run_once().await.unwrap();
-    assert_eq!((round.published, round.republished), (5, 5));
+    // Nothing recorded the first copies: the relay cannot tell these from
+    // first publications (the consumers' inboxes count the copies).
+    assert_eq!((round.published, round.resent), (5, 0));
     assert_eq!(db.pending().await, 0);
     assert_eq!(
         relay.run_once().await.unwrap().claimed,
@@ -89,7 +91,7 @@ async fn three_relays_never_double_claim_and_keep_each_orders_order() {
             let round = r.run_once().await.unwrap();
             claimed += round.claimed;
             if round.claimed == 0
-                && sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox WHERE published_at IS NULL")
+                && sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox")
                     .fetch_one(pool)
                     .await
                     .unwrap()
@@ -256,7 +258,7 @@ async fn a_row_the_broker_rejects_for_good_is_parked_and_blocks_no_other_order()
             .unwrap();
     assert!(parked, "oversized row parked");
     assert!(error.is_some_and(|e| !e.is_empty()), "with its error");
-    let published: bool = sqlx::query_scalar("SELECT published_at IS NOT NULL FROM outbox WHERE event_id = $1")
+    let published: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox_published WHERE event_id = $1)")
         .bind(other.event_id)
         .fetch_one(&db.pool)
         .await
@@ -275,22 +277,23 @@ impl Publisher for NullPublisher {
 }
 
 #[tokio::test]
-async fn retention_deletes_only_published_rows_older_than_the_window() {
+async fn retention_deletes_only_records_of_publications_older_than_the_window() {
     let _serial = SERIAL.lock().await;
     let db = Db::new().await;
     for i in 0..6 {
         db.enqueue("t", Uuid::new_v4(), i).await;
     }
-    let relay = Relay::new(db.pool.clone(), NullPublisher, "t");
-    // Publish four; age two of them past the window; leave two pending and old.
-    sqlx::query("UPDATE outbox SET published_at = now() WHERE id IN (SELECT id FROM outbox ORDER BY id LIMIT 4)")
-        .execute(&db.pool)
-        .await
-        .unwrap();
-    sqlx::query("UPDATE outbox SET published_at = now() - interval '2 days' WHERE id IN (SELECT id FROM outbox ORDER BY id LIMIT 2)")
-        .execute(&db.pool)
-        .await
-        .unwrap();
+    let relay = Relay::new(db.pool.clone(), NullPublisher, "t").batch(4);
+    // Publish four (they leave the outbox, recorded); age two records past
+    // the window; leave two rows pending and old.
+    assert_eq!(relay.run_once().await.unwrap().published, 4);
+    sqlx::query(
+        "UPDATE outbox_published SET published_at = now() - interval '2 days'
+         WHERE event_id IN (SELECT event_id FROM outbox_published ORDER BY created_at LIMIT 2)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
     sqlx::query("UPDATE outbox SET created_at = now() - interval '5 days'")
         .execute(&db.pool)
         .await
@@ -308,17 +311,12 @@ async fn retention_deletes_only_published_rows_older_than_the_window() {
         relay.purge_published(Duration::from_secs(86_400), 100).await.unwrap(),
         0
     );
-    let left: (i64, i64) = sqlx::query_as(
-        "SELECT count(*) FILTER (WHERE published_at IS NULL), count(*) FILTER (WHERE published_at IS NOT NULL) FROM outbox",
-    )
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
-    assert_eq!(
-        left,
-        (2, 2),
-        "pending rows are never deleted, recent published ones stay"
-    );
+    let left: (i64, i64) =
+        sqlx::query_as("SELECT (SELECT count(*) FROM outbox), (SELECT count(*) FROM outbox_published)")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(left, (2, 2), "pending rows are never deleted, recent records stay");
     db.drop().await;
 }
 
@@ -336,7 +334,7 @@ async fn an_idle_relay_publishes_a_new_row_within_its_poll_interval() {
     let env = db.enqueue("t", Uuid::new_v4(), 0).await;
     let start = Instant::now();
     loop {
-        let done: bool = sqlx::query_scalar("SELECT published_at IS NOT NULL FROM outbox WHERE event_id = $1")
+        let done: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox_published WHERE event_id = $1)")
             .bind(env.event_id)
             .fetch_one(&db.pool)
             .await
@@ -357,7 +355,7 @@ async fn an_idle_relay_publishes_a_new_row_within_its_poll_interval() {
 }
 
 /// The relay's role gets the outbox and nothing else of the database: the
-/// privileges it needs on `outbox` and `outbox_inflight`, none on another
+/// privileges it needs on `outbox` and `outbox_published`, none on another
 /// table; granting again is a no-op, a missing role an error. Removal
 /// tried: `GRANT SELECT ON ALL TABLES` added — the other table is readable
 /// and this fails.
@@ -396,9 +394,10 @@ async fn the_relays_role_is_granted_the_outbox_and_nothing_else() {
         ("outbox", "UPDATE", true),
         ("outbox", "DELETE", true),
         ("outbox", "INSERT", false),
-        ("outbox_inflight", "SELECT", true),
-        ("outbox_inflight", "INSERT", true),
-        ("outbox_inflight", "DELETE", true),
+        ("outbox_published", "SELECT", true),
+        ("outbox_published", "INSERT", true),
+        ("outbox_published", "UPDATE", true),
+        ("outbox_published", "DELETE", true),
         ("orders", "SELECT", false),
         ("_sqlx_migrations", "SELECT", false),
     ] {
@@ -468,10 +467,11 @@ async fn a_batch_whose_ack_is_lost_is_retried_and_the_broker_keeps_one_copy() {
     );
 }
 
-/// A deadline's re-send makes a row pending again (`enqueue_again`) and the
-/// relay marks it again, but its first mark stays: the chaos suite holds
-/// that time against the broker's append time of the row's first copy, so a
-/// relay that marked a row it never sent cannot be hidden by the re-send.
+/// A deadline's re-send puts a published row back in the outbox
+/// (`enqueue_again`) and the relay publishes it again, but the record of
+/// its first publication keeps its time: the chaos suite holds that time
+/// against the broker's append time of the row's first copy, so a relay
+/// that settled a row it never sent cannot be hidden by the re-send.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resent_row_keeps_the_time_of_its_first_mark() {
     let (_serial, broker, db, topic) = setup().await;
@@ -483,7 +483,7 @@ async fn a_resent_row_keeps_the_time_of_its_first_mark() {
         Option<chrono::DateTime<chrono::Utc>>,
     );
     let marks = || async {
-        sqlx::query_as::<_, Marks>("SELECT first_published_at, published_at FROM outbox WHERE event_id = $1")
+        sqlx::query_as::<_, Marks>("SELECT first_published_at, published_at FROM outbox_published WHERE event_id = $1")
             .bind(env.event_id)
             .fetch_one(&db.pool)
             .await
@@ -496,7 +496,12 @@ async fn a_resent_row_keeps_the_time_of_its_first_mark() {
         .await
         .unwrap();
     drop(conn);
-    assert_eq!(marks().await.0, first, "pending again, its first mark kept");
+    let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(pending, 1, "back in the outbox");
+    assert_eq!(marks().await.0, first, "pending again, its first publication kept");
     drain(&relay).await;
     let (again, published) = marks().await;
     assert_eq!(again, first, "marked again, its first mark kept");

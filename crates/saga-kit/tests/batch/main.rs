@@ -224,8 +224,9 @@ async fn emitting_enqueues_the_envelope_on_its_topic_keyed_by_order_in_the_calle
         (minted, contract::topics::INVENTORY_COMMANDS)
     );
 
-    // A re-send under the first id makes that row pending again, no second row.
-    sqlx::query("UPDATE outbox SET published_at = now()")
+    // Both published (the relay deletes a row it settles); a re-send under
+    // the first id puts that one back, under the same id.
+    sqlx::query("DELETE FROM outbox") // published: the relay settles a row by deleting it
         .execute(&pool)
         .await
         .unwrap();
@@ -234,7 +235,7 @@ async fn emitting_enqueues_the_envelope_on_its_topic_keyed_by_order_in_the_calle
         .await
         .unwrap();
     assert_eq!(again.event_id, minted);
-    let pending: Vec<Uuid> = sqlx::query_scalar("SELECT event_id FROM outbox WHERE published_at IS NULL")
+    let pending: Vec<Uuid> = sqlx::query_scalar("SELECT event_id FROM outbox")
         .fetch_all(&mut *conn)
         .await
         .unwrap();
@@ -252,7 +253,7 @@ async fn emitting_enqueues_the_envelope_on_its_topic_keyed_by_order_in_the_calle
     assert_eq!(replies[0].1.causation_id, Some(cause.event_id));
     saga_kit::emit::emit_all(&mut conn, &replies).await.unwrap();
     let rows = outbox_rows(&pool).await;
-    let tail: Vec<Uuid> = rows[2..].iter().map(|r| r.event_id).collect();
+    let tail: Vec<Uuid> = rows[1..].iter().map(|r| r.event_id).collect();
     assert_eq!(tail, [replies[0].1.event_id, replies[1].1.event_id]);
     drop(conn);
     pool.close().await;
@@ -349,7 +350,7 @@ async fn a_repeated_event_is_answered_again_with_its_first_replies_under_their_i
     saga_kit::emit::reply_all(&mut tx, "c", &replies).await.unwrap();
     commit(tx, &fresh).await.unwrap();
     let row = |pool: PgPool| async move {
-        sqlx::query_as::<_, (Uuid, bool)>("SELECT event_id, published_at IS NULL FROM outbox")
+        sqlx::query_as::<_, (Uuid, bool)>("SELECT event_id, parked_at IS NULL FROM outbox")
             .fetch_all(&pool)
             .await
             .unwrap()
@@ -357,7 +358,7 @@ async fn a_repeated_event_is_answered_again_with_its_first_replies_under_their_i
     assert_eq!(row(pool.clone()).await, [(reply.event_id, true)]);
     // Published; then the command comes again (a deadline's re-send under
     // its first id): the same reply is pending again, no second one.
-    sqlx::query("UPDATE outbox SET published_at = now()")
+    sqlx::query("DELETE FROM outbox") // published: the relay settles a row by deleting it
         .execute(&pool)
         .await
         .unwrap();
