@@ -59,6 +59,7 @@
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
+pub mod at_once;
 pub mod flow;
 pub mod http;
 pub mod key;

@@ -51,7 +51,7 @@ pub mod negative_controls;
 pub mod relay;
 
 use sqlx::migrate::Migrator;
-use sqlx::PgConnection;
+use sqlx::{PgConnection, Postgres};
 use uuid::Uuid;
 
 #[cfg(feature = "kafka")]
@@ -209,16 +209,37 @@ pub async fn enqueue_again(conn: &mut PgConnection, event: &OutboxEvent<'_>) -> 
 }
 
 async fn insert(conn: &mut PgConnection, event: &OutboxEvent<'_>, sql: &'static str) -> Result<()> {
-    sqlx::query(sql)
+    bind(sqlx::query(sql), event).execute(conn).await?;
+    Ok(())
+}
+
+/// [`enqueue`] as a part of a larger statement: a common table expression
+/// `name` that inserts one event — its parameters `$first` … `$first + 5`,
+/// bound by [`bind`] — once for each row of `from` (none when `from` has
+/// none). A service whose whole request is one statement
+/// (`idempotency::at_once`) writes its outbox row so, in the same
+/// round trip as its state.
+pub fn enqueue_cte(name: &str, from: &str, first: usize) -> String {
+    let p: Vec<String> = (first..first + 6).map(|n| format!("${n}")).collect();
+    format!(
+        "{name} AS (INSERT INTO outbox (event_id, topic, message_key, envelope, event_type, traceparent) \
+         SELECT {}, {}, {}, {}::json, {}, {} FROM {from})",
+        p[0], p[1], p[2], p[3], p[4], p[5]
+    )
+}
+
+/// Binds `event`'s six values, in [`enqueue_cte`]'s order.
+pub fn bind<'q>(
+    statement: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
+    event: &'q OutboxEvent<'_>,
+) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
+    statement
         .bind(event.event_id)
         .bind(event.topic)
         .bind(&event.key)
         .bind(&event.body)
         .bind(event.event_type)
         .bind(event.traceparent)
-        .execute(conn)
-        .await?;
-    Ok(())
 }
 
 /// The counters the relay records through the [`metrics`] facade (name,

@@ -172,6 +172,75 @@ pub async fn insert_with(
     .await
 }
 
+/// A new order as [`insert_with`] would store it, not yet stored: its ids
+/// and timestamps minted here (to the microsecond PostgreSQL keeps), so
+/// that its answer can be written in the statement that stores it
+/// ([`PLACE_CTES`]).
+pub fn unsaved(id: Uuid, client_id: &str, new: &NewOrder, command: Uuid) -> Order {
+    use chrono::SubsecRound as _;
+    let now = Utc::now().trunc_subsecs(6);
+    Order {
+        id,
+        client_id: client_id.to_owned(),
+        sku: new.sku.clone(),
+        quantity: new.quantity,
+        amount_cents: new.amount_cents,
+        card_token: Some(new.card_token.clone()),
+        card_last4: Some(new.card_last4.clone()),
+        status: Status::Pending,
+        cancel_reason: None,
+        created_at: now,
+        updated_at: now,
+        last_command_id: Some(command),
+        reconcile_attempts: 0,
+        refund_attempt: 0,
+        reconciled_at: None,
+    }
+}
+
+/// The order placed, as common table expressions after the key's `k`
+/// (`idempotency::at_once::KEY_CTE`): the order `o` — only when `k` has a
+/// row — its first history row, and the command it waits on in the outbox
+/// `c`. Parameters from `$8` ([`bind_place`]).
+pub static PLACE_CTES: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "o AS (
+             INSERT INTO orders (id, client_id, sku, quantity, amount_cents, card_token, card_last4, status,
+                                 last_command_id, created_at, updated_at)
+             SELECT $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $17 FROM k RETURNING id),
+         h AS (
+             INSERT INTO order_history (order_id, from_status, to_status, cause, event_id, applied, at)
+             SELECT id, NULL, $15, 'OrderPlaced', NULL, true, $17 FROM o),
+         {}",
+        outbox::enqueue_cte("c", "o", 18)
+    )
+});
+const _: () = assert!(
+    idempotency::at_once::FIRST_WORK_PARAMETER == 8,
+    "PLACE_CTES begins at $8"
+);
+
+/// Binds [`PLACE_CTES`]'s parameters: `order` (from [`unsaved`]) and its
+/// first command.
+pub fn bind_place<'q>(
+    statement: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    order: &'q Order,
+    command: &'q outbox::OutboxEvent<'_>,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    let statement = statement
+        .bind(order.id)
+        .bind(&order.client_id)
+        .bind(&order.sku)
+        .bind(order.quantity)
+        .bind(order.amount_cents)
+        .bind(&order.card_token)
+        .bind(&order.card_last4)
+        .bind(order.status)
+        .bind(order.last_command_id)
+        .bind(order.created_at);
+    outbox::bind(statement, command)
+}
+
 /// Loads an order.
 pub async fn get(conn: &mut PgConnection, id: Uuid) -> sqlx::Result<Option<Order>> {
     sqlx::query_as(&format!("SELECT {COLUMNS} FROM orders WHERE id = $1"))

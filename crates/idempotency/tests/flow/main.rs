@@ -301,3 +301,5 @@ async fn a_retry_across_a_fingerprint_key_rotation_replays_while_the_old_key_is_
     assert_eq!(answered(&pool, keyed("k", &now)).await, Outcome::Mismatch);
     assert_eq!(effects(&pool).await, 1);
 }
+
+mod at_once;

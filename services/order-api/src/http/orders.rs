@@ -8,7 +8,7 @@ use axum::Json;
 use idempotency::{Begun, Outcome, StoredResponse};
 use serde::{Deserialize, Serialize};
 use sqlx::pool::PoolConnection;
-use sqlx::{PgConnection, Postgres, Transaction};
+use sqlx::{PgConnection, Postgres, Row as _, Transaction};
 use uuid::Uuid;
 
 use crate::http::admission::Deadline;
@@ -233,13 +233,20 @@ async fn create_in(
     request: Idempotent,
     new: NewOrder,
 ) -> Result<Response, ApiError> {
+    // NEGATIVE CONTROL ONLY (UNSAFE_OUTBOX_AFTER_COMMIT, test builds): the
+    // command leaves the order's transaction and is written after it.
+    let dual_write = switches::on(switches::Switch::OutboxAfterCommit);
+    if !dual_write {
+        if let Some(answered) = place_at_once(&state, &mut conn, &request, &new).await? {
+            return Ok(answered);
+        }
+    }
+    // The key was taken (a retry, or an expired key), or the negative
+    // control: the longer flow, which answers a taken key.
     let mut tx = match idempotency::begin(&mut *conn, request.keyed()).await? {
         Begun::New(tx) => tx,
         Begun::Answered(outcome) => return Ok(idempotency::respond(outcome)?),
     };
-    // NEGATIVE CONTROL ONLY (UNSAFE_OUTBOX_AFTER_COMMIT, test builds): the
-    // command leaves the order's transaction and is written after it.
-    let dual_write = switches::on(switches::Switch::OutboxAfterCommit);
     let placed = place(&mut tx, &request.scope, &new, !dual_write).await;
     let unwritten = placed.as_ref().ok().and_then(|(_, command)| command.clone());
     let answered = complete(&state, &request, tx, placed.map(|(response, _)| response)).await;
@@ -250,6 +257,60 @@ async fn create_in(
         }
         _ => answered,
     }
+}
+
+/// A new order in one round trip ([`idempotency::at_once`]): its key and
+/// answer, the order, its first history row and the command it waits on,
+/// written by one statement — one transaction — when the key is new. The
+/// answer is known before the statement: the service mints the order's
+/// ids and its timestamps. `None` when the key was taken: nothing written,
+/// the caller runs the longer flow, which answers a taken key.
+async fn place_at_once(
+    state: &AppState,
+    conn: &mut PgConnection,
+    request: &Idempotent,
+    new: &NewOrder,
+) -> Result<Option<Response>, ApiError> {
+    let command_id = Uuid::now_v7();
+    let order = orders::unsaved(Uuid::now_v7(), &request.scope, new, command_id);
+    let first = saga::transitions::command(&order, Status::Pending).expect("PENDING waits on a command");
+    let mut envelope = saga_kit::emit::envelope(order.id, &first, None, &tracing::Span::current());
+    envelope.event_id = command_id;
+    let command = saga_kit::emit::outbox_event(first.topic(), &envelope);
+    let response = created(&order);
+    // The one statement is the order's transaction: a crash before its
+    // answer leaves all of it or none, and this is the last moment before.
+    fail::fail_point!(CRASH_BEFORE_COMMIT, |_| telemetry::crash_point(CRASH_BEFORE_COMMIT));
+    let sql = format!(
+        "WITH {}, {} SELECT count(*) FROM o",
+        idempotency::at_once::KEY_CTE,
+        *orders::PLACE_CTES
+    );
+    let statement = idempotency::at_once::bind(sqlx::query(&sql), request.keyed(), state.idempotency_ttl, &response);
+    let placed: i64 = orders::bind_place(statement, &order, &command)
+        .fetch_one(&mut *conn)
+        .await?
+        .get(0);
+    if placed == 0 {
+        return Ok(None);
+    }
+    fail::fail_point!(CRASH_AFTER_COMMIT_BEFORE_RESPONSE, |_| telemetry::crash_point(
+        CRASH_AFTER_COMMIT_BEFORE_RESPONSE
+    ));
+    placed_order(&order);
+    Ok(Some(idempotency::respond(Outcome::Completed(response))?))
+}
+
+/// The answer to a new order: 201, the order, its location.
+fn created(order: &Order) -> StoredResponse {
+    StoredResponse::json(StatusCode::CREATED, order, "application/json")
+        .with_header("location", format!("/orders/{}", order.id))
+}
+
+/// What a placed order leaves in metrics and the per-order log.
+fn placed_order(order: &Order) {
+    telemetry::metrics::incr("orders_created_total", &[]);
+    tracing::debug!(target: telemetry::trace::PER_ORDER, order_id = %order.id, "order placed");
 }
 
 /// A command of a new order, not yet written: order id, command, event id.
@@ -275,11 +336,8 @@ async fn place(
         Some((id, first, command_id))
     };
     fail::fail_point!(CRASH_BEFORE_COMMIT, |_| telemetry::crash_point(CRASH_BEFORE_COMMIT));
-    telemetry::metrics::incr("orders_created_total", &[]);
-    tracing::debug!(target: telemetry::trace::PER_ORDER, order_id = %order.id, "order placed");
-    let response = StoredResponse::json(StatusCode::CREATED, &order, "application/json")
-        .with_header("location", format!("/orders/{}", order.id));
-    Ok((response, unwritten))
+    placed_order(&order);
+    Ok((created(&order), unwritten))
 }
 
 /// NEGATIVE CONTROL ONLY: the dual write the outbox forbids — the command

@@ -55,6 +55,32 @@ async fn completed_key_replays_the_stored_response() {
     api.stop().await;
 }
 
+/// The create is one statement (`idempotency::at_once`): its answer is
+/// built before the order is stored, so it must be the order as stored —
+/// the same ids and timestamps — and the order's command and first history
+/// row must be the ones it names.
+#[tokio::test]
+async fn the_answer_to_a_new_order_is_the_order_as_stored() {
+    let api = TestApi::start(Duration::from_secs(3600)).await;
+    let created = api.post("/orders", "k-stored", None, ORDER).await;
+    assert_eq!(created.status, 201);
+    let answer = created.json();
+    let id = answer["id"].as_str().unwrap().to_owned();
+    let mut shown = api.get(&format!("/orders/{id}"), "test-client").await.json();
+    let history = shown.as_object_mut().unwrap().remove("history").unwrap();
+    assert_eq!(shown, answer, "the answer is the stored order");
+    assert_eq!(history[0]["cause"], "OrderPlaced");
+    assert_eq!(history[0]["at"], answer["created_at"]);
+    let (command, event_id): (uuid::Uuid, uuid::Uuid) = sqlx::query_as(
+        "SELECT o.last_command_id, b.event_id FROM orders o JOIN outbox b ON b.message_key = o.id::text",
+    )
+    .fetch_one(&api.pool)
+    .await
+    .unwrap();
+    assert_eq!(command, event_id, "the order waits on the command it wrote");
+    api.stop().await;
+}
+
 #[tokio::test]
 async fn same_key_with_a_different_request_is_422() {
     let api = TestApi::start(Duration::from_secs(3600)).await;
