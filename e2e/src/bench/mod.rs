@@ -18,6 +18,7 @@ pub mod floor;
 pub mod load;
 pub mod mix;
 pub mod overload;
+pub mod pg_cpu;
 pub mod pg_profile;
 pub mod pg_settings;
 pub mod prefill;

@@ -4,9 +4,7 @@ use std::fmt::Write as _;
 
 use super::{Figures, Percentiles};
 
-/// The processes that stand in for what is not the system: the load
-/// driver (the clients) and the mock gateway (an external provider).
-const NOT_THE_SYSTEM: [&str; 2] = ["driver (xtask)", "mock-gateway"];
+use super::search::NOT_THE_SYSTEM;
 
 fn pcts(p: &Percentiles) -> String {
     format!("{:.0} / {:.0} / {:.0}", p.p50_ms, p.p99_ms, p.p999_ms)
@@ -117,6 +115,14 @@ pub fn markdown(f: &Figures) -> String {
             all / f.floor.order_ms,
             system / f.floor.order_ms
         );
+        let _ = writeln!(
+            s,
+            "| **the system's own CPU per order**: four services, Kafka, PostgreSQL for the system's databases only, ms | **{:.2}** |",
+            t.own_cpu_ms_per_order
+        );
+        for (label, ms) in &t.postgres_cpu_ms_per_order {
+            let _ = writeln!(s, "| … {label}, ms | {ms:.2} |");
+        }
     }
     let fl = &f.floor;
     let _ = writeln!(
@@ -202,13 +208,13 @@ fn verdicts(s: &mut String, f: &Figures) {
     );
     let _ = writeln!(
         s,
-        "| rate | trials (sustained) | holds | completed /s | offered /s | p99 ms | CPU ms / order |\n|---:|---:|---|---|---|---|---|"
+        "| rate | trials (sustained) | holds | completed /s | offered /s | p99 ms | CPU ms / order | own CPU ms / order |\n|---:|---:|---|---|---|---|---|---|"
     );
     let sp = |x: &super::search::Spread, d: usize| format!("{:.d$} [{:.d$}, {:.d$}]", x.median, x.min, x.max);
     for v in &f.verdicts {
         let _ = writeln!(
             s,
-            "| {:.0} | {} ({}) | {} | {} | {} | {} | {} |",
+            "| {:.0} | {} ({}) | {} | {} | {} | {} | {} | {} |",
             v.rate,
             v.trials,
             v.sustained,
@@ -216,7 +222,8 @@ fn verdicts(s: &mut String, f: &Figures) {
             sp(&v.completed_per_sec, 0),
             sp(&v.offered_per_sec, 0),
             sp(&v.p99_ms, 0),
-            sp(&v.cpu_ms_per_order, 2)
+            sp(&v.cpu_ms_per_order, 2),
+            sp(&v.own_cpu_ms_per_order, 2)
         );
     }
 }

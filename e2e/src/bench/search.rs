@@ -72,6 +72,13 @@ pub struct Trial {
     pub backlog: Vec<i64>,
     /// CPU milliseconds per order, per process (over the window).
     pub cpu_ms_per_order: BTreeMap<String, f64>,
+    /// PostgreSQL's share of it split by whom it worked for (over the
+    /// window; [`super::pg_cpu`]).
+    pub postgres_cpu_ms_per_order: BTreeMap<String, f64>,
+    /// The system's own CPU per order: the four services, Kafka and
+    /// PostgreSQL's share for the system's databases — without the driver,
+    /// the gateway stand-in and its database.
+    pub own_cpu_ms_per_order: f64,
     /// Seconds to drain after the window (`None`: did not drain within the limit).
     pub drain_secs: Option<f64>,
     /// PostgreSQL per order over the window and its drain.
@@ -86,10 +93,13 @@ pub async fn trial(stack: &Stack, load: &Load, rate: f64, window: Duration) -> a
     let orders_db = &stack.db_url("orders");
     let pg_before = PgCounters::read(stack).await?;
     let profiling = super::pg_profile::reset(orders_db).await;
+    let pg_cpu = super::pg_cpu::Sampler::start(stack);
     let before = testkit::process::cpu_seconds_by_command();
     let sampler = super::queues::Sampler::start(stack);
     let sent = load::open_loop(load, orders_db, rate, window).await?;
     let after = testkit::process::cpu_seconds_by_command();
+    let owners = pg_cpu.owners().clone();
+    let postgres_cpu = pg_cpu.finish(sent.intended.len()).await;
     let b = &sent.backlog;
     let backlog_end = *b.last().unwrap_or(&0);
     let backlog_mid = b.get(b.len() / 2).copied().unwrap_or(0);
@@ -130,11 +140,32 @@ pub async fn trial(stack: &Stack, load: &Load, rate: f64, window: Duration) -> a
         cancels: sent.cancelled.len(),
         cancels_failed: sent.cancels_failed,
         backlog: sent.backlog.clone(),
+        own_cpu_ms_per_order: own_cpu(&cpu_per_order(&before, &after, placed), &owners, &postgres_cpu),
         cpu_ms_per_order: cpu_per_order(&before, &after, placed),
+        postgres_cpu_ms_per_order: postgres_cpu,
         drain_secs: drain.map(|d| d.as_secs_f64()),
         postgres_per_order: pg_before.per_order(pg_after, placed),
         pg_statements,
     })
+}
+
+/// The processes whose CPU is not the system's own: the driver and the
+/// gateway stand-in (PostgreSQL is split by database instead).
+pub const NOT_THE_SYSTEM: [&str; 2] = ["driver (xtask)", "mock-gateway"];
+
+/// The system's own CPU per order: every process but [`NOT_THE_SYSTEM`]
+/// and PostgreSQL, plus PostgreSQL's share for the system's databases.
+pub fn own_cpu(
+    by_process: &BTreeMap<String, f64>,
+    owners: &super::pg_cpu::Owners,
+    postgres: &BTreeMap<String, f64>,
+) -> f64 {
+    let services: f64 = by_process
+        .iter()
+        .filter(|(p, _)| !NOT_THE_SYSTEM.contains(&p.as_str()) && p.as_str() != "postgres")
+        .map(|(_, ms)| ms)
+        .sum();
+    services + super::pg_cpu::Sampler::system_ms(owners, postgres)
 }
 
 /// The verdict of every rate tried, from its trials.
@@ -156,6 +187,8 @@ pub struct Verdict {
     pub p99_ms: Spread,
     /// … of total CPU per order, ms.
     pub cpu_ms_per_order: Spread,
+    /// … of the system's own CPU per order, ms.
+    pub own_cpu_ms_per_order: Spread,
 }
 
 /// A median and the range around it.
@@ -201,6 +234,7 @@ pub fn verdicts(trials: &[Trial]) -> Vec<Verdict> {
                 offered_per_sec: spread(&|t| t.offered_per_sec),
                 p99_ms: spread(&|t| t.latency.p99_ms),
                 cpu_ms_per_order: spread(&|t| t.cpu_ms_per_order.values().sum()),
+                own_cpu_ms_per_order: spread(&|t| t.own_cpu_ms_per_order),
             }
         })
         .collect();
@@ -306,6 +340,7 @@ mod tests {
             offered_per_sec: Spread::default(),
             p99_ms: Spread::default(),
             cpu_ms_per_order: Spread::default(),
+            own_cpu_ms_per_order: Spread::default(),
         }
     }
 
