@@ -386,4 +386,13 @@ mod tests {
         };
         assert_eq!(args.window(), std::time::Duration::from_secs(604_800));
     }
+
+    /// The default is the week docs/operations.md names (whether it
+    /// outlasts the topics' retention is checked at start:
+    /// `saga_kit::retention`).
+    #[test]
+    fn the_default_retention_is_a_week() {
+        let (days, rest) = (super::DEFAULT_RETENTION_SECS / 86_400, super::DEFAULT_RETENTION_SECS % 86_400);
+        assert_eq!((days, rest), (7, 0));
+    }
 }
