@@ -298,11 +298,8 @@ pub async fn store(
     Ok(inserted == 1)
 }
 
-/// How often a service reaps its expired keys ([`reap_from`]).
-pub const REAP_EVERY: Duration = Duration::from_secs(60);
-
 /// [`reap`] with the pool by value: the shape a service's periodic purge
-/// task calls, every [`REAP_EVERY`].
+/// task calls (every few seconds: `service_kit::periodic::PURGE_EVERY`).
 pub async fn reap_from(pool: PgPool, batch: i64) -> Result<u64> {
     reap(&pool, batch).await
 }

@@ -221,6 +221,43 @@ async fn the_reaper_deletes_expired_keys_only_a_batch_at_a_time() {
     pool.close().await;
 }
 
+/// The pool-by-value reaper a service's purge task calls reaps as
+/// `reap` does; `lookup` reads a completed key's answer, or a mismatch.
+#[tokio::test]
+async fn the_purge_tasks_reaper_and_a_lookup_read_the_keys() {
+    let (pool, _db) = db().await;
+    let mut conn = pool.acquire().await.unwrap();
+    for key in ["old-1", "old-2", "live"] {
+        idempotency::store(&mut conn, "s", key, "fp", TTL, &response(key))
+            .await
+            .unwrap();
+    }
+    let found = idempotency::lookup(&mut conn, "s", "live", "fp").await.unwrap();
+    assert_eq!(found, Some(idempotency::Claim::Replay(response("live"))));
+    let other = idempotency::lookup(&mut conn, "s", "live", "fp-other").await.unwrap();
+    assert_eq!(other, Some(idempotency::Claim::Mismatch));
+    assert_eq!(idempotency::lookup(&mut conn, "s", "none", "fp").await.unwrap(), None);
+    sqlx::query("UPDATE idempotency_keys SET expires_at = now() - interval '1 second' WHERE key LIKE 'old-%'")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    drop(conn);
+    assert_eq!(idempotency::reap_from(pool.clone(), 10).await.unwrap(), 2);
+    assert_eq!(idempotency::reap_from(pool.clone(), 10).await.unwrap(), 0);
+    pool.close().await;
+}
+
+/// The counters' help reaches the installed recorder.
+#[test]
+fn described_counters_render_with_their_help() {
+    telemetry::metrics::install();
+    idempotency::describe_metrics();
+    let _ = idempotency::respond(Outcome::Replayed(response("r")));
+    let page = telemetry::metrics::render();
+    let (name, help) = idempotency::COUNTERS[0];
+    assert!(page.contains(&format!("# HELP {name} {help}")), "{page}");
+}
+
 #[derive(Debug, PartialEq)]
 enum Failed {
     /// The request's final answer: stored.
