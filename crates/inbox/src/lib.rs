@@ -214,11 +214,16 @@ pub async fn record_replies(conn: &mut PgConnection, consumer: &str, replies: &[
         return Ok(());
     }
     let col = |f: fn(&Reply) -> &str| replies.iter().map(|(_, r)| f(r).to_owned()).collect::<Vec<_>>();
-    sqlx::query(
+    // Each reply joins its event's inbox row: one without it is refused
+    // (a reply kept for an event this consumer never recorded could only
+    // be a bug). A join, not a foreign key: a key would share-lock the row
+    // for every reply (a WAL record each) and cascade the purge row by row.
+    let kept = sqlx::query(
         "INSERT INTO inbox_replies (consumer, event_id, seq, reply_id, topic, message_key, event_type, body, traceparent)
          SELECT $1, e, n::int4, r, t, k, ty, b, tp
          FROM unnest($2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[])
-              WITH ORDINALITY AS v(e, r, t, k, ty, b, tp, n)",
+              WITH ORDINALITY AS v(e, r, t, k, ty, b, tp, n)
+         JOIN inbox i ON i.consumer = $1 AND i.event_id = v.e",
     )
     .bind(consumer)
     .bind(replies.iter().map(|(e, _)| *e).collect::<Vec<_>>())
@@ -229,7 +234,15 @@ pub async fn record_replies(conn: &mut PgConnection, consumer: &str, replies: &[
     .bind(col(|r| &r.body))
     .bind(replies.iter().map(|(_, r)| r.traceparent.clone()).collect::<Vec<_>>())
     .execute(conn)
-    .await?;
+    .await?
+    .rows_affected();
+    if kept != replies.len() as u64 {
+        return Err(sqlx::Error::InvalidArgument(format!(
+            "{} of {} replies answer an event {consumer} has no inbox row for",
+            replies.len() as u64 - kept,
+            replies.len()
+        )));
+    }
     Ok(())
 }
 
@@ -316,7 +329,8 @@ pub async fn seen(
     Ok(seen.into_iter().collect())
 }
 
-/// Deletes up to `batch` inbox rows older than `retention`; returns how many.
+/// Deletes up to `batch` inbox rows older than `retention`, and the
+/// replies kept with them ([`record_replies`]); returns how many inbox rows.
 ///
 /// `retention` must exceed the longest time the broker may redeliver an event
 /// (offset retention plus the longest consumer outage tolerated): a redelivery
@@ -331,17 +345,25 @@ pub async fn purge(conn: &mut PgConnection, retention: Duration, batch: i64) -> 
     .bind(batch)
     .execute(&mut *conn)
     .await?;
-    Ok(sqlx::query(
-        "DELETE FROM inbox WHERE ctid IN (
-             SELECT ctid FROM inbox
-             WHERE processed_at < now() - make_interval(secs => $1)
-             LIMIT $2)",
+    // The rows and their kept replies in one statement: the replies by one
+    // join, not a cascade's statement per row.
+    Ok(sqlx::query_scalar(
+        "WITH gone AS (
+             DELETE FROM inbox WHERE ctid IN (
+                 SELECT ctid FROM inbox
+                 WHERE processed_at < now() - make_interval(secs => $1)
+                 LIMIT $2)
+             RETURNING consumer, event_id),
+         replies AS (
+             DELETE FROM inbox_replies r USING gone
+             WHERE r.consumer = gone.consumer AND r.event_id = gone.event_id)
+         SELECT count(*) FROM gone",
     )
     .bind(secs)
     .bind(batch)
-    .execute(conn)
-    .await?
-    .rows_affected())
+    .fetch_one(conn)
+    .await
+    .map(|gone: i64| gone as u64)?)
 }
 
 /// How long inbox rows are kept unless `INBOX_RETENTION_SECS` says
@@ -392,7 +414,10 @@ mod tests {
     /// `saga_kit::retention`).
     #[test]
     fn the_default_retention_is_a_week() {
-        let (days, rest) = (super::DEFAULT_RETENTION_SECS / 86_400, super::DEFAULT_RETENTION_SECS % 86_400);
+        let (days, rest) = (
+            super::DEFAULT_RETENTION_SECS / 86_400,
+            super::DEFAULT_RETENTION_SECS % 86_400,
+        );
         assert_eq!((days, rest), (7, 0));
     }
 }

@@ -197,7 +197,7 @@ pub struct SagaConsumer {
     pub pool: PgPool,
     /// How long inbox rows are kept (must exceed the broker's redelivery window).
     pub inbox_retention: Duration,
-    /// How often the rows past it are purged (a minute).
+    /// How often the rows past it are purged (`service_kit::periodic::PURGE_EVERY`).
     pub purge_every: Duration,
 }
 
@@ -210,7 +210,7 @@ impl SagaConsumer {
             kafka: kafka.clone(),
             pool: pool.clone(),
             inbox_retention: inbox.window(),
-            purge_every: Duration::from_secs(60),
+            purge_every: service_kit::periodic::PURGE_EVERY,
         }
     }
 }

@@ -42,7 +42,12 @@ impl ParticipantArgs {
     ) -> anyhow::Result<()> {
         crate::retention::check_consumer(&self.kafka, &self.inbox, gateway_key_secs)?;
         self.switches.install(name, known)?;
-        telemetry::metrics::describe(&[kafka::METRICS, crate::METRICS, service_kit::http::METRICS]);
+        telemetry::metrics::describe(&[
+            kafka::METRICS,
+            crate::METRICS,
+            service_kit::http::METRICS,
+            service_kit::periodic::METRICS,
+        ]);
         telemetry::metrics::describe(metrics);
         outbox::describe_metrics();
         Ok(())

@@ -71,6 +71,17 @@ impl Supervisor {
 /// Rows a purge deletes per statement.
 pub const PURGE_BATCH: i64 = 1_000;
 
+/// How often a retention purge runs: often enough that each run deletes a
+/// few seconds' worth of rows — never a minute's or an hour's at once, a
+/// delete storm the hot path's latency would show — and that every purge
+/// runs inside any bench trial.
+pub const PURGE_EVERY: Duration = Duration::from_secs(10);
+
+/// The metrics of this module, for their `# HELP` (`telemetry::metrics::describe`).
+pub const METRICS: &[telemetry::metrics::Description] = telemetry::descriptions![
+    counter "purged_rows_total": "Rows a retention purge deleted, by task.",
+];
+
 impl Supervisor {
     /// A retention purge as the supervised task `task`: every `period`,
     /// `purge(state, limit)` — a bounded delete returning its row count —
@@ -89,6 +100,7 @@ impl Supervisor {
             let (state, purge, label) = (state.clone(), purge.clone(), label.clone());
             async move {
                 let rows = in_batches(PURGE_BATCH, |n| purge(state.clone(), n)).await?;
+                telemetry::metrics::incr_by("purged_rows_total", &[("task", &label)], rows);
                 if rows > 0 {
                     tracing::info!(task = %label, rows, "purged");
                 }

@@ -240,7 +240,7 @@ pub struct App {
 
 /// Connects, migrates and binds.
 pub async fn build(config: Config) -> anyhow::Result<App> {
-    telemetry::metrics::describe(&[METRICS, service_kit::http::METRICS]);
+    telemetry::metrics::describe(&[METRICS, service_kit::http::METRICS, service_kit::periodic::METRICS]);
     idempotency::describe_metrics();
     config
         .switches
@@ -332,7 +332,7 @@ impl App {
         let pool = self.state.pool.clone();
         tasks.spawn_purge(
             "idempotency reaper",
-            idempotency::REAP_EVERY,
+            service_kit::periodic::PURGE_EVERY,
             pool,
             idempotency::reap_from,
         );

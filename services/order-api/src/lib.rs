@@ -202,7 +202,7 @@ impl App {
         let pool = self.state.pool.clone();
         tasks.spawn_purge(
             "idempotency reaper",
-            idempotency::REAP_EVERY,
+            service_kit::periodic::PURGE_EVERY,
             pool,
             idempotency::reap_from,
         );
@@ -212,7 +212,7 @@ impl App {
         );
         tasks.spawn_purge(
             "history retention",
-            Duration::from_secs(3600),
+            service_kit::periodic::PURGE_EVERY,
             pool,
             move |pool, n| async move { orders::purge_history(&mut *pool.acquire().await?, retention, n).await },
         );

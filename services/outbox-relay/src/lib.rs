@@ -78,7 +78,11 @@ pub struct App {
 /// [`App::run`] waits until every outbox can be read.
 pub async fn build(config: Config) -> anyhow::Result<App> {
     config.switches.install("outbox-relay", &SWITCHES)?;
-    telemetry::metrics::describe(&[kafka::METRICS, service_kit::http::METRICS]);
+    telemetry::metrics::describe(&[
+        kafka::METRICS,
+        service_kit::http::METRICS,
+        service_kit::periodic::METRICS,
+    ]);
     outbox::describe_metrics();
     let mut sources = Vec::new();
     for url in &config.database_urls {
@@ -143,7 +147,7 @@ impl App {
             let retention = Duration::from_secs(self.config.retention_secs);
             tasks.spawn_purge(
                 format!("relay {name} retention"),
-                Duration::from_secs(60),
+                service_kit::periodic::PURGE_EVERY,
                 relay.clone(),
                 move |r, n| async move { r.purge_published(retention, n).await },
             );
