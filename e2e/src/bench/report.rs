@@ -123,6 +123,12 @@ pub fn markdown(f: &Figures) -> String {
         for (label, ms) in &t.postgres_cpu_ms_per_order {
             let _ = writeln!(s, "| … {label}, ms | {ms:.2} |");
         }
+        let purged: Vec<String> = t.purged_rows.iter().map(|(s, n)| format!("{s} {n:.0}")).collect();
+        let _ = writeln!(
+            s,
+            "| rows the retention purges deleted in that trial | {} |",
+            purged.join(", ")
+        );
     }
     let fl = &f.floor;
     let _ = writeln!(

@@ -12,7 +12,7 @@ use serde::Serialize;
 use super::load::{self, Percentiles};
 use super::mix::Load;
 use super::{cpu_per_order, PgCounters, PgPerOrder};
-use crate::stack::Stack;
+use crate::stack::{Service, Stack};
 
 /// The search stops when the lowest failing rate is within this fraction
 /// above the highest sustained one: the capacity lies between them, so the
@@ -79,6 +79,9 @@ pub struct Trial {
     /// PostgreSQL's share for the system's databases — without the driver,
     /// the gateway stand-in and its database.
     pub own_cpu_ms_per_order: f64,
+    /// Rows the services' retention purges deleted over the window, per
+    /// service (`purged_rows_total`): the purges ran inside the trial.
+    pub purged_rows: BTreeMap<String, f64>,
     /// Seconds to drain after the window (`None`: did not drain within the limit).
     pub drain_secs: Option<f64>,
     /// PostgreSQL per order over the window and its drain.
@@ -93,6 +96,7 @@ pub async fn trial(stack: &Stack, load: &Load, rate: f64, window: Duration) -> a
     let orders_db = &stack.db_url("orders");
     let pg_before = PgCounters::read(stack).await?;
     let profiling = super::pg_profile::reset(orders_db).await;
+    let purged_before = purged(stack).await;
     let pg_cpu = super::pg_cpu::Sampler::start(stack);
     let before = testkit::process::cpu_seconds_by_command();
     let sampler = super::queues::Sampler::start(stack);
@@ -100,6 +104,11 @@ pub async fn trial(stack: &Stack, load: &Load, rate: f64, window: Duration) -> a
     let after = testkit::process::cpu_seconds_by_command();
     let owners = pg_cpu.owners().clone();
     let postgres_cpu = pg_cpu.finish(sent.intended.len()).await;
+    let purged_rows = purged(stack)
+        .await
+        .into_iter()
+        .map(|(service, n)| (service.clone(), n - purged_before.get(&service).unwrap_or(&0.0)))
+        .collect();
     let b = &sent.backlog;
     let backlog_end = *b.last().unwrap_or(&0);
     let backlog_mid = b.get(b.len() / 2).copied().unwrap_or(0);
@@ -143,10 +152,21 @@ pub async fn trial(stack: &Stack, load: &Load, rate: f64, window: Duration) -> a
         own_cpu_ms_per_order: own_cpu(&cpu_per_order(&before, &after, placed), &owners, &postgres_cpu),
         cpu_ms_per_order: cpu_per_order(&before, &after, placed),
         postgres_cpu_ms_per_order: postgres_cpu,
+        purged_rows,
         drain_secs: drain.map(|d| d.as_secs_f64()),
         postgres_per_order: pg_before.per_order(pg_after, placed),
         pg_statements,
     })
+}
+
+/// `purged_rows_total` of each service with a retention purge, now.
+async fn purged(stack: &Stack) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for s in [Service::OrderApi, Service::Inventory, Service::Payment, Service::Relay] {
+        let n = Stack::metric(&stack.admin_url(s), "purged_rows_total", &[]).await;
+        out.insert(s.name().to_owned(), n.unwrap_or(0.0));
+    }
+    out
 }
 
 /// The processes whose CPU is not the system's own: the driver and the
