@@ -73,4 +73,14 @@ mod tests {
         assert!(!faults.refuses(picked, true, || true), "its re-send is handled");
         assert!(!faults.refuses(other, true, || false));
     }
+
+    #[test]
+    fn an_event_refused_alone_leaves_the_others_picked() {
+        let faults = DeadLetter::new();
+        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+        assert!(faults.refuses(a, false, || true));
+        assert!(faults.refuses(b, false, || true));
+        assert!(faults.refuses(a, true, || false), "a refused alone");
+        assert!(faults.refuses(b, false, || false), "b still picked");
+    }
 }

@@ -11,6 +11,7 @@ use testkit::TempDb;
 use uuid::Uuid;
 
 mod consumer;
+mod journey;
 
 const EFFECTS: &str = "CREATE TABLE effects (event_id uuid NOT NULL, position integer NOT NULL, \
                        at bigserial PRIMARY KEY)";
