@@ -204,46 +204,91 @@ pub struct Reply {
 /// Keeps, in the caller's transaction, the replies `consumer`'s effect
 /// emitted: each `(event_id, reply)` under the event it answers, in the
 /// order given. The event's inbox row must be in the same transaction (the
-/// replies live and are purged with it).
+/// replies live and are purged with it): a reply without one is refused.
 pub async fn record_replies(conn: &mut PgConnection, consumer: &str, replies: &[(Uuid, Reply)]) -> sqlx::Result<()> {
+    if replies.is_empty() || !keeps_replies() {
+        return Ok(());
+    }
+    static SQL: std::sync::LazyLock<String> =
+        std::sync::LazyLock::new(|| format!("WITH {} SELECT count(*) FROM kept", record_replies_cte("kept", 1)));
+    let kept: i64 = sqlx::Row::get(
+        &bind_replies(sqlx::query(&SQL), consumer, replies)
+            .fetch_one(conn)
+            .await?,
+        0,
+    );
+    replies_kept(consumer, replies.len(), kept)
+}
+
+/// Whether replies are kept: always, but with the inbox switched off (the
+/// negative control), which keeps nothing.
+pub fn keeps_replies() -> bool {
     #[cfg(feature = "negative-controls")]
     if negative_controls::off() {
-        return Ok(());
+        return false;
     }
-    if replies.is_empty() {
-        return Ok(());
-    }
-    let col = |f: fn(&Reply) -> &str| replies.iter().map(|(_, r)| f(r).to_owned()).collect::<Vec<_>>();
-    // Each reply joins its event's inbox row: one without it is refused
-    // (a reply kept for an event this consumer never recorded could only
-    // be a bug). A join, not a foreign key: a key would share-lock the row
-    // for every reply (a WAL record each) and cascade the purge row by row.
-    let kept = sqlx::query(
-        "INSERT INTO inbox_replies (consumer, event_id, seq, reply_id, topic, message_key, event_type, body, traceparent)
-         SELECT $1, e, n::int4, r, t, k, ty, b, tp
-         FROM unnest($2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[])
-              WITH ORDINALITY AS v(e, r, t, k, ty, b, tp, n)
-         JOIN inbox i ON i.consumer = $1 AND i.event_id = v.e",
+    true
+}
+
+/// [`record_replies`] as a part of a larger statement: a common table
+/// expression `name` that keeps the replies — parameters `$first` …
+/// `$first + 7`, bound by [`bind_replies`] — and returns a row for each
+/// one kept; check the count with [`replies_kept`]. A consumer writes its
+/// outbox rows and their kept copies so, in one round trip.
+///
+/// Each reply joins its event's inbox row: one without it is not kept (a
+/// reply for an event this consumer never recorded could only be a bug). A
+/// join, not a foreign key: a key would share-lock the inbox row for every
+/// reply (a WAL record each) and cascade the purge row by row.
+pub fn record_replies_cte(name: &str, first: usize) -> String {
+    let p: Vec<String> = (first..first + 8).map(|n| format!("${n}")).collect();
+    format!(
+        "{name} AS (
+             INSERT INTO inbox_replies (consumer, event_id, seq, reply_id, topic, message_key, event_type, body, traceparent)
+             SELECT {c}, e, n::int4, r, t, k, ty, b, tp
+             FROM unnest({}::uuid[], {}::uuid[], {}::text[], {}::text[], {}::text[], {}::text[], {}::text[])
+                  WITH ORDINALITY AS v(e, r, t, k, ty, b, tp, n)
+             JOIN inbox i ON i.consumer = {c} AND i.event_id = v.e
+             RETURNING 1)",
+        p[1],
+        p[2],
+        p[3],
+        p[4],
+        p[5],
+        p[6],
+        p[7],
+        c = p[0]
     )
-    .bind(consumer)
-    .bind(replies.iter().map(|(e, _)| *e).collect::<Vec<_>>())
-    .bind(replies.iter().map(|(_, r)| r.reply_id).collect::<Vec<_>>())
-    .bind(col(|r| &r.topic))
-    .bind(col(|r| &r.message_key))
-    .bind(col(|r| &r.event_type))
-    .bind(col(|r| &r.body))
-    .bind(replies.iter().map(|(_, r)| r.traceparent.clone()).collect::<Vec<_>>())
-    .execute(conn)
-    .await?
-    .rows_affected();
-    if kept != replies.len() as u64 {
-        return Err(sqlx::Error::InvalidArgument(format!(
-            "{} of {} replies answer an event {consumer} has no inbox row for",
-            replies.len() as u64 - kept,
-            replies.len()
-        )));
+}
+
+/// Binds [`record_replies_cte`]'s parameters: the consumer and its replies.
+pub fn bind_replies<'q>(
+    statement: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    consumer: &'q str,
+    replies: &[(Uuid, Reply)],
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    let col = |f: fn(&Reply) -> &str| replies.iter().map(|(_, r)| f(r).to_owned()).collect::<Vec<_>>();
+    statement
+        .bind(consumer)
+        .bind(replies.iter().map(|(e, _)| *e).collect::<Vec<_>>())
+        .bind(replies.iter().map(|(_, r)| r.reply_id).collect::<Vec<_>>())
+        .bind(col(|r| &r.topic))
+        .bind(col(|r| &r.message_key))
+        .bind(col(|r| &r.event_type))
+        .bind(col(|r| &r.body))
+        .bind(replies.iter().map(|(_, r)| r.traceparent.clone()).collect::<Vec<_>>())
+}
+
+/// `Ok` when every one of `expected` replies was kept; an error naming how
+/// many answer an event `consumer` has no inbox row for.
+pub fn replies_kept(consumer: &str, expected: usize, kept: i64) -> sqlx::Result<()> {
+    if kept == expected as i64 {
+        return Ok(());
     }
-    Ok(())
+    Err(sqlx::Error::InvalidArgument(format!(
+        "{} of {expected} replies answer an event {consumer} has no inbox row for",
+        expected as i64 - kept
+    )))
 }
 
 /// The replies `consumer` kept for `event_ids`, in the order they were
@@ -347,7 +392,7 @@ pub async fn purge(conn: &mut PgConnection, retention: Duration, batch: i64) -> 
     .await?;
     // The rows and their kept replies in one statement: the replies by one
     // join, not a cascade's statement per row.
-    Ok(sqlx::query_scalar(
+    sqlx::query_scalar(
         "WITH gone AS (
              DELETE FROM inbox WHERE ctid IN (
                  SELECT ctid FROM inbox
@@ -363,7 +408,7 @@ pub async fn purge(conn: &mut PgConnection, retention: Duration, batch: i64) -> 
     .bind(batch)
     .fetch_one(conn)
     .await
-    .map(|gone: i64| gone as u64)?)
+    .map(|gone: i64| gone as u64)
 }
 
 /// How long inbox rows are kept unless `INBOX_RETENTION_SECS` says

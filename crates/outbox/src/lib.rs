@@ -169,24 +169,9 @@ pub async fn enqueue_all(conn: &mut PgConnection, events: &[OutboxEvent<'_>]) ->
     if events.is_empty() {
         return Ok(());
     }
-    let column = |f: for<'e> fn(&'e OutboxEvent<'_>) -> &'e str| events.iter().map(f).collect::<Vec<_>>();
-    let event_ids: Vec<Uuid> = events.iter().map(|e| e.event_id).collect();
-    let traceparents: Vec<Option<&str>> = events.iter().map(|e| e.traceparent).collect();
-    sqlx::query(
-        "INSERT INTO outbox (event_id, topic, message_key, envelope, event_type, traceparent)
-         SELECT e, t, k, b::json, ty, tp
-         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
-              WITH ORDINALITY AS r(e, t, k, b, ty, tp, n)
-         ORDER BY n",
-    )
-    .bind(&event_ids)
-    .bind(column(|e| e.topic))
-    .bind(column(|e| &e.key))
-    .bind(column(|e| &e.body))
-    .bind(column(|e| e.event_type))
-    .bind(&traceparents)
-    .execute(conn)
-    .await?;
+    static SQL: std::sync::LazyLock<String> =
+        std::sync::LazyLock::new(|| format!("WITH {} SELECT 1", enqueue_all_cte("c", 1)));
+    bind_all(sqlx::query(&SQL), events).execute(conn).await?;
     Ok(())
 }
 
@@ -226,6 +211,44 @@ pub fn enqueue_cte(name: &str, from: &str, first: usize) -> String {
          SELECT {}, {}, {}, {}::json, {}, {} FROM {from})",
         p[0], p[1], p[2], p[3], p[4], p[5]
     )
+}
+
+/// [`enqueue_all`] as a part of a larger statement: a common table
+/// expression `name` that inserts `events` — six arrays, parameters
+/// `$first` … `$first + 5`, bound by [`bind_all`] — their ids in the order
+/// given (none for empty arrays). A consumer writes its batch's state and
+/// its outbox rows so, in one round trip.
+pub fn enqueue_all_cte(name: &str, first: usize) -> String {
+    let p: Vec<String> = (first..first + 6).map(|n| format!("${n}")).collect();
+    format!(
+        "{name} AS (INSERT INTO outbox (event_id, topic, message_key, envelope, event_type, traceparent) \
+         SELECT e, t, k, b::json, ty, tp \
+         FROM unnest({}::uuid[], {}::text[], {}::text[], {}::text[], {}::text[], {}::text[]) \
+              WITH ORDINALITY AS r(e, t, k, b, ty, tp, n) \
+         ORDER BY n)",
+        p[0], p[1], p[2], p[3], p[4], p[5]
+    )
+}
+
+/// Binds `events` as [`enqueue_all_cte`]'s six arrays.
+pub fn bind_all<'q>(
+    statement: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
+    events: &[OutboxEvent<'_>],
+) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
+    let column =
+        |f: for<'e> fn(&'e OutboxEvent<'_>) -> &'e str| events.iter().map(|e| f(e).to_owned()).collect::<Vec<String>>();
+    statement
+        .bind(events.iter().map(|e| e.event_id).collect::<Vec<Uuid>>())
+        .bind(column(|e| e.topic))
+        .bind(column(|e| &e.key))
+        .bind(column(|e| &e.body))
+        .bind(column(|e| e.event_type))
+        .bind(
+            events
+                .iter()
+                .map(|e| e.traceparent.map(str::to_owned))
+                .collect::<Vec<Option<String>>>(),
+        )
 }
 
 /// Binds `event`'s six values, in [`enqueue_cte`]'s order.

@@ -95,22 +95,37 @@ pub async fn reply_all(conn: &mut PgConnection, consumer: &str, replies: &[(Mess
         .iter()
         .map(|(message, envelope)| outbox_event(message.topic(), envelope))
         .collect();
-    outbox::enqueue_all(&mut *conn, &events).await?;
     let kept: Vec<(Uuid, inbox::Reply)> = replies
         .iter()
-        .zip(events)
+        .zip(&events)
         .filter_map(|((_, envelope), event)| {
             let reply = inbox::Reply {
                 reply_id: envelope.event_id,
                 topic: event.topic.to_owned(),
-                message_key: event.key,
+                message_key: event.key.clone(),
                 event_type: envelope.event_type.clone(),
-                body: event.body,
+                body: event.body.clone(),
                 traceparent: envelope.traceparent.clone(),
             };
             envelope.causation_id.map(|cause| (cause, reply))
         })
         .collect();
-    inbox::record_replies(conn, consumer, &kept).await?;
+    if events.is_empty() {
+        return Ok(());
+    }
+    if kept.is_empty() || !inbox::keeps_replies() {
+        return outbox::enqueue_all(conn, &events).await;
+    }
+    // The outbox rows and their kept copies in one statement.
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!(
+            "WITH {}, {} SELECT count(*) FROM kept",
+            inbox::record_replies_cte("kept", 1),
+            outbox::enqueue_all_cte("sent", 9)
+        )
+    });
+    let statement = outbox::bind_all(inbox::bind_replies(sqlx::query(&SQL), consumer, &kept), &events);
+    let stored: i64 = sqlx::Row::get(&statement.fetch_one(conn).await?, 0);
+    inbox::replies_kept(consumer, kept.len(), stored)?;
     Ok(())
 }

@@ -1,8 +1,9 @@
 //! Order-confirmation notices: a side effect whose provider offers no
 //! idempotency key (the mock notifier, `POST /v1/notices`).
 //!
-//! The saga writes an intent row (`notices`, PENDING) in the transaction
-//! that confirms the order, so a confirmed order always has one. This
+//! The saga writes an intent row (`notices`, PENDING) in the statement
+//! that confirms the order (`crate::orders::write_batch`), so a confirmed
+//! order always has one. This
 //! worker leases pending rows for a while (`leased_until`: no transaction
 //! is held across the provider's calls), sends their notices concurrently
 //! and marks the rows SENT; a lease that runs out (its worker died) frees
@@ -100,22 +101,6 @@ impl Notifier for crate::gateway::Client {
     async fn notify(&self, order: Uuid) -> anyhow::Result<()> {
         Ok(crate::gateway::Client::notify(self, order).await?)
     }
-}
-
-/// Writes the intent rows of orders just confirmed, in the caller's
-/// transaction (the one that confirms them).
-pub async fn intend(conn: &mut sqlx::PgConnection, orders: &[Uuid]) -> sqlx::Result<()> {
-    if orders.is_empty() {
-        return Ok(());
-    }
-    sqlx::query(
-        "INSERT INTO notices (order_id, status) SELECT unnest($1::uuid[]), 'PENDING'
-         ON CONFLICT (order_id) DO NOTHING",
-    )
-    .bind(orders)
-    .execute(conn)
-    .await?;
-    Ok(())
 }
 
 /// One round: leases up to a batch of pending notices whose lease is free

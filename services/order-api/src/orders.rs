@@ -283,42 +283,56 @@ pub struct Transition {
     pub command: Option<Uuid>,
 }
 
-/// A saga batch's moves — each order's status (and cancel reason, when
-/// given), the command its new state waits on, its deadline restarted —
-/// and its history entries (applied and ignored ones), in one statement.
+/// A saga batch's writes in one statement: its moves — each order's
+/// status (and cancel reason, when given), the command its new state waits
+/// on, its deadline restarted — its history entries (applied and ignored
+/// ones), the confirmation notices of the orders it confirmed
+/// (`crate::notices`), and its commands' outbox rows (`outbox::enqueue_all_cte`).
 /// At most one move per order.
-pub async fn write_transitions(
+pub async fn write_batch(
     conn: &mut PgConnection,
     moves: &[Transition],
     history: &[NewHistory],
+    commands: &[outbox::OutboxEvent<'_>],
 ) -> sqlx::Result<()> {
-    if moves.is_empty() && history.is_empty() {
+    if moves.is_empty() && history.is_empty() && commands.is_empty() {
         return Ok(());
     }
-    sqlx::query(
-        "WITH moved AS (
-             UPDATE orders o SET status = v.status, cancel_reason = COALESCE(v.cancel_reason, o.cancel_reason),
-                                 last_command_id = v.command, reconcile_attempts = 0, updated_at = now()
-             FROM unnest($1::uuid[], $2::text[], $3::text[], $4::uuid[]) AS v(id, status, cancel_reason, command)
-             WHERE o.id = v.id)
-         INSERT INTO order_history (order_id, from_status, to_status, cause, event_id, applied)
-         SELECT o, f, t, c, e, a
-         FROM unnest($5::uuid[], $6::text[], $7::text[], $8::text[], $9::uuid[], $10::bool[])
-              WITH ORDINALITY AS r(o, f, t, c, e, a, n)
-         ORDER BY n",
-    )
-    .bind(moves.iter().map(|m| m.id).collect::<Vec<_>>())
-    .bind(moves.iter().map(|m| m.status.as_str()).collect::<Vec<_>>())
-    .bind(moves.iter().map(|m| m.cancel_reason).collect::<Vec<_>>())
-    .bind(moves.iter().map(|m| m.command).collect::<Vec<_>>())
-    .bind(history.iter().map(|e| e.order_id).collect::<Vec<_>>())
-    .bind(history.iter().map(|e| e.from.map(Status::as_str)).collect::<Vec<_>>())
-    .bind(history.iter().map(|e| e.to.as_str()).collect::<Vec<_>>())
-    .bind(history.iter().map(|e| e.cause.as_str()).collect::<Vec<_>>())
-    .bind(history.iter().map(|e| e.event_id).collect::<Vec<_>>())
-    .bind(history.iter().map(|e| e.applied).collect::<Vec<_>>())
-    .execute(conn)
-    .await?;
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!(
+            "WITH moved AS (
+                 UPDATE orders o SET status = v.status, cancel_reason = COALESCE(v.cancel_reason, o.cancel_reason),
+                                     last_command_id = v.command, reconcile_attempts = 0, updated_at = now()
+                 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::uuid[]) AS v(id, status, cancel_reason, command)
+                 WHERE o.id = v.id),
+             history AS (
+                 INSERT INTO order_history (order_id, from_status, to_status, cause, event_id, applied)
+                 SELECT o, f, t, c, e, a
+                 FROM unnest($5::uuid[], $6::text[], $7::text[], $8::text[], $9::uuid[], $10::bool[])
+                      WITH ORDINALITY AS r(o, f, t, c, e, a, n)
+                 ORDER BY n),
+             notices AS (
+                 INSERT INTO notices (order_id, status)
+                 SELECT v.id, 'PENDING' FROM unnest($1::uuid[], $2::text[]) AS v(id, status)
+                 WHERE v.status = 'CONFIRMED'
+                 ON CONFLICT (order_id) DO NOTHING),
+             {}
+             SELECT 1",
+            outbox::enqueue_all_cte("commands", 11)
+        )
+    });
+    let statement = sqlx::query(&SQL)
+        .bind(moves.iter().map(|m| m.id).collect::<Vec<_>>())
+        .bind(moves.iter().map(|m| m.status.as_str()).collect::<Vec<_>>())
+        .bind(moves.iter().map(|m| m.cancel_reason).collect::<Vec<_>>())
+        .bind(moves.iter().map(|m| m.command).collect::<Vec<_>>())
+        .bind(history.iter().map(|e| e.order_id).collect::<Vec<_>>())
+        .bind(history.iter().map(|e| e.from.map(Status::as_str)).collect::<Vec<_>>())
+        .bind(history.iter().map(|e| e.to.as_str()).collect::<Vec<_>>())
+        .bind(history.iter().map(|e| e.cause.as_str()).collect::<Vec<_>>())
+        .bind(history.iter().map(|e| e.event_id).collect::<Vec<_>>())
+        .bind(history.iter().map(|e| e.applied).collect::<Vec<_>>());
+    outbox::bind_all(statement, commands).execute(conn).await?;
     Ok(())
 }
 
@@ -375,7 +389,7 @@ pub async fn record_history(
 
 /// Appends history entries in one statement, in the order given.
 pub async fn record_histories(conn: &mut PgConnection, entries: &[NewHistory]) -> sqlx::Result<()> {
-    write_transitions(conn, &[], entries).await
+    write_batch(conn, &[], entries, &[]).await
 }
 
 /// The order's history, oldest first.

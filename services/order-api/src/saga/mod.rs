@@ -257,19 +257,17 @@ impl Plan {
         true
     }
 
-    /// Writes what the steps noted: the commands' outbox rows in one
-    /// statement, the orders' new states with the history entries in one.
+    /// Writes what the steps noted in one statement ([`orders::write_batch`]):
+    /// the orders' new states, the history entries, a confirmed order's
+    /// notice (intended in the transaction that confirms it) and the
+    /// commands' outbox rows. Rarer writes follow it: reconciliations, misses.
     async fn write(self, conn: &mut sqlx::PgConnection) -> Result<(), Error> {
-        saga_kit::emit::emit_all(conn, &self.commands).await?;
-        orders::write_transitions(conn, &self.moves, &self.history).await?;
-        // A confirmed order's notice, intended in the transaction that confirms it.
-        let confirmed: Vec<Uuid> = self
-            .moves
+        let commands: Vec<_> = self
+            .commands
             .iter()
-            .filter(|m| m.status == orders::Status::Confirmed)
-            .map(|m| m.id)
+            .map(|(message, envelope)| saga_kit::emit::outbox_event(message.topic(), envelope))
             .collect();
-        crate::notices::intend(conn, &confirmed).await?;
+        orders::write_batch(conn, &self.moves, &self.history, &commands).await?;
         orders::mark_reconciled(conn, &self.reconciled).await?;
         for (event_id, order_id) in self.misses {
             saga_kit::consumer::note_miss(conn, ORDER_SAGA.name, event_id, order_id, "saga state machine").await?;

@@ -146,7 +146,7 @@ async fn history_retention_deletes_only_old_steps_of_finished_orders() {
         cancel_reason: None,
         command: None,
     };
-    orders::write_transitions(&mut conn, &[confirmed], &[]).await.unwrap();
+    orders::write_batch(&mut conn, &[confirmed], &[], &[]).await.unwrap();
     sqlx::query("UPDATE order_history SET at = now() - interval '100 days'")
         .execute(&mut *conn)
         .await
