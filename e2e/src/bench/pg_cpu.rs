@@ -99,7 +99,7 @@ impl Owners {
     }
 }
 
-/// Lists the server's backends every [`EVERY`] until finished.
+/// Lists the server's backends every 100 ms until finished.
 pub struct Sampler {
     stop: tokio::sync::oneshot::Sender<()>,
     task: tokio::task::JoinHandle<BTreeMap<u32, (String, f64, f64)>>,

@@ -53,7 +53,7 @@ struct Cli {
 }
 
 #[tokio::test]
-async fn the_relay_role_is_granted_the_outbox_and_nothing_else() {
+async fn the_relay_role_setting_grants_the_relay_its_outbox() {
     let (_db, pool) = world().await;
     let role = format!("eo_relay_{}", Uuid::new_v4().simple());
     sqlx::query(&format!("CREATE ROLE {role}"))
@@ -62,20 +62,14 @@ async fn the_relay_role_is_granted_the_outbox_and_nothing_else() {
         .unwrap();
     let cli = Cli::try_parse_from(["participant", "--kafka-plaintext", "--relay-role", &role]).unwrap();
     cli.participant.grant_relay(&pool).await.unwrap();
-    let may = |privilege: &'static str, table: &'static str| {
-        let (pool, role) = (pool.clone(), role.clone());
-        async move {
-            sqlx::query_scalar::<_, bool>("SELECT has_table_privilege($1, $2, $3)")
-                .bind(role)
-                .bind(table)
-                .bind(privilege)
-                .fetch_one(&pool)
-                .await
-                .unwrap()
-        }
-    };
-    assert!(may("DELETE", "outbox").await && may("INSERT", "outbox_published").await);
-    assert!(!may("SELECT", "inbox").await && !may("SELECT", "effects").await);
+    // Which privileges exactly: outbox's own test of `outbox::grant_relay`;
+    // here, that the participant's setting reaches it.
+    let granted: bool = sqlx::query_scalar("SELECT has_table_privilege($1, 'outbox', 'DELETE')")
+        .bind(&role)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(granted, "the relay's role may settle the outbox's rows");
     sqlx::raw_sql(&format!(
         "REVOKE ALL ON outbox, outbox_published FROM {role}; DROP ROLE {role}"
     ))

@@ -17,6 +17,23 @@ fn assert_overloaded(reply: &Reply, why: &str) {
     assert!(problem["detail"].as_str().unwrap().contains(why), "{problem}");
 }
 
+/// An API whose requests have 300 ms to reach their transaction (and
+/// `pool_size` connections, when given), its key looked up once already.
+async fn with_deadline(pool_size: Option<u32>) -> TestApi {
+    let api = TestApi::start_configured(Duration::from_secs(3600), |config| {
+        config.admission.deadline_ms = 300;
+        if let Some(n) = pool_size {
+            config.db.pool_size = n;
+        }
+    })
+    .await;
+    let seen = api
+        .get("/orders/00000000-0000-0000-0000-000000000000", "test-client")
+        .await;
+    assert_eq!(seen.status, 404);
+    api
+}
+
 /// Locks `orders` until the returned transaction ends: a create waits
 /// inside its own transaction.
 async fn lock_orders(api: &TestApi) -> sqlx::Transaction<'static, sqlx::Postgres> {
@@ -63,15 +80,7 @@ async fn a_request_beyond_the_places_in_flight_is_refused_at_once_and_its_retry_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_cannot_reach_its_transaction_in_time_is_a_503_that_stores_nothing() {
-    let api = TestApi::start_configured(Duration::from_secs(3600), |config| {
-        config.db.pool_size = 1;
-        config.admission.deadline_ms = 300;
-    })
-    .await;
-    let seen = api
-        .get("/orders/00000000-0000-0000-0000-000000000000", "test-client")
-        .await;
-    assert_eq!(seen.status, 404);
+    let api = with_deadline(Some(1)).await;
     // The pool's one connection held: the request cannot take one in time.
     let held = api.pool.acquire().await.unwrap();
     let late = api.post("/orders", "late", None, ORDER).await;
@@ -85,14 +94,7 @@ async fn a_request_that_cannot_reach_its_transaction_in_time_is_a_503_that_store
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transaction_begun_in_time_runs_to_its_end_past_the_deadline() {
-    let api = TestApi::start_configured(Duration::from_secs(3600), |config| {
-        config.admission.deadline_ms = 300;
-    })
-    .await;
-    let seen = api
-        .get("/orders/00000000-0000-0000-0000-000000000000", "test-client")
-        .await;
-    assert_eq!(seen.status, 404);
+    let api = with_deadline(None).await;
     let lock = lock_orders(&api).await;
     let unlock = async move {
         tokio::time::sleep(Duration::from_millis(1_000)).await;
