@@ -230,25 +230,19 @@ pub fn enqueue_all_cte(name: &str, first: usize) -> String {
     )
 }
 
-/// Binds `events` as [`enqueue_all_cte`]'s six arrays.
+/// Binds `events` as [`enqueue_all_cte`]'s six arrays (borrowed, not copied).
 pub fn bind_all<'q>(
     statement: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
-    events: &[OutboxEvent<'_>],
+    events: &'q [OutboxEvent<'_>],
 ) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
-    let column =
-        |f: for<'e> fn(&'e OutboxEvent<'_>) -> &'e str| events.iter().map(|e| f(e).to_owned()).collect::<Vec<String>>();
+    let column = |f: fn(&'q OutboxEvent<'_>) -> &'q str| events.iter().map(f).collect::<Vec<&'q str>>();
     statement
         .bind(events.iter().map(|e| e.event_id).collect::<Vec<Uuid>>())
         .bind(column(|e| e.topic))
         .bind(column(|e| &e.key))
         .bind(column(|e| &e.body))
         .bind(column(|e| e.event_type))
-        .bind(
-            events
-                .iter()
-                .map(|e| e.traceparent.map(str::to_owned))
-                .collect::<Vec<Option<String>>>(),
-        )
+        .bind(events.iter().map(|e| e.traceparent).collect::<Vec<Option<&'q str>>>())
 }
 
 /// Binds `event`'s six values, in [`enqueue_cte`]'s order.
