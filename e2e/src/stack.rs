@@ -146,6 +146,9 @@ impl Stack {
             };
             admin_ports.insert(s, admin);
         }
+        if opts.fixed_ports {
+            ports::fixed_are_free(&ports, &admin_ports)?;
+        }
         std::fs::create_dir_all(opts.run_dir.join("logs"))?;
         let postgres = match &opts.own_postgres {
             Some(settings) => {
@@ -222,7 +225,11 @@ impl Stack {
             tls,
             roles: roles::Roles::new(&db_prefix),
         };
-        stack.roles.bootstrap(&stack.opts.pg_base, |d| stack.db_name(d)).await?;
+        let adopt = stack.opts.adopt_databases;
+        stack
+            .roles
+            .bootstrap(&stack.opts.pg_base, |d| stack.db_name(d), adopt)
+            .await?;
         if let Some(kept) = stack.opts.secrets.clone() {
             stack.secrets = kept;
         }

@@ -224,8 +224,9 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
 }
 
 /// `cargo xtask up`: the stack on the documented ports until ctrl-c.
-pub async fn up() -> anyhow::Result<()> {
+pub async fn up(adopt: bool) -> anyhow::Result<()> {
     let mut opts = StackOptions::ephemeral("up")?;
+    opts.adopt_databases = adopt;
     std::fs::remove_dir_all(&opts.run_dir).ok();
     opts.run_dir = workspace_root().join(".data");
     opts.db_prefix = String::new();
@@ -256,6 +257,7 @@ pub async fn up() -> anyhow::Result<()> {
     eprintln!(
         "stack up: order-api http://127.0.0.1:8080, inventory :8081, gateway https://127.0.0.1:8083 (its CA: .data/tls/ca.pem), broker 127.0.0.1:9092; logs in .data/logs. ctrl-c stops."
     );
+    eprintln!("an order's journey (each step, each copy an inbox absorbed): http://127.0.0.1:9180/journey?order=<id>");
     eprintln!(
         "admin endpoints (/health/ready, /metrics, /openapi.json): order-api :9180, inventory :9181, payment :9182, gateway :9183, relay :9184 (Prometheus text; queries in docs/observability.md)"
     );

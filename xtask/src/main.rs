@@ -43,12 +43,18 @@ enum Cmd {
     Lint,
     /// Start the broker and every service on the documented ports
     /// (databases orders, inventory, payments, gateway; data in .data/). Ctrl-c stops.
-    Up,
+    Up {
+        /// Take over existing databases of those names that `up` did not
+        /// make (their owner and grants change); without it they are refused.
+        #[arg(long)]
+        adopt: bool,
+    },
     /// The chaos suite: kill services mid-flow, inject faults and duplicates,
     /// then check every invariant. Reports go to target/chaos/seed-S/.
     Chaos(ChaosArgs),
     /// The saga's throughput and latency on one fresh stack (release build),
-    /// beside the broker's and the database's ceilings. Fifteen to twenty minutes (`--quick`: fewer);
+    /// beside the broker's and the database's ceilings. About 40 to 50 minutes with the default
+    /// prefill (`--quick`: fewer trials);
     /// figures go to target/bench-results/e2e.json and e2e.md.
     Bench(BenchArgs),
     /// Tell one failure scenario of docs/scenarios.md (1..=27) — what is
@@ -233,7 +239,7 @@ const FAILPOINT_FEATURES: &str =
 /// Builds the service binaries (the same profile as this xtask).
 fn build_services() -> anyhow::Result<()> {
     let mut cmd = cargo();
-    cmd.args(["build", "--quiet"]);
+    cmd.arg("build");
     for bin in [
         "order-api",
         "outbox-relay",
@@ -398,7 +404,7 @@ async fn main() -> anyhow::Result<()> {
                 Cmd::Test { args } => commands::test(&args),
                 Cmd::Scenario { n: Some(n) } => std::process::exit(run_scenario(n)?),
                 Cmd::Bench(args) => commands::bench(args).await,
-                Cmd::Up => commands::up().await,
+                Cmd::Up { adopt } => commands::up(adopt).await,
                 Cmd::Demo(args) => commands::demo(args).await,
                 Cmd::Docs | Cmd::Picture { .. } | Cmd::Lint | Cmd::Dlq { .. } | Cmd::Scenario { n: None } => {
                     unreachable!("handled above")

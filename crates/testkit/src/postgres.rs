@@ -41,36 +41,64 @@ pub const SERVICE_GROUP: &str = "eo_services";
 const CONF: &str =
     "# effectively-once: the local test server (crates/testkit/src/postgres.rs)\nmax_connections = 400\n";
 
+/// What a PostgreSQL server at a URL did when asked to connect.
+#[derive(Debug)]
+pub enum Probe {
+    /// It let us in.
+    Answers,
+    /// Nothing answered: no server listens there (or none in 5 s).
+    Silent(String),
+    /// A server answered, with an error: a wrong password, an unknown role,
+    /// a refused address — its words.
+    Refuses(String),
+}
+
+/// Connects to `url` (a server URL, no database) once and says how it went.
+pub async fn probe(url: &str) -> Probe {
+    let opts = match PgConnectOptions::from_str(url) {
+        Ok(o) => o.database("postgres").disable_statement_logging(),
+        Err(e) => return Probe::Refuses(format!("not a PostgreSQL URL: {e}")),
+    };
+    match tokio::time::timeout(Duration::from_secs(5), sqlx::PgConnection::connect_with(&opts)).await {
+        Ok(Ok(_)) => Probe::Answers,
+        Ok(Err(sqlx::Error::Database(e))) => Probe::Refuses(e.to_string()),
+        Ok(Err(sqlx::Error::Io(e))) => Probe::Silent(e.to_string()),
+        Ok(Err(e)) => Probe::Refuses(e.to_string()),
+        Err(_) => Probe::Silent("no answer in 5 s".into()),
+    }
+}
+
 /// Whether a PostgreSQL server answers at `url` (a server URL, no database).
 pub async fn answers(url: &str) -> bool {
-    let Ok(opts) = PgConnectOptions::from_str(url) else {
-        return false;
-    };
-    let opts = opts.database("postgres").disable_statement_logging();
-    matches!(
-        tokio::time::timeout(Duration::from_secs(5), sqlx::PgConnection::connect_with(&opts)).await,
-        Ok(Ok(_))
-    )
+    matches!(probe(url).await, Probe::Answers)
 }
 
 /// Makes sure a server answers at [`crate::db::server_url`], installing and
 /// starting Debian's PostgreSQL when none does and the URL is local.
 pub async fn ensure() -> anyhow::Result<()> {
     let url = crate::db::server_url();
-    if answers(&url).await {
-        // A server this module set up before its socket lines existed gets them now.
-        if let Err(e) = allow_local_socket(true) {
-            eprintln!("(the server's Unix socket stays as it was: {e:#})");
+    let shown = crate::db::redact(&url);
+    match probe(&url).await {
+        Probe::Answers => {
+            // A server this module set up before its socket lines existed gets them now.
+            if let Err(e) = allow_local_socket(true) {
+                eprintln!("(the server's Unix socket stays as it was: {e:#})");
+            }
+            return Ok(());
         }
-        return Ok(());
+        // A server that answers is never replaced: its error is the news.
+        Probe::Refuses(why) => anyhow::bail!(
+            "PostgreSQL at {shown} answered with an error: {why}\n\
+             (the URL is PG_BASE_URL's, default postgres://postgres@127.0.0.1:5432; nothing was installed)"
+        ),
+        Probe::Silent(_) => {}
     }
     let opts = PgConnectOptions::from_str(&url)?;
-    let shown = crate::db::redact(&url);
     anyhow::ensure!(
         ["127.0.0.1", "localhost"].contains(&opts.get_host()),
         "no PostgreSQL answers at {shown} (PG_BASE_URL); start it, or unset PG_BASE_URL to use a local one"
     );
-    eprintln!("no PostgreSQL answers at {shown}: setting up Debian's PostgreSQL on this machine");
+    eprintln!("nothing listens at {shown}: setting up Debian's PostgreSQL on this machine");
     let tools = Path::new("/usr/bin/pg_lsclusters");
     if !tools.is_file() || cluster().is_none() {
         eprintln!("  installing the postgresql package with apt-get (once, about a minute)");
@@ -217,4 +245,70 @@ pub fn apt_install(packages: &[&str]) -> anyhow::Result<()> {
         packages.join(" ")
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{probe, Probe};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A server that answers every connection as PostgreSQL does a wrong
+    /// password: SSL declined, then a FATAL error for the start-up message.
+    async fn refusing_server() -> u16 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let mut first = [0u8; 8];
+                if s.read_exact(&mut first).await.is_err() {
+                    continue;
+                }
+                if first[4..] == [0x04, 0xd2, 0x16, 0x2f] {
+                    // SSLRequest: no; then the start-up message.
+                    s.write_all(b"N").await.unwrap();
+                    let mut len = [0u8; 4];
+                    s.read_exact(&mut len).await.unwrap();
+                    let mut rest = vec![0u8; u32::from_be_bytes(len) as usize - 4];
+                    s.read_exact(&mut rest).await.unwrap();
+                }
+                let mut fields = Vec::new();
+                for (code, text) in [
+                    (b'S', "FATAL"),
+                    (b'V', "FATAL"),
+                    (b'C', "28P01"),
+                    (b'M', "password authentication failed for user \"postgres\""),
+                ] {
+                    fields.push(code);
+                    fields.extend_from_slice(text.as_bytes());
+                    fields.push(0);
+                }
+                fields.push(0);
+                let mut msg = vec![b'E'];
+                msg.extend_from_slice(&(fields.len() as u32 + 4).to_be_bytes());
+                msg.extend_from_slice(&fields);
+                s.write_all(&msg).await.ok();
+            }
+        });
+        port
+    }
+
+    /// A server that answers with an error is told apart from none at all:
+    /// the first is reported with its words, only the second leads to an
+    /// install.
+    #[tokio::test]
+    async fn a_server_that_refuses_is_not_a_server_that_is_missing() {
+        let free = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let silent = probe(&format!("postgres://postgres@127.0.0.1:{free}")).await;
+        assert!(matches!(silent, Probe::Silent(_)), "{silent:?}");
+
+        let port = refusing_server().await;
+        match probe(&format!("postgres://postgres:wrong@127.0.0.1:{port}")).await {
+            Probe::Refuses(why) => assert!(why.contains("password authentication failed"), "{why}"),
+            other => panic!("a server's error is not a missing server: {other:?}"),
+        }
+    }
 }

@@ -54,6 +54,10 @@ pub struct StackOptions {
     /// nothing in /tmp; a failing one its logs). Off by default: a tool that
     /// stops on an error keeps its logs.
     pub remove_run_dir_on_drop: bool,
+    /// Take over databases of the stack's names that it did not make (no
+    /// [`super::roles::MARK`]): their owner and grants change. Off: such a
+    /// database stops the start, named.
+    pub adopt_databases: bool,
 }
 
 impl StackOptions {
@@ -70,6 +74,7 @@ impl StackOptions {
             pg_base: testkit::db::server_url(),
             bin_dir: default_bin_dir()?,
             fixed_ports: false,
+            adopt_databases: false,
             echo: false,
             extra_env: Vec::new(),
             gateway_proxy: false,

@@ -2,6 +2,8 @@
 //! endpoints, the gateway) and admin port (health, metrics, the API's
 //! description), free ones or `cargo xtask up`'s fixed ones.
 
+use std::collections::BTreeMap;
+
 use super::{Service, Stack};
 
 impl Service {
@@ -51,4 +53,56 @@ fn port_taken(port: u16) -> bool {
 
 pub(super) fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// `cargo xtask up`'s fixed ports, all free: the services' API and admin
+/// ports, the broker's and its controller's.
+pub(super) fn fixed_are_free(
+    ports: &BTreeMap<Service, u16>,
+    admin_ports: &BTreeMap<Service, u16>,
+) -> anyhow::Result<()> {
+    let mut wanted: Vec<(String, u16)> = Vec::new();
+    for s in Service::ALL {
+        if s.has_api() || s == Service::Broker {
+            wanted.push((s.name().to_owned(), ports[&s]));
+        }
+        if s != Service::Broker {
+            wanted.push((format!("{} admin", s.name()), admin_ports[&s]));
+        }
+    }
+    wanted.push(("Kafka's controller".into(), 9093));
+    check_fixed(&wanted)
+}
+
+/// Fixed ports (`cargo xtask up`'s) must be free before anything starts:
+/// each one taken, named with what it was for.
+pub(super) fn check_fixed(wanted: &[(String, u16)]) -> anyhow::Result<()> {
+    let taken: Vec<String> = wanted
+        .iter()
+        .filter(|(_, port)| port_taken(*port))
+        .map(|(what, port)| format!("{port} ({what})"))
+        .collect();
+    anyhow::ensure!(
+        taken.is_empty(),
+        "port {} in use by another process (another `cargo xtask up`? `ss -ltnp` names it)",
+        taken.join(", ")
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_fixed_port_in_use_is_named_before_anything_starts() {
+        let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = held.local_addr().unwrap().port();
+        let free = super::free_port().unwrap();
+        let err = super::check_fixed(&[("order-api".into(), port), ("inventory-service admin".into(), free)])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(&format!("{port} (order-api)")), "{err}");
+        assert!(!err.contains("inventory"), "a free port is not named: {err}");
+        drop(held);
+        super::check_fixed(&[("order-api".into(), port)]).unwrap();
+    }
 }

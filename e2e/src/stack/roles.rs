@@ -24,6 +24,10 @@ pub(super) const OWNED: [(Service, &str); 4] = [
 /// The databases whose outbox the relay publishes.
 pub(super) const RELAYED: [&str; 3] = ["orders", "inventory", "payments"];
 
+/// What a database the stack made says of itself (`COMMENT ON DATABASE`):
+/// one without it was made by someone else, and is not taken over unasked.
+pub(super) const MARK: &str = "made by the effectively-once stack (e2e/src/stack/roles.rs)";
+
 /// The services' roles of one stack: name and password, per service.
 pub(super) struct Roles(BTreeMap<Service, (String, String)>);
 
@@ -71,7 +75,14 @@ impl Roles {
     /// Creates (or, for a stack started again on its databases, resets) the
     /// roles, and each database owned by its service's role with `CONNECT`
     /// taken from everyone else; `db_name` maps a database to its full name.
-    pub(super) async fn bootstrap(&self, admin_url: &str, db_name: impl Fn(&str) -> String) -> anyhow::Result<()> {
+    /// A database of that name that the stack did not make (no [`MARK`]) is
+    /// refused, unless `adopt`: then it is taken over and marked.
+    pub(super) async fn bootstrap(
+        &self,
+        admin_url: &str,
+        db_name: impl Fn(&str) -> String,
+        adopt: bool,
+    ) -> anyhow::Result<()> {
         let mut admin = PgConnection::connect(&format!("{}/postgres", admin_url.trim_end_matches('/'))).await?;
         for (name, password) in self.0.values() {
             let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)")
@@ -105,11 +116,19 @@ impl Roles {
         for (s, db) in OWNED {
             let (db, role) = (db_name(db), &self.0[&s].0);
             let owner = ident(role);
-            let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
-                .bind(&db)
-                .fetch_one(&mut admin)
-                .await?;
-            if exists {
+            let found: Option<Option<String>> =
+                sqlx::query_scalar("SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = $1")
+                    .bind(&db)
+                    .fetch_optional(&mut admin)
+                    .await?;
+            if let Some(comment) = found {
+                anyhow::ensure!(
+                    adopt || comment.as_deref() == Some(MARK),
+                    "database {db} exists and this project's stack did not make it: taking it over would \
+                     change its owner and grants. `cargo xtask up --adopt` takes it over (a database an \
+                     earlier version of `up` made needs this once); otherwise drop it, or set PG_BASE_URL \
+                     to another server"
+                );
                 sqlx::query(&format!("ALTER DATABASE {} OWNER TO {owner}", ident(&db)))
                     .execute(&mut admin)
                     .await?;
@@ -119,6 +138,9 @@ impl Roles {
                     .execute(&mut admin)
                     .await?;
             }
+            sqlx::query(&format!("COMMENT ON DATABASE {} IS '{MARK}'", ident(&db)))
+                .execute(&mut admin)
+                .await?;
             sqlx::query(&format!("REVOKE ALL ON DATABASE {} FROM PUBLIC", ident(&db)))
                 .execute(&mut admin)
                 .await?;
@@ -182,5 +204,62 @@ impl Stack {
     /// The database role of `s` (the relay's too), if it has one.
     pub fn db_role(&self, s: Service) -> Option<&str> {
         self.roles.name(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sqlx::{Connection as _, PgConnection};
+
+    use super::{ident, Roles, MARK, OWNED};
+
+    /// Drops the test's databases and roles however it ends.
+    struct Cleanup(String, Vec<String>, Vec<String>);
+
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            testkit::db::drop_databases_blocking(std::mem::take(&mut self.1));
+            testkit::db::drop_roles_blocking(self.0.clone(), std::mem::take(&mut self.2));
+        }
+    }
+
+    /// A database of the stack's name that someone else made stops the
+    /// bootstrap, named; `adopt` takes it over and marks it, and the stack's
+    /// own databases (marked) are taken again without asking.
+    #[tokio::test]
+    async fn a_database_the_stack_did_not_make_is_taken_over_only_when_asked() {
+        testkit::postgres::ensure().await.unwrap();
+        let server = testkit::db::server_url();
+        let prefix = format!("eo_adopt_{}", uuid::Uuid::new_v4().simple());
+        let name = |d: &str| format!("{prefix}_{d}");
+        let mut admin = PgConnection::connect(&format!("{server}/postgres")).await.unwrap();
+        sqlx::query(&format!("CREATE DATABASE {}", ident(&name("orders"))))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        let roles = Roles::new(&prefix);
+        let _cleanup = Cleanup(
+            server.clone(),
+            OWNED.map(|(_, d)| format!("{server}/{}", name(d))).to_vec(),
+            roles.all(),
+        );
+
+        let refused = roles.bootstrap(&server, name, false).await.unwrap_err().to_string();
+        assert!(
+            refused.contains(&name("orders")) && refused.contains("--adopt"),
+            "{refused}"
+        );
+
+        roles.bootstrap(&server, name, true).await.unwrap();
+        let comment: Option<String> =
+            sqlx::query_scalar("SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = $1")
+                .bind(name("orders"))
+                .fetch_one(&mut admin)
+                .await
+                .unwrap();
+        assert_eq!(comment.as_deref(), Some(MARK));
+        roles.bootstrap(&server, name, false).await.unwrap();
+
+        admin.close().await.unwrap();
     }
 }

@@ -1,6 +1,6 @@
 //! The deployment secrets of a stack, fresh and random for each one (as
-//! `cargo xtask secrets` makes them for compose): no service starts
-//! without its own.
+//! docker/gen-env.sh makes them for compose): no service starts without
+//! its own.
 
 use super::{Service, Stack};
 

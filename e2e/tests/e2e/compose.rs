@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 
 use clap::CommandFactory;
 
+mod gen_env;
 mod kafka;
 mod postgres;
 mod tls;
@@ -554,15 +555,14 @@ async fn the_seed_script_makes_the_readmes_first_order_end_confirmed() {
         .output()
         .await
         .unwrap();
-    let log = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "{log}{}", String::from_utf8_lossy(&out.stderr));
-    let key = log
-        .lines()
-        .skip_while(|l| !l.contains("API key for client demo-shop"))
-        .nth(1)
-        .expect("the key follows its announcement")
-        .trim()
-        .to_owned();
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("API key for client demo-shop"), "{log}");
+    // Standard output is the key alone: the README's `KEY=$(docker compose
+    // run --rm -T seed)` takes it as it is.
+    let key = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(key.lines().count(), 1, "one line, the key: {key:?}");
+    let key = key.trim().to_owned();
     let http = reqwest::Client::new();
     let placed = http
         .post(format!("{}/orders", stack.url(Service::OrderApi)))

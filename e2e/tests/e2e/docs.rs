@@ -6,6 +6,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+mod front;
 mod resolve;
 
 fn root() -> PathBuf {

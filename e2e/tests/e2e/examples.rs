@@ -29,7 +29,7 @@ struct Example {
     command: String,
 }
 
-/// Every `curl` of `text`: in ```sh blocks (continuation lines joined,
+/// Every `curl` of `text` for a stack laid out by `cargo xtask up`: in ```sh blocks (continuation lines joined,
 /// comments dropped; the block's variable-setting lines as its prelude)
 /// and in inline code spans.
 fn examples(name: &str, text: &str) -> Vec<Example> {
@@ -40,7 +40,9 @@ fn examples(name: &str, text: &str) -> Vec<Example> {
         let at = format!("{name}:{}", n + 1);
         if line.trim_start().starts_with("```") {
             block = match block {
-                None if line.trim_start().trim_start_matches('`').starts_with("sh") => Some(Vec::new()),
+                // ```sh blocks are for `cargo xtask up`; ```sh compose blocks
+                // are compose's, run by the compose check (docker/check.sh).
+                None if line.trim_start().trim_start_matches('`').trim() == "sh" => Some(Vec::new()),
                 _ => None,
             };
             continue;
