@@ -4,6 +4,7 @@
 //! - [`topics`]: the topics, and which consumer reads which;
 //! - [`message`]: the commands from the order saga and the participants'
 //!   replies, each with the topic it travels on;
+//! - [`producers`]: which service may send which message, on which topic;
 //! - [`envelope`]: the envelope every message travels in — identity
 //!   (`event_id`), causality (`correlation_id`, `causation_id`) and the W3C
 //!   trace context of the span that wrote it.
@@ -13,6 +14,7 @@
 
 pub mod envelope;
 pub mod message;
+pub mod producers;
 pub mod schema;
 pub mod topics;
 

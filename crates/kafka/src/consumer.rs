@@ -318,6 +318,10 @@ pub struct Traced<T> {
     /// over by hand: a test, a replay). An inbox that records it says which
     /// copy of an event was the one applied.
     pub position: Option<Position>,
+    /// Who published it, as the publisher stamped it (the
+    /// [`outbox::kafka::PRODUCER`] header: the relay's source, never the
+    /// row's word); `None` when the record has no stamp.
+    pub producer: Option<String>,
 }
 
 /// A message's place in its topic.
@@ -437,6 +441,7 @@ where
                             partition: msg.partition(),
                             offset: msg.offset(),
                         }),
+                        producer: dispatch::header(msg, outbox::kafka::PRODUCER).map(str::to_owned),
                     });
                     sources.push(msg);
                 }

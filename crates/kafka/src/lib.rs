@@ -32,7 +32,7 @@ pub use client::{
     producer_with_timeout, publish, topic_config, Connect, TopicSettings,
 };
 pub use config::KafkaArgs;
-pub use outbox::kafka::{headers, idempotent_producer};
+pub use outbox::kafka::{headers, idempotent_producer, stamp};
 pub use read::{group_lag, read_topic, read_topic_at_most, read_whole_topic};
 
 /// Number of partitions of every topic created here.

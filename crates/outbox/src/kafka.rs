@@ -6,7 +6,9 @@
 //! order's rows share a partition and keep their order), with its body as
 //! written and its identity in headers (`event_id`, `event_type`,
 //! `traceparent`): a consumer can route and deduplicate without parsing
-//! the body, and a republish carries the same bytes and the same id.
+//! the body, and a republish carries the same bytes and the same id. A
+//! relay of several services' outboxes stamps each record with the
+//! [`PRODUCER`] it read the row from ([`KafkaPublisher::stamp_producer`]).
 
 use std::time::Duration;
 
@@ -30,11 +32,17 @@ fn pass_through(_: &tracing::Span, traceparent: Option<&str>) -> Option<String> 
     traceparent.map(str::to_owned)
 }
 
+/// The header naming the service whose outbox a record came from, as the
+/// relay knows it (the database it read the row from), never as the row
+/// says: a consumer checks it against the message's type.
+pub const PRODUCER: &str = "producer";
+
 /// A [`Publisher`] over rdkafka's idempotent producer.
 #[derive(Clone)]
 pub struct KafkaPublisher {
     producer: FutureProducer,
     trace: TraceLink,
+    stamp: Option<&'static str>,
 }
 
 impl KafkaPublisher {
@@ -58,6 +66,17 @@ impl KafkaPublisher {
         Self {
             producer,
             trace: pass_through,
+            stamp: None,
+        }
+    }
+
+    /// The same publisher, stamping every record with `producer` in the
+    /// [`PRODUCER`] header: the service that owns the outbox this
+    /// publisher relays.
+    pub fn stamp_producer(self, producer: &'static str) -> Self {
+        Self {
+            stamp: Some(producer),
+            ..self
         }
     }
 
@@ -86,7 +105,10 @@ impl Publisher for KafkaPublisher {
             let (event_id, body) = (row.event_id.clone(), row.body.clone());
             #[cfg(feature = "negative-controls")]
             let (event_id, body) = crate::negative_controls::identity(event_id, body);
-            let headers = headers(&event_id, &row.event_type, traceparent.as_deref());
+            let mut headers = headers(&event_id, &row.event_type, traceparent.as_deref());
+            if let Some(producer) = self.stamp {
+                headers = stamp(headers, producer);
+            }
             let (producer, topic, key) = (&self.producer, &row.topic, &row.key);
             #[cfg(feature = "negative-controls")]
             let unsent = crate::negative_controls::leave_unsent();
@@ -124,6 +146,14 @@ fn refusal(e: KafkaError) -> PublishError {
         retriable,
         message: format!("kafka: {e}"),
     }
+}
+
+/// `headers` with the [`PRODUCER`] header set to `producer`.
+pub fn stamp(headers: OwnedHeaders, producer: &str) -> OwnedHeaders {
+    headers.insert(Header {
+        key: PRODUCER,
+        value: Some(producer),
+    })
 }
 
 /// The idempotent producer on top of `base` (a client configuration):

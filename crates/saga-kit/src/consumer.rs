@@ -181,6 +181,7 @@ where
         message: envelope,
         span: tracing::Span::current(),
         position: None,
+        producer: None,
     };
     let mut handled = handle_batch(vec![one]).await?;
     Ok(handled.pop().expect("one outcome per envelope"))
@@ -228,9 +229,11 @@ impl SagaConsumer {
         H: Fn(S, Vec<Traced<Envelope>>) -> F + Send + Sync + 'static,
         F: Future<Output = Result<Vec<Handled>, HandleError>> + Send + 'static,
     {
+        let topic = self.consumer.topic;
         let (settings, pool, retention) = self.into_parts();
         let name = settings.group_id.clone();
         let token = tasks.token();
+        let handler = std::sync::Arc::new(handler);
         // Started while Kafka is down, the service waits, not ready, until a
         // broker answers; then it makes sure of its topic (a
         // partition count it cannot run on ends it) and joins its group.
@@ -243,10 +246,47 @@ impl SagaConsumer {
                 return Ok(());
             }
             drop(waiting);
-            kafka::consumer::run_batches(settings, token, move |envelopes| handler(state.clone(), envelopes)).await
+            let consumer: std::sync::Arc<str> = settings.group_id.as_str().into();
+            kafka::consumer::run_batches(settings, token, move |envelopes| {
+                let admitted = admit(&consumer, topic, &envelopes);
+                let (handler, state) = (handler.clone(), state.clone());
+                async move {
+                    admitted?;
+                    handler(state, envelopes).await
+                }
+            })
+            .await
         });
         spawn_retention(tasks, &name, pool, retention);
     }
+}
+
+/// Whether every envelope of a batch comes from the service that sends its
+/// type on `topic` (`contract::producers`), as the relay stamped it: a
+/// forged reply — another service's message in a participant's outbox, a
+/// record without the relay's stamp — is refused, a permanent error. The
+/// consumer then handles the batch's messages one by one and dead-letters
+/// the refused one, with the reason; `consumer_refused_total` counts it
+/// once (when it is refused alone) and an alert watches it.
+pub fn admit(consumer: &str, topic: &str, batch: &[Traced<Envelope>]) -> Result<(), HandleError> {
+    for t in batch {
+        let producer = t.producer.as_deref().unwrap_or("an unstamped record");
+        if let Err(why) = contract::producers::check(producer, topic, &t.message.event_type) {
+            if batch.len() == 1 {
+                tracing::error!(
+                    consumer,
+                    event_id = %t.message.event_id,
+                    event_type = %t.message.event_type,
+                    producer,
+                    reason = %why,
+                    "event refused: not from the service that sends it"
+                );
+                telemetry::metrics::incr("consumer_refused_total", &[("consumer", consumer)]);
+            }
+            return Err(HandleError::permanent(format!("refused: {why}")));
+        }
+    }
+    Ok(())
 }
 
 /// Purges the consumer's inbox rows older than `retention` every `every`.

@@ -40,4 +40,5 @@ pub use consumer::SagaConsumer;
 pub const METRICS: &[telemetry::metrics::Description] = telemetry::descriptions![
     counter "inbox_misses_total": "Repeated events that passed an inbox as new and were stopped by a business key (the inbox promises zero).",
     counter "consumer_replies_sent_again_total": "Replies enqueued again, under their first ids, because the event they answer came again.",
+    counter "consumer_refused_total": "Events refused (dead-lettered) because their producer stamp is not the service that sends their type.",
 ];

@@ -264,6 +264,7 @@ pub async fn database(clients: usize, partitions: usize, duration: Duration) -> 
                     message: sample_envelope(),
                     span: tracing::Span::none(),
                     position: None,
+                    producer: None,
                 })
                 .collect();
             inventory_service::stock::handle_batch(&pool, batch)

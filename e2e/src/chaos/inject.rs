@@ -131,6 +131,11 @@ async fn publish(producer: &FutureProducer, topic: &str, envelope: &Envelope) ->
         key: INJECTED,
         value: Some("1"),
     });
+    // The relay's stamp, as on the copy it duplicates.
+    let headers = match contract::producers::of_type(&envelope.event_type) {
+        Some(producer) => kafka::stamp(headers, producer),
+        None => headers,
+    };
     kafka::publish(
         producer,
         topic,

@@ -21,6 +21,7 @@ mod notices;
 mod offsets;
 mod payments;
 mod privileges;
+mod producers;
 mod queues;
 mod reconcile;
 mod rotation;

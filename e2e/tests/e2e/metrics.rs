@@ -67,6 +67,7 @@ pub fn described() -> std::collections::BTreeSet<&'static str> {
         saga_kit::METRICS,
         service_kit::http::METRICS,
         gateway_client::METRICS,
+        outbox_relay::guard::METRICS,
     ]
     .iter()
     .flat_map(|list| list.iter().map(|d| d.name))
@@ -118,7 +119,7 @@ fn the_alert_rules_are_valid_and_read_metrics_that_exist() {
     let rules = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docker/alerts.yml");
     let (ok, report) = testkit::promtool::check_rules(&promtool, &rules).unwrap();
     assert!(ok, "promtool check rules:\n{report}");
-    assert!(report.contains("10 rules found"), "{report}");
+    assert!(report.contains("11 rules found"), "{report}");
     let described = described();
     let text = std::fs::read_to_string(&rules).unwrap();
     for expr in text.lines().filter_map(|l| l.trim().strip_prefix("expr: ")) {

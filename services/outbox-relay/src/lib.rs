@@ -2,6 +2,8 @@
 //! payments), all sharing one idempotent producer. Any number of relay
 //! processes may run at once; see `outbox::relay` for why that is safe.
 
+pub mod guard;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,7 +69,8 @@ pub const SWITCHES: [switches::Switch; 3] = [
 
 /// A built relay.
 pub struct App {
-    sources: Vec<(String, PgPool)>,
+    /// Each source: its database's name, the service that owns its outbox, its pool.
+    sources: Vec<(String, &'static str, PgPool)>,
     listener: TcpListener,
     config: Config,
 }
@@ -82,16 +85,24 @@ pub async fn build(config: Config) -> anyhow::Result<App> {
         kafka::METRICS,
         service_kit::http::METRICS,
         service_kit::periodic::METRICS,
+        guard::METRICS,
     ]);
     outbox::describe_metrics();
     let mut sources = Vec::new();
     for url in &config.database_urls {
         let name = service_kit::db::database_name(url)?;
+        // Whose outbox it is decides what the relay may send from it.
+        let producer = contract::producers::of_database(&name).ok_or_else(|| {
+            anyhow::anyhow!(
+                "OUTBOX_DATABASE_URLS: database {name} is none of the saga's outboxes ({}, or <prefix>_ before one)",
+                contract::producers::DATABASES.map(|(db, _)| db).join(", ")
+            )
+        })?;
         // One claiming transaction per batch in flight, the batch bookkeeping
         // beside a claim, the idle probe, and housekeeping.
         let connections = config.in_flight.max(1) as u32 + 3;
         let pool = service_kit::db::pool_lazy(url, connections)?;
-        sources.push((name, pool));
+        sources.push((name, producer, pool));
     }
     anyhow::ensure!(!sources.is_empty(), "OUTBOX_DATABASE_URLS names no database");
     let listener = TcpListener::bind(config.admin_addr).await?;
@@ -116,7 +127,7 @@ impl App {
         // Started while Kafka is down, the relay waits, not ready, until a
         // broker answers and its topics are made sure of.
         let waiting = tasks.health().wait_for("kafka");
-        let admin_pool = self.sources[0].1.clone();
+        let admin_pool = self.sources[0].2.clone();
         tasks.serve_admin(self.listener, service_kit::admin::router(&admin_pool, tasks.health()));
         if !self.config.kafka.ready_to_publish(&topics::ALL, tasks.token()).await? {
             return tasks.wait().await;
@@ -129,9 +140,11 @@ impl App {
         drop(waiting);
         let publisher =
             KafkaPublisher::from_producer(self.config.kafka.producer()?).trace_with(telemetry::propagation::link);
-        for (name, pool) in &self.sources {
+        for (name, producer, pool) in &self.sources {
+            // Stamped with the source's service, and only its own messages sent.
+            let publisher = guard::Guarded::new(publisher.clone().stamp_producer(producer), producer);
             let relay = Arc::new(
-                Relay::new(pool.clone(), publisher.clone(), name)
+                Relay::new(pool.clone(), publisher, name)
                     .batch(self.config.batch)
                     .in_flight(self.config.in_flight)
                     .poll_interval(Duration::from_millis(self.config.poll_ms)),
@@ -160,11 +173,11 @@ impl App {
 /// table created by the owning service, and the relay's role granted them —
 /// retrying each second and saying every 10 s what it waits for. `false`
 /// if `shutdown` came first.
-async fn outboxes_readable(sources: &[(String, PgPool)], shutdown: CancellationToken) -> bool {
+async fn outboxes_readable(sources: &[(String, &'static str, PgPool)], shutdown: CancellationToken) -> bool {
     let mut said = None::<std::time::Instant>;
     loop {
         let mut missing = Vec::new();
-        for (name, pool) in sources {
+        for (name, _, pool) in sources {
             if let Err(e) = sqlx::query("SELECT 1 FROM outbox LIMIT 0").execute(pool).await {
                 missing.push(format!("{name}: {e}"));
             }

@@ -26,15 +26,19 @@ pub(super) fn consume_span(consumer: &str, msg: &OwnedMessage) -> tracing::Span 
         messaging.destination.partition.id = msg.partition(),
         messaging.kafka.offset = msg.offset(),
     );
-    let traceparent = msg.headers().and_then(|headers| {
+    telemetry::propagation::follow(&span, header(msg, telemetry::propagation::TRACEPARENT));
+    span
+}
+
+/// The value of `msg`'s header `key`, if it has one in UTF-8.
+pub(super) fn header<'m>(msg: &'m OwnedMessage, key: &str) -> Option<&'m str> {
+    msg.headers().and_then(|headers| {
         headers
             .iter()
-            .find(|h| h.key == telemetry::propagation::TRACEPARENT)
+            .find(|h| h.key == key)
             .and_then(|h| h.value)
             .and_then(|v| std::str::from_utf8(v).ok())
-    });
-    telemetry::propagation::follow(&span, traceparent);
-    span
+    })
 }
 
 #[cfg(test)]

@@ -91,7 +91,11 @@ async fn a_participant_checks_its_chain_and_its_consumer_applies_each_event_once
     let order = Uuid::new_v4();
     let (a, b) = (reserve(order), reserve(order));
     for envelope in [&a, &b, &a] {
-        let headers = kafka::headers(&envelope.event_id.to_string(), &envelope.event_type, None);
+        // Stamped as the relay stamps order-api's commands.
+        let headers = kafka::stamp(
+            kafka::headers(&envelope.event_id.to_string(), &envelope.event_type, None),
+            contract::producers::ORDER_API,
+        );
         let key = order.to_string();
         kafka::publish(&producer, consumer.topic, &key, &envelope.to_bytes(), headers)
             .await

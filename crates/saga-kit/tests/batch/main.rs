@@ -36,6 +36,7 @@ fn at(envelope: &Envelope, offset: i64) -> Traced<Envelope> {
         message: envelope.clone(),
         span: tracing::Span::none(),
         position: Some(Position { partition: 0, offset }),
+        producer: None,
     }
 }
 

@@ -18,6 +18,7 @@ fn traced(envelope: &Envelope) -> Traced<Envelope> {
             partition: 0,
             offset: 0,
         }),
+        producer: None,
     }
 }
 

@@ -231,6 +231,7 @@ fn traced(envelopes: Vec<Envelope>) -> Vec<kafka::consumer::Traced<Envelope>> {
             message,
             span: tracing::Span::none(),
             position: None,
+            producer: None,
         })
         .collect()
 }

@@ -128,6 +128,7 @@ fn traced(envelope: &Envelope) -> kafka::consumer::Traced<Envelope> {
         message: envelope.clone(),
         span: tracing::Span::none(),
         position: None,
+        producer: None,
     }
 }
 
