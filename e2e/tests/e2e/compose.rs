@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use clap::CommandFactory;
 
 mod gen_env;
+mod hardening;
 mod kafka;
 mod postgres;
 mod tls;

@@ -144,7 +144,11 @@ impl CreateOrder {
         let digits =
             card_digits(&self.card).ok_or_else(|| ApiError::Unprocessable("card must be 12..=19 digits".into()))?;
         let token = gateway.tokenise(&digits).await.map_err(|e| match e {
-            crate::gateway::Error::Unavailable(e) => ApiError::Unavailable(format!("card vault: {e}")),
+            crate::gateway::Error::Unavailable(e) => {
+                // The cause (a host, a refused credential) is the operator's, not the client's.
+                tracing::warn!(error = %e, "card vault unavailable");
+                ApiError::Unavailable("the card vault is unavailable: nothing was stored, retry later".into())
+            }
             crate::gateway::Error::Refused(e) => ApiError::Unprocessable(format!("card refused by the vault: {e}")),
         })?;
         Ok(NewOrder {

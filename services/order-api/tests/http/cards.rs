@@ -39,6 +39,9 @@ async fn the_order_keeps_a_token_and_a_known_card_needs_no_vault() {
     assert_eq!(unknown.status, 503, "{}", String::from_utf8_lossy(&unknown.body));
     assert_eq!(unknown.content_type.as_deref(), Some("application/problem+json"));
     assert!(unknown.retry_after);
+    // The cause stays in the log: no host, port or gateway error in the body.
+    let detail = unknown.json()["detail"].as_str().unwrap_or_default().to_owned();
+    assert_eq!(detail, "the card vault is unavailable: nothing was stored, retry later");
     assert_eq!(api.counts().await.0, 2, "the refused order stored nothing");
     api.stop().await;
 }
