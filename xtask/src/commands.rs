@@ -165,6 +165,9 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
         opts.postgres_socket = true;
         opts.extra_env
             .push((Service::Gateway, "GATEWAY_TOKENISE_PER_SEC".into(), "100000".into()));
+        // So is order-api's allowance of new cards per client (four clients here).
+        opts.extra_env
+            .push((Service::OrderApi, "API_NEW_CARDS_PER_MIN".into(), "6000000".into()));
         eprintln!("booting a fresh stack (logs in {})…", opts.run_dir.display());
         let stack = unless_interrupted(Stack::start(opts)).await?;
         let client = e2e::driver::Client::new(&stack, e2e::bench::overload::CLIENT_TIMEOUT)?;
@@ -208,6 +211,9 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<()> {
     // mock's default (200/s per caller) would refuse a card per order.
     opts.extra_env
         .push((Service::Gateway, "GATEWAY_TOKENISE_PER_SEC".into(), "100000".into()));
+    // So is order-api's allowance of new cards per client (four clients here).
+    opts.extra_env
+        .push((Service::OrderApi, "API_NEW_CARDS_PER_MIN".into(), "6000000".into()));
     eprintln!("booting a fresh stack (logs in {})…", opts.run_dir.display());
     let mut stack = unless_interrupted(Stack::start(opts)).await?;
     let figures = e2e::bench::run(&mut stack, &cfg).await;

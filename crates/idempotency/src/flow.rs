@@ -23,7 +23,7 @@
 
 use std::time::Duration;
 
-use sqlx::{Acquire, PgPool, Postgres, Transaction};
+use sqlx::{Acquire, PgConnection, PgPool, Postgres, Transaction};
 
 use crate::{claim_any, lookup_any, store, Claim, Error, StoredResponse};
 
@@ -93,6 +93,20 @@ pub async fn begin<'c>(conn: impl Acquire<'c, Database = Postgres>, request: Key
     // connection is next used.
     tx.rollback().await?;
     Ok(Begun::Answered(answered))
+}
+
+/// The answer to `request` when its key is already completed — its stored
+/// response, or a mismatch — without claiming it: what a handler asks
+/// before work a retry must not repeat (a call out that costs, or that a
+/// limit counts). `None`: the key is new or in flight; [`begin`] decides.
+pub async fn answered(conn: &mut PgConnection, request: Keyed<'_>) -> Result<Option<Outcome>, Error> {
+    Ok(
+        match lookup_any(conn, request.scope, request.key, &request.accepted()).await? {
+            Some(Claim::Replay(stored)) => Some(Outcome::Replayed(stored)),
+            Some(Claim::Mismatch) => Some(Outcome::Mismatch),
+            Some(Claim::New | Claim::InFlight) | None => None,
+        },
+    )
 }
 
 /// Stores `response` under the request's key in `tx` and commits it with

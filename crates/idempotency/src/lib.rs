@@ -74,7 +74,7 @@ use sqlx::migrate::Migrator;
 use sqlx::{PgConnection, PgPool, Row};
 
 pub use credentials::{Scope, Secret};
-pub use flow::{begin, complete, finish, Begun, Keyed, Outcome};
+pub use flow::{answered, begin, complete, finish, Begun, Keyed, Outcome};
 pub use http::{respond, FingerprintKey, Idempotent, KeyArgs, KeyHeader, Refused, DEFAULT_TTL_SECS};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
 

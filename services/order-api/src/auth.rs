@@ -63,6 +63,15 @@ pub struct AuthArgs {
     /// second (bursts up to 4×); past it, 429 without a lookup.
     #[arg(long, env = "API_KEY_LOOKUPS_PER_SEC", default_value_t = 20.0)]
     pub lookups_per_sec: f64,
+    /// New cards (not yet tokenised by this process) one client may send
+    /// to the vault per minute (bursts up to `API_NEW_CARDS_BURST`); past
+    /// it, 429. The gateway limits order-api as one caller: this keeps one
+    /// client, card testing, from spending every client's share.
+    #[arg(long, env = "API_NEW_CARDS_PER_MIN", default_value_t = 600.0)]
+    pub new_cards_per_min: f64,
+    /// New cards one client may send at once above that rate.
+    #[arg(long, env = "API_NEW_CARDS_BURST", default_value_t = 100.0)]
+    pub new_cards_burst: f64,
 }
 
 impl Default for AuthArgs {
@@ -73,6 +82,8 @@ impl Default for AuthArgs {
             max_body_bytes: 16 * 1024,
             key_cache_secs: 30,
             lookups_per_sec: 20.0,
+            new_cards_per_min: 600.0,
+            new_cards_burst: 100.0,
         }
     }
 }
@@ -109,6 +120,8 @@ pub struct Auth {
     requests: Limiter<String>,
     /// Key lookups per remote address.
     lookups: Limiter<std::net::IpAddr>,
+    /// New cards sent to the vault per client.
+    new_cards: Limiter<String>,
     /// Database lookups made (tests and benches read it).
     lookups_made: std::sync::atomic::AtomicU64,
 }
@@ -139,6 +152,9 @@ pub enum Refusal {
     /// Over the client's request rate.
     #[error("more than {0} requests per second")]
     TooMany(f64),
+    /// Over the client's allowance of new cards.
+    #[error("more than {0} new cards a minute from this client; nothing was stored")]
+    TooManyNewCards(f64),
     /// Over the remote address's allowance of key lookups.
     #[error("more than {0} lookups of uncached API keys per second from this address")]
     TooManyLookups(f64),
@@ -161,6 +177,11 @@ impl IntoResponse for Refusal {
                 "/problems/rate-limited",
                 "Too many requests",
             ),
+            Self::TooManyNewCards(_) => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "/problems/too-many-new-cards",
+                "Too many new cards",
+            ),
             Self::Unavailable => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "/problems/unavailable",
@@ -178,12 +199,24 @@ impl IntoResponse for Refusal {
                 resp.headers_mut()
                     .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             }
-            Self::TooMany(_) | Self::TooManyLookups(_) | Self::Unavailable => {
+            Self::TooMany(_) | Self::TooManyLookups(_) | Self::TooManyNewCards(_) | Self::Unavailable => {
                 resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(1));
             }
             Self::TooLarge(_) | Self::Incomplete => {}
         }
         resp
+    }
+}
+
+impl Auth {
+    /// Spends one of `client`'s new cards, or refuses (counted in
+    /// `api_refusals_total{reason="new_cards"}`).
+    pub fn allow_new_card(&self, client: &str) -> Result<(), Refusal> {
+        if self.new_cards.check_key(&client.to_owned()).is_ok() {
+            return Ok(());
+        }
+        telemetry::metrics::incr("api_refusals_total", &[("reason", "new_cards")]);
+        Err(Refusal::TooManyNewCards(self.args.new_cards_per_min))
     }
 }
 
@@ -212,6 +245,7 @@ impl Auth {
                 .build(),
             requests: limiter(args.rate_per_sec, args.burst),
             lookups: limiter(lookups, (lookups * 4.0).max(1.0)),
+            new_cards: limiter(args.new_cards_per_min / 60.0, args.new_cards_burst),
             args,
             lookups_made: Default::default(),
         })

@@ -67,6 +67,11 @@ impl Client {
         Ok(token)
     }
 
+    /// Whether this process has `card`'s token already (no vault call for it).
+    pub fn knows(&self, card: &str) -> bool {
+        self.tokens.contains_key(&self.digest(card))
+    }
+
     /// The cache's key of `card`: its HMAC-SHA256 under this process's key.
     fn digest(&self, card: &str) -> [u8; 32] {
         let mut mac = Hmac::<Sha256>::new_from_slice(&self.digest_key[..]).expect("HMAC takes any key");

@@ -264,7 +264,7 @@ pub const METRICS: &[telemetry::metrics::Description] = telemetry::descriptions!
     counter "saga_deadline_actions_total": "What the deadline scan did to an overdue order: reconciled, resent, manual_review or skipped.",
     counter "saga_replies_after_reconciliation_total": "Participant replies that arrived after reconciliation had taken the gateway's answer (set aside).",
     gauge "orders_manual_review": "Orders in MANUAL_REVIEW, waiting for a person.",
-    counter "api_refusals_total": "Requests refused before a handler: unauthenticated, lookup_limited, key_check_unavailable, too_large or rate_limited.",
+    counter "api_refusals_total": "Requests refused before their work: unauthenticated, lookup_limited, key_check_unavailable, too_large, rate_limited, or new_cards (a client's allowance of new cards spent).",
     counter "api_key_lookups_total": "API-key lookups that reached the database (a key neither cached nor known bad).",
     counter "api_key_lookups_avoided_total": "API-key lookups skipped: a key known not to exist, its lookup failed under a second ago, or the caller's address over its lookup limit.",
     counter "notices_sent_total": "Confirmation notices the notifier accepted, by delivery choice (a repeat after a crash counts again).",

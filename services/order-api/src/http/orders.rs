@@ -138,6 +138,11 @@ impl CreateOrder {
         Ok(())
     }
 
+    /// Whether this process has the card's token already (no vault call).
+    fn card_known(&self, gateway: &crate::gateway::Client) -> bool {
+        card_digits(&self.card).is_some_and(|digits| gateway.knows(&digits))
+    }
+
     /// The order to store: the card number replaced by the gateway's token
     /// and its last four digits.
     async fn tokenise(self, gateway: &crate::gateway::Client) -> Result<NewOrder, ApiError> {
@@ -223,9 +228,20 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let body = parse_json::<CreateOrder>(&request.body)?;
     body.validate()?;
+    let mut conn = deadline.within(state.pool.acquire()).await??;
+    if !body.card_known(&state.gateway) {
+        // A card the vault must see: a retry of a completed request is
+        // answered first, without a vault call, and only new work spends
+        // the client's allowance of new cards.
+        if let Some(outcome) = idempotency::answered(&mut conn, request.keyed()).await? {
+            return Ok(idempotency::respond(outcome)?);
+        }
+        if let Err(refused) = state.auth.allow_new_card(&request.scope) {
+            return Ok(refused.into_response());
+        }
+    }
     // The number goes to the vault and no further: the order keeps the token.
     let new = deadline.within(body.tokenise(&state.gateway)).await??;
-    let conn = deadline.within(state.pool.acquire()).await??;
     deadline.commit(create_in(state, conn, request, new)).await
 }
 

@@ -45,3 +45,64 @@ async fn the_order_keeps_a_token_and_a_known_card_needs_no_vault() {
     assert_eq!(api.counts().await.0, 2, "the refused order stored nothing");
     api.stop().await;
 }
+
+/// `ORDER` paid with `card`.
+fn paid_with(card: &str) -> String {
+    ORDER.replace("4242424242424242", card)
+}
+
+/// A client's new cards are limited (`API_NEW_CARDS_PER_MIN`, its burst):
+/// past them a new card is a 429 that stores nothing, while cards this
+/// process knows and other clients' new cards go on. A request whose key is
+/// already completed is answered before any of it — a reuse with another
+/// body is a 422 even with the vault down and the allowance spent.
+/// Checked against the removals: without the limit the third new card is a
+/// 201; with the key answered after tokenising, the reuse is a 503.
+#[tokio::test]
+async fn a_client_past_its_new_cards_is_refused_and_a_known_key_is_answered_first() {
+    let limits = order_api::auth::AuthArgs {
+        new_cards_per_min: 0.001,
+        new_cards_burst: 2.0,
+        ..Default::default()
+    };
+    let api = TestApi::start_with(Duration::from_secs(3600), limits).await;
+    let a = Some("shop-a");
+    assert_eq!(
+        api.post("/orders", "a-1", a, &paid_with("4242424242424242"))
+            .await
+            .status,
+        201
+    );
+    assert_eq!(
+        api.post("/orders", "a-2", a, &paid_with("5555555555554444"))
+            .await
+            .status,
+        201
+    );
+    let third = api.post("/orders", "a-3", a, &paid_with("6011111111111117")).await;
+    assert_eq!(third.status, 429, "{}", String::from_utf8_lossy(&third.body));
+    assert_eq!(third.json()["type"], "/problems/too-many-new-cards");
+    assert!(third.retry_after);
+    assert_eq!(api.counts().await.0, 2, "the refused order stored nothing");
+    // A card this process knows costs no vault call, so no allowance.
+    assert_eq!(
+        api.post("/orders", "a-4", a, &paid_with("4242424242424242"))
+            .await
+            .status,
+        201
+    );
+    // Another client has its own.
+    assert_eq!(
+        api.post("/orders", "b-1", Some("shop-b"), &paid_with("6011111111111117"))
+            .await
+            .status,
+        201
+    );
+
+    // The vault goes away; a-2 reused with a new card's body: the key answers first.
+    api.gateway.cancel();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let reused = api.post("/orders", "a-2", a, &paid_with("378282246310005")).await;
+    assert_eq!(reused.status, 422, "{}", String::from_utf8_lossy(&reused.body));
+    api.stop().await;
+}
