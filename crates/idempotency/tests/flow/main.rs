@@ -340,3 +340,35 @@ async fn a_retry_across_a_fingerprint_key_rotation_replays_while_the_old_key_is_
 }
 
 mod at_once;
+
+/// `idempotency::answered` says only what a completed key says — its
+/// stored answer, or a mismatch — and claims nothing: a new or in-flight
+/// key is `None`, and `begin` still decides after it.
+#[tokio::test]
+async fn a_completed_key_is_answered_without_a_claim() {
+    let (pool, _db) = db().await;
+    let mut conn = pool.acquire().await.unwrap();
+    assert_eq!(idempotency::answered(&mut conn, keyed("k", "fp")).await.unwrap(), None, "new");
+    let tx = claimed(&pool, keyed("k", "fp")).await;
+    assert_eq!(
+        idempotency::answered(&mut conn, keyed("k", "fp")).await.unwrap(),
+        None,
+        "in flight: begin answers that"
+    );
+    idempotency::complete(&pool, tx, keyed("k", "fp"), TTL, &response("done"))
+        .await
+        .unwrap();
+    assert_eq!(
+        idempotency::answered(&mut conn, keyed("k", "fp")).await.unwrap(),
+        Some(Outcome::Replayed(response("done")))
+    );
+    assert_eq!(
+        idempotency::answered(&mut conn, keyed("k", "other")).await.unwrap(),
+        Some(Outcome::Mismatch)
+    );
+    // It claimed nothing: another key is still free for begin.
+    assert_eq!(idempotency::answered(&mut conn, keyed("k2", "fp")).await.unwrap(), None);
+    drop(claimed(&pool, keyed("k2", "fp")).await);
+    drop(conn);
+    pool.close().await;
+}
