@@ -205,7 +205,7 @@ impl Stack {
                 chown_tree(&node_dir(&opts.run_dir, n.id), Self::uid_of_node(n.id))?;
             }
         }
-        let db_prefix = opts.db_prefix.clone();
+        let (db_prefix, adopt) = (opts.db_prefix.clone(), opts.adopt_databases);
         let mut stack = Stack {
             opts,
             ports,
@@ -223,13 +223,9 @@ impl Stack {
             api_key: String::new(),
             secrets: Secrets::generate(),
             tls,
-            roles: roles::Roles::new(&db_prefix),
+            roles: roles::Roles::new(&db_prefix, adopt),
         };
-        let adopt = stack.opts.adopt_databases;
-        stack
-            .roles
-            .bootstrap(&stack.opts.pg_base, |d| stack.db_name(d), adopt)
-            .await?;
+        stack.roles.bootstrap(&stack.opts.pg_base, |d| stack.db_name(d)).await?;
         if let Some(kept) = stack.opts.secrets.clone() {
             stack.secrets = kept;
         }

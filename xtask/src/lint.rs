@@ -112,6 +112,7 @@ pub fn run(root: &Path, cargo: impl Fn() -> Command) -> anyhow::Result<()> {
         &std::fs::read_to_string(root.join("README.md"))?,
         &members,
     ));
+    broken.extend(history_problems(root));
     let design = std::fs::read_to_string(root.join("docs/design.md"))?;
     if graph_block(&design) != Some(graph(&members)) {
         broken.push("docs/design.md's crate graph is not the workspace's: run `cargo xtask docs`".into());
@@ -256,6 +257,42 @@ fn long_files(root: &Path, members: &[Member]) -> Vec<String> {
         .collect()
 }
 
+/// The first commit of the subject rule (CONTRIBUTING.md): commits after
+/// it are read by their subjects, so each fits in `git log --oneline`.
+const SUBJECTS_SINCE: &str = "d06cfee";
+/// Characters a commit subject may have.
+const MAX_SUBJECT: usize = 72;
+
+/// Commits after [`SUBJECTS_SINCE`] whose subject is too long (nothing
+/// when the history is not here: a tarball, a shallow clone).
+fn history_problems(root: &Path) -> Vec<String> {
+    let out = Command::new("git")
+        .args(["log", "--format=%h %s", &format!("{SUBJECTS_SINCE}..HEAD")])
+        .current_dir(root)
+        .output();
+    match out {
+        Ok(o) if o.status.success() => long_subjects(&String::from_utf8_lossy(&o.stdout)),
+        _ => {
+            println!("  (commit subjects not checked: no history back to {SUBJECTS_SINCE} here)");
+            Vec::new()
+        }
+    }
+}
+
+/// The lines of `git log --format='%h %s'` whose subject is over [`MAX_SUBJECT`].
+pub fn long_subjects(log: &str) -> Vec<String> {
+    log.lines()
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(_, subject)| subject.chars().count() > MAX_SUBJECT)
+        .map(|(hash, subject)| {
+            format!(
+                "commit {hash}: subject of {} characters (at most {MAX_SUBJECT}; the detail goes in the body)",
+                subject.chars().count()
+            )
+        })
+        .collect()
+}
+
 /// Differences between the README's part table and the members.
 pub fn readme_problems(readme: &str, members: &[Member]) -> Vec<String> {
     let listed: BTreeSet<String> = readme
@@ -320,6 +357,19 @@ pub fn with_graph(doc: &str, graph: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_subject_over_72_characters_is_named_with_its_commit() {
+        let ok = "a".repeat(72);
+        let long = "b".repeat(73);
+        let log = format!("abc1234 {ok}\ndef5678 {long}\n");
+        assert_eq!(
+            long_subjects(&log),
+            vec!["commit def5678: subject of 73 characters (at most 72; the detail goes in the body)".to_owned()]
+        );
+        let accented = format!("abc1234 {}", "é".repeat(72));
+        assert!(long_subjects(&accented).is_empty(), "characters, not bytes");
+    }
 
     fn member(name: &str, deps: &[&str], dev: &[&str]) -> Member {
         Member {

@@ -55,8 +55,8 @@ pub struct StackOptions {
     /// stops on an error keeps its logs.
     pub remove_run_dir_on_drop: bool,
     /// Take over databases of the stack's names that it did not make (no
-    /// [`super::roles::MARK`]): their owner and grants change. Off: such a
-    /// database stops the start, named.
+    /// comment saying the stack made them): their owner and grants change.
+    /// Off: such a database stops the start, named.
     pub adopt_databases: bool,
 }
 

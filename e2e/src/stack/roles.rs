@@ -28,8 +28,9 @@ pub(super) const RELAYED: [&str; 3] = ["orders", "inventory", "payments"];
 /// one without it was made by someone else, and is not taken over unasked.
 pub(super) const MARK: &str = "made by the effectively-once stack (e2e/src/stack/roles.rs)";
 
-/// The services' roles of one stack: name and password, per service.
-pub(super) struct Roles(BTreeMap<Service, (String, String)>);
+/// The services' roles of one stack: name and password, per service; and
+/// whether the stack may take over databases it did not make.
+pub(super) struct Roles(BTreeMap<Service, (String, String)>, bool);
 
 /// `name` quoted as an SQL identifier.
 fn ident(name: &str) -> String {
@@ -38,8 +39,9 @@ fn ident(name: &str) -> String {
 
 impl Roles {
     /// Roles named after the stack's database prefix (roles are the whole
-    /// server's: two stacks on one server never share one).
-    pub(super) fn new(db_prefix: &str) -> Self {
+    /// server's: two stacks on one server never share one). `adopt`: see
+    /// [`Roles::bootstrap`].
+    pub(super) fn new(db_prefix: &str, adopt: bool) -> Self {
         let prefix = if db_prefix.is_empty() { "eo" } else { db_prefix };
         Self(
             Service::ALL
@@ -50,6 +52,7 @@ impl Roles {
                     (s, (name, uuid::Uuid::new_v4().simple().to_string()))
                 })
                 .collect(),
+            adopt,
         )
     }
 
@@ -76,13 +79,10 @@ impl Roles {
     /// roles, and each database owned by its service's role with `CONNECT`
     /// taken from everyone else; `db_name` maps a database to its full name.
     /// A database of that name that the stack did not make (no [`MARK`]) is
-    /// refused, unless `adopt`: then it is taken over and marked.
-    pub(super) async fn bootstrap(
-        &self,
-        admin_url: &str,
-        db_name: impl Fn(&str) -> String,
-        adopt: bool,
-    ) -> anyhow::Result<()> {
+    /// refused, unless the roles were made to adopt: then it is taken over
+    /// and marked.
+    pub(super) async fn bootstrap(&self, admin_url: &str, db_name: impl Fn(&str) -> String) -> anyhow::Result<()> {
+        let adopt = self.1;
         let mut admin = PgConnection::connect(&format!("{}/postgres", admin_url.trim_end_matches('/'))).await?;
         for (name, password) in self.0.values() {
             let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)")
@@ -237,20 +237,20 @@ mod tests {
             .execute(&mut admin)
             .await
             .unwrap();
-        let roles = Roles::new(&prefix);
+        let (roles, adopting) = (Roles::new(&prefix, false), Roles::new(&prefix, true));
         let _cleanup = Cleanup(
             server.clone(),
             OWNED.map(|(_, d)| format!("{server}/{}", name(d))).to_vec(),
             roles.all(),
         );
 
-        let refused = roles.bootstrap(&server, name, false).await.unwrap_err().to_string();
+        let refused = roles.bootstrap(&server, name).await.unwrap_err().to_string();
         assert!(
             refused.contains(&name("orders")) && refused.contains("--adopt"),
             "{refused}"
         );
 
-        roles.bootstrap(&server, name, true).await.unwrap();
+        adopting.bootstrap(&server, name).await.unwrap();
         let comment: Option<String> =
             sqlx::query_scalar("SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = $1")
                 .bind(name("orders"))
@@ -258,7 +258,7 @@ mod tests {
                 .await
                 .unwrap();
         assert_eq!(comment.as_deref(), Some(MARK));
-        roles.bootstrap(&server, name, false).await.unwrap();
+        roles.bootstrap(&server, name).await.unwrap();
 
         admin.close().await.unwrap();
     }

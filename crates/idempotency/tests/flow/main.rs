@@ -348,7 +348,11 @@ mod at_once;
 async fn a_completed_key_is_answered_without_a_claim() {
     let (pool, _db) = db().await;
     let mut conn = pool.acquire().await.unwrap();
-    assert_eq!(idempotency::answered(&mut conn, keyed("k", "fp")).await.unwrap(), None, "new");
+    assert_eq!(
+        idempotency::answered(&mut conn, keyed("k", "fp")).await.unwrap(),
+        None,
+        "new"
+    );
     let tx = claimed(&pool, keyed("k", "fp")).await;
     assert_eq!(
         idempotency::answered(&mut conn, keyed("k", "fp")).await.unwrap(),
