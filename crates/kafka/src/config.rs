@@ -295,13 +295,27 @@ impl KafkaArgs {
         self.ready_with(&names, shutdown).await
     }
 
-    /// Waits for a broker's answer, then makes sure of exactly `names`.
+    /// Waits for a broker's answer, then makes sure of exactly `names` —
+    /// again each second while the cluster cannot say (a node restarting
+    /// times the admin request out): only a topic the saga cannot run on
+    /// ends the wait with an error. `false` if `shutdown` came first.
     async fn ready_with(&self, names: &[String], shutdown: tokio_util::sync::CancellationToken) -> crate::Result<bool> {
-        if !self.answered(shutdown).await {
+        if !self.answered(shutdown.clone()).await {
             return Ok(false);
         }
-        crate::client::ensure_exactly(self, names, &self.topic_settings()).await?;
-        Ok(true)
+        loop {
+            match crate::client::ensure_exactly(self, names, &self.topic_settings()).await {
+                Ok(()) => return Ok(true),
+                Err(e) if e.is_transient() => {
+                    tracing::warn!(error = %e, "the brokers could not make sure of the topics yet; again in 1 s")
+                }
+                Err(e) => return Err(e),
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(false),
+                _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+            }
+        }
     }
 
     /// The idempotent producer for these settings (delivery timeout 15 s):

@@ -58,6 +58,30 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// Whether the cluster may answer otherwise in a moment: an admin or
+    /// metadata request that timed out or found no broker, controller or
+    /// leader (a node restarting, an election) — not a topic the saga
+    /// cannot run on, nor a refusal.
+    pub fn is_transient(&self) -> bool {
+        use rdkafka::error::{KafkaError, RDKafkaErrorCode as C};
+        match self {
+            Self::Kafka(KafkaError::AdminOp(code) | KafkaError::MetadataFetch(code)) => matches!(
+                code,
+                C::OperationTimedOut
+                    | C::RequestTimedOut
+                    | C::BrokerTransportFailure
+                    | C::AllBrokersDown
+                    | C::NotController
+                    | C::NetworkException
+                    | C::LeaderNotAvailable
+                    | C::BrokerNotAvailable
+            ),
+            _ => false,
+        }
+    }
+}
+
 /// Result type of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -77,3 +101,18 @@ pub const METRICS: &[telemetry::metrics::Description] = telemetry::descriptions!
     gauge "consumer_partitions_assigned": "1 for each partition the group assigned to this member, 0 once revoked.",
     gauge "dead_letter_depth": "Messages in a consumed topic's dead-letter topic.",
 ];
+
+#[cfg(test)]
+mod error_tests {
+    use rdkafka::error::{KafkaError, RDKafkaErrorCode as C};
+
+    use super::Error;
+
+    #[test]
+    fn a_timed_out_admin_request_is_transient_and_a_refusal_or_a_bad_topic_is_not() {
+        assert!(Error::Kafka(KafkaError::AdminOp(C::OperationTimedOut)).is_transient());
+        assert!(Error::Kafka(KafkaError::MetadataFetch(C::AllBrokersDown)).is_transient());
+        assert!(!Error::Kafka(KafkaError::AdminOp(C::TopicAuthorizationFailed)).is_transient());
+        assert!(!Error::Topic("3 partitions where the saga needs 6".into()).is_transient());
+    }
+}
