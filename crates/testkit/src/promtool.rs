@@ -172,3 +172,17 @@ pub fn check_rules(promtool: &std::path::Path, file: &std::path::Path) -> anyhow
         ),
     ))
 }
+
+/// Runs `promtool test rules` on a rule test file; its report, and
+/// whether every case passed.
+pub fn test_rules(promtool: &std::path::Path, file: &std::path::Path) -> anyhow::Result<(bool, String)> {
+    let out = Command::new(promtool).args(["test", "rules"]).arg(file).output()?;
+    Ok((
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    ))
+}

@@ -110,6 +110,34 @@ pub fn metrics_read(expr: &str) -> Vec<String> {
         .collect()
 }
 
+/// Every alert fires from series made for it, and none on a calm system:
+/// docker/alerts.test.yml under `promtool test rules`; an alert of
+/// alerts.yml without a firing case there fails this test. Checked against
+/// the removals: an expected summary changed, and InboxMisses' rule
+/// deleted — each failed.
+#[test]
+fn every_alert_fires_from_its_series_and_none_on_a_calm_system() {
+    let promtool = testkit::promtool::ensure().expect("promtool available");
+    let docker = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docker");
+    let (ok, report) = testkit::promtool::test_rules(&promtool, &docker.join("alerts.test.yml")).unwrap();
+    assert!(ok, "promtool test rules:\n{report}");
+    let rules = std::fs::read_to_string(docker.join("alerts.yml")).unwrap();
+    let cases = std::fs::read_to_string(docker.join("alerts.test.yml")).unwrap();
+    let alerts: Vec<&str> = rules
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- alert: "))
+        .collect();
+    assert!(alerts.len() >= 11, "{alerts:?}");
+    for alert in alerts {
+        assert!(
+            cases.contains(&format!(
+                "alertname: {alert}\n        exp_alerts:\n          - exp_labels"
+            )),
+            "{alert} has no case in docker/alerts.test.yml that fires it"
+        );
+    }
+}
+
 /// docker/alerts.yml is valid for Prometheus (`promtool check rules`), and
 /// every metric its expressions read is one the services describe (a
 /// crate's or a service's `METRICS`).
