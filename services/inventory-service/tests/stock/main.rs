@@ -271,3 +271,28 @@ async fn a_repeated_command_is_answered_again_with_its_first_reply() {
     assert_eq!(db.available().await, 8, "reserved once");
     db.drop().await;
 }
+
+/// `PUT /stock/{sku}` is idempotent by its contract: it sets the count,
+/// never adds to it, so the same request twice — a retry after an answer
+/// lost on the way — leaves what one left, and needs no key. (A charge
+/// cannot be written so: "take 25.00" twice is two charges, which is why
+/// the gateway's call carries a key; docs/faq.md.) Checked against the
+/// removal: an upsert that adds (`available = stock.available +
+/// EXCLUDED.available`) leaves 24 (10 + 7 + 7) and fails.
+#[tokio::test]
+async fn the_same_put_twice_leaves_what_one_put_left() {
+    use axum::extract::{Path, State};
+    let db = Db::new(10).await;
+    for _ in 0..2 {
+        let status = inventory_service::http::set(
+            State(db.pool.clone()),
+            Path("A".to_owned()),
+            axum::body::Bytes::from_static(br#"{"available": 7}"#),
+        )
+        .await
+        .unwrap();
+        assert_eq!(status, axum::http::StatusCode::NO_CONTENT);
+    }
+    assert_eq!(db.available().await, 7, "set, not added: the repeat changed nothing");
+    db.drop().await;
+}
