@@ -232,3 +232,37 @@ async fn a_batch_that_fails_at_the_gateway_commits_nothing_and_its_retry_charges
         assert_eq!(f.replies(*order).await, ["PaymentCaptured"]);
     }
 }
+
+/// The backstop past every window: the command comes again after its
+/// inbox row was purged (past `INBOX_RETENTION_SECS`) and the gateway's
+/// key expired (past `GATEWAY_KEY_TTL_SECS`) — both layers have forgotten
+/// it — and it still charges nothing, because the payment row of the
+/// operation is kept for as long as the order (no purge deletes
+/// `payments`). Checked against the removal: with the payment row deleted
+/// too, the repeat reaches the gateway and the ledger holds two captures.
+#[tokio::test]
+async fn a_command_past_every_window_is_stopped_by_the_kept_payment_row() {
+    let f = fixture().await;
+    let order = Uuid::now_v7();
+    let command = charge(order, &f.card_token().await);
+    assert_eq!(
+        payments::handle(&f.deps, command.clone()).await.unwrap(),
+        Handled::Applied
+    );
+    // Both windows pass: the inbox forgets the event, the gateway its key.
+    sqlx::query("DELETE FROM inbox").execute(&f.deps.pool).await.unwrap();
+    let gateway = sqlx::PgPool::connect(f._dbs.1.url()).await.unwrap();
+    let forgotten = sqlx::query("DELETE FROM idempotency_keys")
+        .execute(&gateway)
+        .await
+        .unwrap();
+    assert!(forgotten.rows_affected() >= 1, "the gateway had the charge's key");
+    gateway.close().await;
+
+    payments::handle(&f.deps, command).await.unwrap();
+    assert_eq!(
+        f.ledger(order).await,
+        [("charge".to_owned(), "captured".to_owned())],
+        "one charge: the kept payment row stopped the repeat"
+    );
+}
