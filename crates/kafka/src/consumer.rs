@@ -322,6 +322,9 @@ pub struct Traced<T> {
     /// [`outbox::kafka::PRODUCER`] header: the relay's source, never the
     /// row's word); `None` when the record has no stamp.
     pub producer: Option<String>,
+    /// The `event_id` header the publisher wrote beside the body (`None`
+    /// when the record has none): a reader checks it against the body's.
+    pub header_event_id: Option<String>,
 }
 
 /// A message's place in its topic.
@@ -442,6 +445,7 @@ where
                             offset: msg.offset(),
                         }),
                         producer: dispatch::header(msg, outbox::kafka::PRODUCER).map(str::to_owned),
+                        header_event_id: dispatch::header(msg, "event_id").map(str::to_owned),
                     });
                     sources.push(msg);
                 }

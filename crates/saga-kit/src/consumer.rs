@@ -182,6 +182,7 @@ where
         span: tracing::Span::current(),
         position: None,
         producer: None,
+        header_event_id: None,
     };
     let mut handled = handle_batch(vec![one]).await?;
     Ok(handled.pop().expect("one outcome per envelope"))
@@ -262,16 +263,29 @@ impl SagaConsumer {
 }
 
 /// Whether every envelope of a batch comes from the service that sends its
-/// type on `topic` (`contract::producers`), as the relay stamped it: a
-/// forged reply — another service's message in a participant's outbox, a
-/// record without the relay's stamp — is refused, a permanent error. The
+/// type on `topic` (`contract::producers`), as the relay stamped it, and
+/// carries in its `event_id` header the id of its body: a forged reply —
+/// another service's message in a participant's outbox, a record without
+/// the relay's stamp, a header that names another event — is refused, a
+/// permanent error. The
 /// consumer then handles the batch's messages one by one and dead-letters
 /// the refused one, with the reason; `consumer_refused_total` counts it
 /// once (when it is refused alone) and an alert watches it.
 pub fn admit(consumer: &str, topic: &str, batch: &[Traced<Envelope>]) -> Result<(), HandleError> {
     for t in batch {
         let producer = t.producer.as_deref().unwrap_or("an unstamped record");
-        if let Err(why) = contract::producers::check(producer, topic, &t.message.event_type) {
+        let checked = contract::producers::check(producer, topic, &t.message.event_type).and_then(|()| {
+            // The identity the record's header carries is the body's, or
+            // a reader deduplicating on one would be fooled by the other.
+            match &t.header_event_id {
+                Some(h) if *h != t.message.event_id.to_string() => Err(format!(
+                    "the record's event_id header {h} is not its body's {}",
+                    t.message.event_id
+                )),
+                _ => Ok(()),
+            }
+        });
+        if let Err(why) = checked {
             if batch.len() == 1 {
                 tracing::error!(
                     consumer,
@@ -307,5 +321,59 @@ impl SagaConsumer {
             topics: vec![topic.into()],
         };
         (settings, self.pool, (self.inbox_retention, self.purge_every))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use contract::{Envelope, Message};
+    use kafka::consumer::Traced;
+
+    use super::admit;
+
+    fn record(message: &Message, producer: Option<&str>, header: Option<String>) -> Traced<Envelope> {
+        let envelope = Envelope::new(uuid::Uuid::now_v7(), message, None);
+        let header_event_id = header.or_else(|| Some(envelope.event_id.to_string()));
+        Traced {
+            message: envelope,
+            span: tracing::Span::none(),
+            position: None,
+            producer: producer.map(str::to_owned),
+            header_event_id,
+        }
+    }
+
+    /// Admitted: the type's own producer, its topic, the body's id in the
+    /// header. Refused: another producer, no stamp, a header naming another
+    /// event — one such record refuses its whole batch (which the consumer
+    /// then handles one by one). Removal tried: the header check dropped
+    /// -> this test failed.
+    #[test]
+    fn only_the_types_own_producer_with_the_bodys_id_is_admitted() {
+        let captured = Message::PaymentCaptured { charge_id: "ch".into() };
+        let topic = contract::topics::ORDER_EVENTS;
+        let good = record(&captured, Some(contract::producers::PAYMENT), None);
+        assert!(admit("order-saga", topic, std::slice::from_ref(&good)).is_ok());
+        for (bad, why) in [
+            (
+                record(&captured, Some(contract::producers::INVENTORY), None),
+                "may not send",
+            ),
+            (record(&captured, None, None), "an unstamped record"),
+            (
+                record(
+                    &captured,
+                    Some(contract::producers::PAYMENT),
+                    Some(uuid::Uuid::now_v7().to_string()),
+                ),
+                "is not its body's",
+            ),
+        ] {
+            let refused = admit("order-saga", topic, &[good.clone(), bad]).unwrap_err().report();
+            assert!(
+                refused.starts_with("permanent: refused: ") && refused.contains(why),
+                "{refused}"
+            );
+        }
     }
 }

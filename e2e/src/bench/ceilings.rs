@@ -265,6 +265,7 @@ pub async fn database(clients: usize, partitions: usize, duration: Duration) -> 
                     span: tracing::Span::none(),
                     position: None,
                     producer: None,
+                    header_event_id: None,
                 })
                 .collect();
             inventory_service::stock::handle_batch(&pool, batch)

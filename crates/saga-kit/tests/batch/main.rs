@@ -37,6 +37,7 @@ fn at(envelope: &Envelope, offset: i64) -> Traced<Envelope> {
         span: tracing::Span::none(),
         position: Some(Position { partition: 0, offset }),
         producer: None,
+        header_event_id: None,
     }
 }
 

@@ -19,6 +19,7 @@ fn traced(envelope: &Envelope) -> Traced<Envelope> {
             offset: 0,
         }),
         producer: None,
+        header_event_id: None,
     }
 }
 

@@ -232,6 +232,7 @@ fn traced(envelopes: Vec<Envelope>) -> Vec<kafka::consumer::Traced<Envelope>> {
             span: tracing::Span::none(),
             position: None,
             producer: None,
+            header_event_id: None,
         })
         .collect()
 }

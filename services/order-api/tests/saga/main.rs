@@ -210,6 +210,7 @@ async fn a_batch_moves_each_order_through_its_replies_in_order() {
             span: tracing::Span::none(),
             position: None,
             producer: None,
+            header_event_id: None,
         })
         .collect();
     let handled = order_api::saga::handle_batch(&pool, traced).await.unwrap();

@@ -129,6 +129,7 @@ fn traced(envelope: &Envelope) -> kafka::consumer::Traced<Envelope> {
         span: tracing::Span::none(),
         position: None,
         producer: None,
+        header_event_id: None,
     }
 }
 
