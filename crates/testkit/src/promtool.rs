@@ -162,21 +162,18 @@ pub fn check_metrics(promtool: &std::path::Path, page: &str) -> anyhow::Result<S
 /// Runs `promtool check rules` on a rule file; its report, and whether the
 /// file is valid.
 pub fn check_rules(promtool: &std::path::Path, file: &std::path::Path) -> anyhow::Result<(bool, String)> {
-    let out = Command::new(promtool).args(["check", "rules"]).arg(file).output()?;
-    Ok((
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    ))
+    on_file(promtool, &["check", "rules"], file)
 }
 
 /// Runs `promtool test rules` on a rule test file; its report, and
 /// whether every case passed.
 pub fn test_rules(promtool: &std::path::Path, file: &std::path::Path) -> anyhow::Result<(bool, String)> {
-    let out = Command::new(promtool).args(["test", "rules"]).arg(file).output()?;
+    on_file(promtool, &["test", "rules"], file)
+}
+
+/// `promtool <args> <file>`: whether it succeeded, and everything it said.
+fn on_file(promtool: &std::path::Path, args: &[&str], file: &std::path::Path) -> anyhow::Result<(bool, String)> {
+    let out = Command::new(promtool).args(args).arg(file).output()?;
     Ok((
         out.status.success(),
         format!(

@@ -41,8 +41,8 @@ async fn handle_republished(deps: &payment_service::Deps, command: &Envelope) {
     );
 }
 
-#[tokio::test]
-async fn a_charge_is_made_once_however_often_its_command_arrives() {
+/// A fixture, an order and its charge command, handled once (applied).
+async fn charged() -> (super::Fixture, Uuid, Envelope) {
     let f = fixture().await;
     let order = Uuid::now_v7();
     let command = charge(order, &f.card_token().await);
@@ -50,6 +50,12 @@ async fn a_charge_is_made_once_however_often_its_command_arrives() {
         payments::handle(&f.deps, command.clone()).await.unwrap(),
         Handled::Applied
     );
+    (f, order, command)
+}
+
+#[tokio::test]
+async fn a_charge_is_made_once_however_often_its_command_arrives() {
+    let (f, order, command) = charged().await;
     assert_eq!(
         payments::handle(&f.deps, command.clone()).await.unwrap(),
         Handled::Duplicate,
@@ -243,13 +249,7 @@ async fn a_batch_that_fails_at_the_gateway_commits_nothing_and_its_retry_charges
 /// too, the repeat reaches the gateway and the ledger holds two captures.
 #[tokio::test]
 async fn a_command_past_every_window_is_stopped_by_the_kept_payment_row() {
-    let f = fixture().await;
-    let order = Uuid::now_v7();
-    let command = charge(order, &f.card_token().await);
-    assert_eq!(
-        payments::handle(&f.deps, command.clone()).await.unwrap(),
-        Handled::Applied
-    );
+    let (f, order, command) = charged().await;
     // Both windows pass: the inbox forgets the event, the gateway its key.
     sqlx::query("DELETE FROM inbox").execute(&f.deps.pool).await.unwrap();
     let gateway = sqlx::PgPool::connect(f._dbs.1.url()).await.unwrap();
