@@ -445,7 +445,7 @@ where
                             offset: msg.offset(),
                         }),
                         producer: dispatch::header(msg, outbox::kafka::PRODUCER).map(str::to_owned),
-                        header_event_id: dispatch::header(msg, "event_id").map(str::to_owned),
+                        header_event_id: dispatch::header(msg, outbox::kafka::EVENT_ID).map(str::to_owned),
                     });
                     sources.push(msg);
                 }

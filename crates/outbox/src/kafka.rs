@@ -32,6 +32,9 @@ fn pass_through(_: &tracing::Span, traceparent: Option<&str>) -> Option<String> 
     traceparent.map(str::to_owned)
 }
 
+/// The header carrying a record's event id (the body's, on every copy).
+pub const EVENT_ID: &str = "event_id";
+
 /// The header naming the service whose outbox a record came from, as the
 /// relay knows it (the database it read the row from), never as the row
 /// says: a consumer checks it against the message's type.
@@ -185,7 +188,7 @@ pub fn with_delivery_settings(mut base: ClientConfig, timeout: Duration) -> Clie
 pub fn headers(event_id: &str, event_type: &str, traceparent: Option<&str>) -> OwnedHeaders {
     let mut h = OwnedHeaders::new()
         .insert(Header {
-            key: "event_id",
+            key: EVENT_ID,
             value: Some(event_id),
         })
         .insert(Header {

@@ -278,7 +278,7 @@ pub fn admit(consumer: &str, topic: &str, batch: &[Traced<Envelope>]) -> Result<
             // The identity the record's header carries is the body's, or
             // a reader deduplicating on one would be fooled by the other.
             match &t.header_event_id {
-                Some(h) if *h != t.message.event_id.to_string() => Err(format!(
+                Some(h) if h.parse::<uuid::Uuid>().ok() != Some(t.message.event_id) => Err(format!(
                     "the record's event_id header {h} is not its body's {}",
                     t.message.event_id
                 )),
