@@ -102,8 +102,8 @@ pub async fn settle(mut claimed: Claimed<'_>, results: Vec<Result<(), PublishErr
                  (event_id, topic, message_key, event_type, traceparent, created_at,
                   first_published_at, published_at, attempts)
              SELECT event_id, topic, message_key, event_type, traceparent, created_at,
-                    clock_timestamp(), clock_timestamp(), attempts + 1
-             FROM gone
+                    t.at, t.at, attempts + 1
+             FROM gone, (SELECT clock_timestamp() AS at) t
              ON CONFLICT (event_id) DO UPDATE
                  SET published_at = excluded.published_at, attempts = p.attempts + excluded.attempts
              RETURNING xmax <> 0 AS again)
