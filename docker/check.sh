@@ -92,10 +92,14 @@ grep -q "\"id\":\"$id\"" <<<"$again" || fail "the same request again answered an
 say "the same Idempotency-Key again: the same order, Idempotent-Replayed: true"
 
 # Its journey, from the admin port inside the network.
-journey=$($compose exec -T order-api curl -sS "localhost:9180/orders/$id/journey")
+# The operator's credential opens it; nothing else does.
+refused=$($compose exec -T order-api curl -s -o /dev/null -w '%{http_code}' "localhost:9180/orders/$id/journey")
+[ "$refused" = 401 ] || fail "the journey answered $refused without a credential"
+journey=$($compose exec -T order-api sh -c "curl -sS -u \"operator:\$OPERATOR_KEY\" localhost:9180/orders/$id/journey")
 steps=$(grep -o '"kind"' <<<"$journey" | wc -l)
 [ "$steps" -gt 0 ] || fail "the journey of $id has no steps: $journey"
-say "the order's journey: $steps steps"
+grep -q '"missing":\[\]' <<<"$journey" || fail "the journey misses a part: $journey"
+say "the order's journey: $steps steps, every part read (401 without the operator's credential)"
 
 # Every service healthy, as the host sees it.
 $compose ps

@@ -255,7 +255,7 @@ pub async fn up(adopt: bool) -> anyhow::Result<()> {
     std::fs::write(workspace_root().join(".data/api-key"), &key)?;
     eprintln!("API key of client shop-1 (also in .data/api-key): {key}");
     eprintln!(
-        "the services' secrets (the operator's INVENTORY_OPERATOR_KEY, the gateway callers' keys): .data/secrets.env"
+        "the services' secrets (the operator's INVENTORY_OPERATOR_KEY and ORDER_API_OPERATOR_KEY, the gateway callers' keys): .data/secrets.env"
     );
     eprintln!(
         "Kafka as the operator (cargo xtask dlq, the admin principal over SASL/SCRAM and TLS): .data/kafka-admin.env"
@@ -263,7 +263,9 @@ pub async fn up(adopt: bool) -> anyhow::Result<()> {
     eprintln!(
         "stack up: order-api http://127.0.0.1:8080, inventory :8081, gateway https://127.0.0.1:8083 (its CA: .data/tls/ca.pem), broker 127.0.0.1:9092; logs in .data/logs. ctrl-c stops."
     );
-    eprintln!("an order's journey (each step, each copy an inbox absorbed): http://127.0.0.1:9180/journey?order=<id>");
+    eprintln!(
+        "an order's journey (each step, each copy an inbox absorbed): http://127.0.0.1:9180/journey?order=<id> (user operator, password ORDER_API_OPERATOR_KEY)"
+    );
     eprintln!(
         "admin endpoints (/health/ready, /metrics, /openapi.json): order-api :9180, inventory :9181, payment :9182, gateway :9183, relay :9184 (Prometheus text; queries in docs/observability.md)"
     );

@@ -2,8 +2,8 @@
 //! `Authorization: Bearer <secret>`, where each secret names one caller.
 //!
 //! The gateway knows its callers from `GATEWAY_CLIENTS`
-//! (`order-api=<secret>,payment-service=<secret>`), inventory-service its
-//! operator from `INVENTORY_OPERATOR_KEY`. A request whose secret matches
+//! (`order-api=<secret>,payment-service=<secret>`), a service its
+//! operator from `OPERATOR_KEY` ([`crate::admin::AccessArgs`]). A request whose secret matches
 //! runs as that caller — its [`credentials::Scope`]; any other is a 401
 //! problem+json, before any handler (and any database) is reached.
 //! Comparison is in constant time; the secrets never print.
@@ -50,6 +50,11 @@ impl Callers {
     /// The callers' names.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.0.iter().map(|(n, _)| n.as_str())
+    }
+
+    /// These callers and `others`'s, each under its own name.
+    pub fn and(&self, others: &Callers) -> Self {
+        Self(Arc::new(self.0.iter().chain(others.0.iter()).cloned().collect()))
     }
 }
 
@@ -114,6 +119,24 @@ pub fn presented(headers: &axum::http::HeaderMap) -> Option<&str> {
         .filter(|k| !k.is_empty())
 }
 
+/// The secret of a request by bearer or, for a person at a browser, by
+/// HTTP Basic (the secret as the password; the user name is not read).
+pub fn presented_or_basic(headers: &axum::http::HeaderMap) -> Option<String> {
+    use base64::Engine as _;
+    if let Some(bearer) = presented(headers) {
+        return Some(bearer.to_owned());
+    }
+    let encoded = headers
+        .get(header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Basic ")?
+        .trim();
+    let decoded = base64::engine::general_purpose::STANDARD.decode(encoded).ok()?;
+    let (_, password) = std::str::from_utf8(&decoded).ok()?.split_once(':')?;
+    Some(password.to_owned()).filter(|p| !p.is_empty())
+}
+
 /// The 401 every refused request gets (with `WWW-Authenticate: Bearer`).
 pub fn unauthenticated(detail: &str) -> Response {
     let mut resp = Problem::new(
@@ -130,17 +153,42 @@ pub fn unauthenticated(detail: &str) -> Response {
 
 /// The middleware: a known caller's request runs with its [`Scope`]; any
 /// other is refused.
-pub async fn require(State(callers): State<Callers>, mut req: Request, next: Next) -> Response {
-    let Some(secret) = presented(req.headers()) else {
+pub async fn require(State(callers): State<Callers>, req: Request, next: Next) -> Response {
+    let secret = presented(req.headers()).map(str::to_owned);
+    admit(&callers, secret.as_deref(), req, next)
+        .await
+        .unwrap_or_else(|r| r)
+}
+
+/// [`require`] for an admin port's records: a bearer credential or, from a
+/// browser, HTTP Basic with the credential as password — a refusal also
+/// offers Basic, so a browser asks its user for it.
+pub async fn require_admin(State(callers): State<Callers>, req: Request, next: Next) -> Response {
+    let secret = presented_or_basic(req.headers());
+    admit(&callers, secret.as_deref(), req, next)
+        .await
+        .unwrap_or_else(|mut r| {
+            r.headers_mut().append(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Basic realm=\"effectively-once admin\", charset=\"UTF-8\""),
+            );
+            r
+        })
+}
+
+async fn admit(callers: &Callers, secret: Option<&str>, mut req: Request, next: Next) -> Result<Response, Response> {
+    let Some(secret) = secret else {
         telemetry::metrics::incr("api_refusals_total", &[("reason", "unauthenticated")]);
-        return unauthenticated("a credential is required: Authorization: Bearer <secret>");
+        return Err(unauthenticated(
+            "a credential is required: Authorization: Bearer <secret>",
+        ));
     };
     let Some(caller) = callers.caller(secret).map(str::to_owned) else {
         telemetry::metrics::incr("api_refusals_total", &[("reason", "unauthenticated")]);
-        return unauthenticated("unknown credential");
+        return Err(unauthenticated("unknown credential"));
     };
     req.extensions_mut().insert(Scope(caller));
-    next.run(req).await
+    Ok(next.run(req).await)
 }
 
 /// The OpenAPI security scheme of a bearer-authenticated API: a service
@@ -211,6 +259,27 @@ mod tests {
         assert_eq!(both.caller(&secret('a')), Some("operator"), "the old one, while given");
         assert_eq!(both.caller(&secret('n')), Some("operator"));
         assert_eq!(operator(None).caller(&secret('a')), None, "the old one, once dropped");
+    }
+
+    #[test]
+    fn a_browser_may_send_the_secret_as_basic_auths_password() {
+        use axum::http::HeaderMap;
+        let with = |value: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::AUTHORIZATION, value.parse().unwrap());
+            presented_or_basic(&h)
+        };
+        // base64("operator:" + 32 × 'a') and base64("x:") — an empty password.
+        let basic = format!("Basic {}", "b3BlcmF0b3I6YWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFhYWE=");
+        assert_eq!(with(&basic), Some(secret('a')));
+        assert_eq!(with(&format!("Bearer {}", secret('b'))), Some(secret('b')));
+        assert_eq!(with("Basic eDo="), None, "an empty password");
+        assert_eq!(with("Basic !!!"), None, "not base64");
+        assert_eq!(presented_or_basic(&HeaderMap::new()), None);
+        let both = Callers::one("operator", secret('a').parse().unwrap())
+            .and(&format!("order-api={}", secret('b')).parse().unwrap());
+        assert_eq!(both.caller(&secret('b')), Some("order-api"));
+        assert_eq!(both.caller(&secret('a')), Some("operator"));
     }
 
     #[test]

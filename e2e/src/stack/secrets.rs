@@ -17,8 +17,16 @@ pub struct Secrets {
     pub order_api_gateway: String,
     /// payment-service's credential at the gateway.
     pub payment_gateway: String,
-    /// inventory-service's operator credential (stock endpoints).
+    /// inventory-service's operator credential (stock endpoints, its
+    /// admin records).
     pub operator: String,
+    /// order-api's operator credential (the journey on its admin port).
+    pub order_api_operator: String,
+    /// payment-service's operator credential (its admin records).
+    pub payment_operator: String,
+    /// order-api's credential at the participants' admin records (their
+    /// `ADMIN_READERS`).
+    pub order_api_reader: String,
 }
 
 impl std::fmt::Debug for Secrets {
@@ -39,6 +47,9 @@ impl Secrets {
             order_api_gateway: s(),
             payment_gateway: s(),
             operator: s(),
+            order_api_operator: s(),
+            payment_operator: s(),
+            order_api_reader: s(),
         }
     }
 
@@ -50,7 +61,10 @@ impl Secrets {
             .collect()
     }
 
-    /// Reads [`Self::to_env_file`]'s format back; None when a name is missing.
+    /// Reads [`Self::to_env_file`]'s format back; None when a name is
+    /// missing, except the admin ports' credentials, added later: a file
+    /// from before them gets fresh ones (its keys that fingerprint stored
+    /// data are kept).
     pub fn from_env_file(text: &str) -> Option<Self> {
         let get = |name: &str| {
             text.lines()
@@ -58,6 +72,7 @@ impl Secrets {
                 .map(|v| v.trim().to_owned())
                 .filter(|v| v.len() >= 32)
         };
+        let fresh = Self::generate();
         Some(Self {
             vault: get("GATEWAY_VAULT_KEY")?,
             order_api_fingerprint: get("ORDER_API_FINGERPRINT_KEY")?,
@@ -65,10 +80,13 @@ impl Secrets {
             order_api_gateway: get("ORDER_API_GATEWAY_KEY")?,
             payment_gateway: get("PAYMENT_GATEWAY_KEY")?,
             operator: get("INVENTORY_OPERATOR_KEY")?,
+            order_api_operator: get("ORDER_API_OPERATOR_KEY").unwrap_or(fresh.order_api_operator),
+            payment_operator: get("PAYMENT_OPERATOR_KEY").unwrap_or(fresh.payment_operator),
+            order_api_reader: get("ORDER_API_READER_KEY").unwrap_or(fresh.order_api_reader),
         })
     }
 
-    fn fields(&self) -> [(&'static str, &str); 6] {
+    fn fields(&self) -> [(&'static str, &str); 9] {
         [
             ("GATEWAY_VAULT_KEY", &self.vault),
             ("ORDER_API_FINGERPRINT_KEY", &self.order_api_fingerprint),
@@ -76,7 +94,25 @@ impl Secrets {
             ("ORDER_API_GATEWAY_KEY", &self.order_api_gateway),
             ("PAYMENT_GATEWAY_KEY", &self.payment_gateway),
             ("INVENTORY_OPERATOR_KEY", &self.operator),
+            ("ORDER_API_OPERATOR_KEY", &self.order_api_operator),
+            ("PAYMENT_OPERATOR_KEY", &self.payment_operator),
+            ("ORDER_API_READER_KEY", &self.order_api_reader),
         ]
+    }
+
+    /// A participant's `ADMIN_READERS`: order-api, for the journey.
+    fn readers(&self) -> String {
+        format!("order-api={}", self.order_api_reader)
+    }
+
+    /// The operator's credential for `s`'s admin records (None: it has none).
+    pub fn operator_of(&self, s: Service) -> Option<&str> {
+        match s {
+            Service::OrderApi => Some(&self.order_api_operator),
+            Service::Inventory => Some(&self.operator),
+            Service::Payment => Some(&self.payment_operator),
+            _ => None,
+        }
     }
 
     /// The environment that gives service `s` its secrets.
@@ -98,9 +134,18 @@ impl Secrets {
             Service::OrderApi => vec![
                 pair("IDEMPOTENCY_FINGERPRINT_KEY", &self.order_api_fingerprint),
                 pair("GATEWAY_API_KEY", &self.order_api_gateway),
+                pair("OPERATOR_KEY", &self.order_api_operator),
+                pair("PARTICIPANTS_ADMIN_KEY", &self.order_api_reader),
             ],
-            Service::Payment => vec![pair("GATEWAY_API_KEY", &self.payment_gateway)],
-            Service::Inventory => vec![pair("INVENTORY_OPERATOR_KEY", &self.operator)],
+            Service::Payment => vec![
+                pair("GATEWAY_API_KEY", &self.payment_gateway),
+                pair("OPERATOR_KEY", &self.payment_operator),
+                pair("ADMIN_READERS", &self.readers()),
+            ],
+            Service::Inventory => vec![
+                pair("OPERATOR_KEY", &self.operator),
+                pair("ADMIN_READERS", &self.readers()),
+            ],
             Service::Broker | Service::Relay => Vec::new(),
         }
     }
@@ -143,5 +188,10 @@ mod tests {
             assert!(gen.contains(&format!("echo \"{name}=")), "gen-env.sh lacks {name}");
         }
         assert!(Secrets::from_env_file("GATEWAY_VAULT_KEY=short").is_none());
+        // A file written before the admin credentials: those are new, the rest kept.
+        let old: String = text.lines().take(6).map(|l| format!("{l}\n")).collect();
+        let upgraded = Secrets::from_env_file(&old).expect("an older file reads");
+        assert_eq!(upgraded.vault, s.vault);
+        assert_ne!(upgraded.order_api_operator, s.order_api_operator);
     }
 }

@@ -1,7 +1,9 @@
 //! Every door locked: for every endpoint of every service, a request with
 //! no credential, a wrong one, and another principal's gets the documented
 //! status — and writes nothing (the tables of every database are counted
-//! before and after).
+//! before and after). The admin ports' routes too (`admin`).
+
+mod admin;
 
 use std::time::Duration;
 
@@ -289,6 +291,17 @@ async fn no_wrong_or_foreign_credential_opens_any_endpoint_or_writes_anything() 
     assert_eq!(status, 200, "order-api's grant reads payment-service's movements");
     let (status, _) = matrix[9].0.knock(&stack, &http, Some(&secrets.operator)).await;
     assert_eq!(status, 200);
+    // order-api's credential at the participants' admin records opens no
+    // operator's door on their API ports.
+    let (status, _) = matrix[9].0.knock(&stack, &http, Some(&secrets.order_api_reader)).await;
+    assert_eq!(status, 401, "the journey reader is no operator of stock");
+    let admin = admin::every_admin_route(&stack, &http, id).await;
+    assert_eq!(footprint(&stack).await, before, "an admin request wrote something");
+    println!(
+        "admin ports: {} requests as documented:\n{}",
+        admin.len(),
+        admin.join("\n")
+    );
     println!(
         "access: {} requests refused as documented:\n{}",
         seen.len(),

@@ -43,8 +43,15 @@ async fn an_orders_journey_shows_each_step_and_the_copy_an_inbox_absorbed() {
     assert_eq!(finals[&id].status, "CONFIRMED");
 
     let admin = stack.admin_url(Service::OrderApi);
+    let operator = stack.secrets().order_api_operator.clone();
+    let http = reqwest::Client::new();
     let read = || async {
-        let r = reqwest::get(format!("{admin}/orders/{id}/journey")).await.unwrap();
+        let r = http
+            .get(format!("{admin}/orders/{id}/journey"))
+            .bearer_auth(&operator)
+            .send()
+            .await
+            .unwrap();
         r.json::<Value>().await.unwrap()
     };
     // inventory-service answers the repeated command with its stored reply,
@@ -118,8 +125,12 @@ async fn an_orders_journey_shows_each_step_and_the_copy_an_inbox_absorbed() {
     let at: Vec<&str> = steps.iter().map(|s| s["at"].as_str().unwrap()).collect();
     assert!(at.windows(2).all(|w| w[0] <= w[1]), "oldest first");
 
-    // The page draws every step, the absorbed copy marked, the trace linked.
-    let page = format!("{admin}/journey?order={id}");
+    // The page draws every step, the absorbed copy marked, the trace
+    // linked: opened as a browser opens it, the operator's credential as
+    // Basic auth's password (in the URL, where a person types it at the
+    // browser's prompt), and the page's own request for the JSON rides on it.
+    let with_key = admin.replacen("http://", &format!("http://operator:{operator}@"), 1);
+    let page = format!("{with_key}/journey?order={id}");
     let dom = tokio::task::spawn_blocking({
         let page = page.clone();
         move || testkit::browser::dom(&page)
@@ -146,4 +157,45 @@ async fn an_orders_journey_shows_each_step_and_the_copy_an_inbox_absorbed() {
         let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/img/journey.png");
         std::fs::copy(&shot, docs).unwrap();
     }
+
+    // The fan-out is bounded: with one journey at a time and a participant
+    // that accepts and never answers, a second journey is refused at once
+    // (503, Retry-After) while the first waits out its call, then comes
+    // back with that participant's part named missing.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_url = format!("http://{}", silent.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((conn, _)) = silent.accept().await {
+            open.push(conn);
+        }
+    });
+    stack.set_env(Service::OrderApi, "INVENTORY_ADMIN_URL", &silent_url);
+    stack.set_env(Service::OrderApi, "JOURNEY_MAX_IN_FLIGHT", "1");
+    stack.restart(Service::OrderApi).await.unwrap();
+    let first = tokio::spawn({
+        let read = format!("{admin}/orders/{id}/journey");
+        let (http, operator) = (http.clone(), operator.clone());
+        async move { http.get(read).bearer_auth(operator).send().await.unwrap() }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = std::time::Instant::now();
+    let second = http
+        .get(format!("{admin}/orders/{id}/journey"))
+        .bearer_auth(&operator)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(second.status().as_u16(), 503, "one journey at a time");
+    assert!(started.elapsed() < Duration::from_secs(1), "refused at once");
+    assert_eq!(second.headers()["retry-after"], "1");
+    let first = first.await.unwrap();
+    assert_eq!(first.status().as_u16(), 200);
+    let first: Value = first.json().await.unwrap();
+    assert!(
+        first["missing"].to_string().contains("inventory-service"),
+        "{}",
+        first["missing"]
+    );
+    held.abort();
 }

@@ -184,8 +184,8 @@ async fn every_secret_rotated_under_load_fails_no_order() {
     more_orders(&load, 10).await;
     stack.set_env(Service::Payment, "GATEWAY_API_KEY", &new.payment_gateway);
     stack.restart(Service::Payment).await.unwrap();
-    stack.set_env(Service::Inventory, "INVENTORY_OPERATOR_KEY", &new.operator);
-    stack.set_env(Service::Inventory, "INVENTORY_OPERATOR_KEY_PREVIOUS", &old.operator);
+    stack.set_env(Service::Inventory, "OPERATOR_KEY", &new.operator);
+    stack.set_env(Service::Inventory, "OPERATOR_KEY_PREVIOUS", &old.operator);
     stack.restart(Service::Inventory).await.unwrap();
     let stock = format!("{}/stock", stack.url(Service::Inventory));
     assert_eq!(
@@ -214,7 +214,7 @@ async fn every_secret_rotated_under_load_fails_no_order() {
     // under them live (docs/operations.md).
     stack.set_env(Service::Gateway, "GATEWAY_CLIENTS", &callers(&[&new]));
     stack.restart(Service::Gateway).await.unwrap();
-    stack.set_env(Service::Inventory, "INVENTORY_OPERATOR_KEY_PREVIOUS", "");
+    stack.set_env(Service::Inventory, "OPERATOR_KEY_PREVIOUS", "");
     stack.restart(Service::Inventory).await.unwrap();
     more_orders(&load, 20).await;
     let (mut placed, failures) = load.stop().await;

@@ -3,7 +3,7 @@
 //!
 //! Also serves `GET /stock` and `PUT /stock/{sku}` (set the available count),
 //! used by the demo and the tests to seed and audit stock: an operator's
-//! endpoints, behind the operator credential (`INVENTORY_OPERATOR_KEY`).
+//! endpoints, behind the operator credential (`OPERATOR_KEY`).
 
 pub mod http;
 pub mod stock;
@@ -44,24 +44,10 @@ pub struct Config {
     /// The HTTP port's limits: header and body read timeouts, connections at once.
     #[command(flatten)]
     pub http: service_kit::ServeArgs,
-    /// The operator's credential for the stock endpoints
-    /// (`Authorization: Bearer …`), ≥ 32 characters, no default.
-    #[arg(
-        long,
-        env = "INVENTORY_OPERATOR_KEY",
-        value_name = "INVENTORY_OPERATOR_KEY",
-        hide_env_values = true
-    )]
-    pub operator_key: service_kit::Secret,
-    /// The operator's credential before the last rotation, accepted beside
-    /// the new one until every operator has the new one.
-    #[arg(
-        long,
-        env = "INVENTORY_OPERATOR_KEY_PREVIOUS",
-        value_name = "INVENTORY_OPERATOR_KEY_PREVIOUS",
-        hide_env_values = true
-    )]
-    pub previous_operator_key: Option<service_kit::Secret>,
+    /// The operator's credential (the stock endpoints, and the journey
+    /// records on the admin port) and who else may read those records.
+    #[command(flatten)]
+    pub access: service_kit::admin::AccessArgs,
     /// Logs.
     #[command(flatten)]
     pub log: LogArgs,
@@ -148,11 +134,7 @@ impl App {
         consumer.spawn_batches(&mut tasks, self.pool.clone(), |pool, envelopes| async move {
             stock::handle_batch(&pool, envelopes).await
         });
-        let operator = service_kit::bearer::Callers::rotating(
-            "operator",
-            self.config.operator_key.clone(),
-            self.config.previous_operator_key.clone(),
-        );
+        let operator = self.config.access.operator();
         let app = Router::new()
             .route("/stock", get(http::list))
             .route("/stock/{sku}", put(http::set))
@@ -163,7 +145,7 @@ impl App {
             .with_state(self.pool.clone());
         let admin = service_kit::admin::router(&self.pool, tasks.health())
             .route("/openapi.json", service_kit::http::openapi_route::<(), ApiDoc>())
-            .merge(saga_kit::journey::router(self.pool.clone()));
+            .merge(self.config.access.guard(saga_kit::journey::router(self.pool.clone())));
         tasks.serve(self.listener, app, self.config.http.clone());
         tasks.serve_admin(self.admin, admin);
         tasks.wait().await

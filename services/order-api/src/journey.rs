@@ -11,11 +11,12 @@
 
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
-use axum::response::{Html, IntoResponse};
+use axum::response::{Html, IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, Utc};
 use saga_kit::journey::{Part, PaymentRecord, Received, Sent};
 use serde::Serialize;
+use service_kit::problem::Problem;
 use uuid::Uuid;
 
 use crate::AppState;
@@ -33,6 +34,20 @@ pub struct JourneyArgs {
     /// Jaeger's UI, for the journey page's link to the order's trace.
     #[arg(long, env = "JAEGER_UI_URL", default_value = "http://127.0.0.1:16686")]
     pub jaeger_ui_url: String,
+    /// order-api's credential at the participants' admin ports (each one's
+    /// `ADMIN_READERS` names it); unset: their parts are refused and the
+    /// journey says so.
+    #[arg(
+        long,
+        env = "PARTICIPANTS_ADMIN_KEY",
+        value_name = "PARTICIPANTS_ADMIN_KEY",
+        hide_env_values = true
+    )]
+    pub participants_admin_key: Option<service_kit::Secret>,
+    /// Journeys drawn at once; one more is answered 503 with `Retry-After`
+    /// at once: each fans out to two participants and the gateway.
+    #[arg(long, env = "JOURNEY_MAX_IN_FLIGHT", default_value_t = 4)]
+    pub journey_max_in_flight: usize,
 }
 
 /// The admin router's state: order-api's own, and where the rest is.
@@ -41,6 +56,7 @@ pub struct Sources {
     state: AppState,
     args: JourneyArgs,
     http: reqwest::Client,
+    in_flight: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
 impl Sources {
@@ -50,7 +66,13 @@ impl Sources {
             .timeout(std::time::Duration::from_secs(3))
             .build()
             .expect("an HTTP client with a timeout builds");
-        Self { state, args, http }
+        let in_flight = std::sync::Arc::new(tokio::sync::Semaphore::new(args.journey_max_in_flight.max(1)));
+        Self {
+            state,
+            args,
+            http,
+            in_flight,
+        }
     }
 }
 
@@ -118,12 +140,25 @@ pub struct Journey {
     pub missing: Vec<String>,
 }
 
-/// `GET /orders/{id}/journey`.
-pub async fn show(State(src): State<Sources>, Path(id): Path<Uuid>) -> Result<Json<Journey>, (StatusCode, String)> {
+/// `GET /orders/{id}/journey`: at most `JOURNEY_MAX_IN_FLIGHT` at once.
+pub async fn show(State(src): State<Sources>, Path(id): Path<Uuid>) -> Response {
+    let Ok(_permit) = src.in_flight.clone().try_acquire_owned() else {
+        telemetry::metrics::incr("api_refusals_total", &[("reason", "journeys_in_flight")]);
+        let mut busy = Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "/problems/overloaded",
+            "Overloaded",
+            "as many journeys as allowed are being drawn; try again in a second",
+        )
+        .into_response();
+        busy.headers_mut()
+            .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+        return busy;
+    };
     match of(&src, id).await {
-        Ok(Some(j)) => Ok(Json(j)),
-        Ok(None) => Err((StatusCode::NOT_FOUND, format!("no order {id}"))),
-        Err(e) => Err((StatusCode::SERVICE_UNAVAILABLE, format!("orders database: {e}"))),
+        Ok(Some(j)) => Json(j).into_response(),
+        Ok(None) => (StatusCode::NOT_FOUND, format!("no order {id}")).into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("orders database: {e}")).into_response(),
     }
 }
 
@@ -328,7 +363,11 @@ impl Sources {
     }
 
     async fn get_json<T: serde::de::DeserializeOwned>(&self, url: &str, query: &[(&str, String)]) -> anyhow::Result<T> {
-        let r = self.http.get(url).query(query).send().await?;
+        let mut get = self.http.get(url).query(query);
+        if let Some(key) = &self.args.participants_admin_key {
+            get = get.bearer_auth(key.expose());
+        }
+        let r = get.send().await?;
         anyhow::ensure!(r.status().is_success(), "{url} answered {}", r.status());
         Ok(r.json().await?)
     }

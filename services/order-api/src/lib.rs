@@ -62,6 +62,9 @@ pub struct Config {
     /// ports) and links its trace.
     #[command(flatten)]
     pub journey: journey::JourneyArgs,
+    /// The operator's credential for the journey on the admin port.
+    #[command(flatten)]
+    pub access: service_kit::admin::AccessArgs,
     /// The payment gateway: its card vault (every new order's card number
     /// becomes a token there) and its record of operations (reconciliation);
     /// order-api's credential there.
@@ -248,7 +251,12 @@ impl App {
             http::router(self.state.clone()),
             self.config.http.clone(),
         );
-        let admin = http::admin_router(self.state.clone(), tasks.health(), self.config.journey.clone());
+        let admin = http::admin_router(
+            self.state.clone(),
+            tasks.health(),
+            self.config.journey.clone(),
+            &self.config.access,
+        );
         tasks.serve_admin(self.admin, admin);
         tasks.wait().await
     }

@@ -46,6 +46,10 @@ pub struct Config {
     /// `IDEMPOTENCY_TTL_SECS`). Must be at least `INBOX_RETENTION_SECS`.
     #[arg(long, env = "GATEWAY_KEY_TTL_SECS", default_value_t = 8 * 86_400)]
     pub gateway_key_ttl_secs: u64,
+    /// The operator's credential for the records on the admin port (the
+    /// order's payments, its journey part) and who else may read them.
+    #[command(flatten)]
+    pub access: service_kit::admin::AccessArgs,
     /// Seconds an operation may stay PENDING before the gateway is asked
     /// what it did under the operation's key.
     #[arg(long, env = "PAYMENT_PENDING_DEADLINE_SECS", default_value_t = 60)]
@@ -130,9 +134,10 @@ impl App {
                 async move { reconcile::scan(&deps, deadline).await }
             },
         );
-        let admin = service_kit::admin::router(&self.deps.pool, tasks.health())
-            .merge(saga_kit::journey::router(self.deps.pool.clone()))
-            .merge(records::router(self.deps.pool.clone()));
+        let admin =
+            service_kit::admin::router(&self.deps.pool, tasks.health()).merge(self.config.access.guard(
+                saga_kit::journey::router(self.deps.pool.clone()).merge(records::router(self.deps.pool.clone())),
+            ));
         tasks.serve_admin(self.listener, admin);
         tasks.wait().await
     }
@@ -162,6 +167,8 @@ mod tests {
             "postgres://unused",
             "--gateway-api-key",
             &"k".repeat(32),
+            "--operator-key",
+            &"o".repeat(32),
             "--kafka-plaintext",
             "--inbox-retention-secs",
             "3600",
@@ -178,6 +185,8 @@ mod tests {
             "postgres://unused",
             "--gateway-api-key",
             &"k".repeat(32),
+            "--operator-key",
+            &"o".repeat(32),
             "--kafka-plaintext",
             "--gateway-key-ttl-secs",
             "86400",

@@ -58,14 +58,20 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// The admin router: health, metrics, `/openapi.json` and an order's
-/// journey (`crate::journey`), on the admin listener only.
-pub fn admin_router(state: AppState, health: service_kit::Health, journey: crate::journey::JourneyArgs) -> Router {
+/// The admin router: health, metrics, `/openapi.json` and, behind the
+/// operator's credential, an order's journey (`crate::journey`), on the
+/// admin listener only.
+pub fn admin_router(
+    state: AppState,
+    health: service_kit::Health,
+    journey: crate::journey::JourneyArgs,
+    access: &service_kit::admin::AccessArgs,
+) -> Router {
     let journeys = Router::new()
         .route("/orders/{id}/journey", get(crate::journey::show))
         .route("/journey", get(crate::journey::page))
         .with_state(crate::journey::Sources::new(state.clone(), journey));
     service_kit::admin::router(&state.pool, health)
         .route("/openapi.json", service_kit::http::openapi_route::<(), ApiDoc>())
-        .merge(journeys)
+        .merge(access.guard(journeys))
 }

@@ -94,6 +94,8 @@ impl TestApi {
             &ttl,
             "--idempotency-fingerprint-key",
             mock_gateway::random_secret().expose(),
+            "--operator-key",
+            mock_gateway::random_secret().expose(),
         ])
         .expect("configuration");
         configure(&mut config);
