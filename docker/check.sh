@@ -93,9 +93,15 @@ say "the same Idempotency-Key again: the same order, Idempotent-Replayed: true"
 
 # Its journey, from the admin port inside the network.
 # The operator's credential opens it; nothing else does.
-refused=$($compose exec -T order-api curl -s -o /dev/null -w '%{http_code}' "localhost:9180/orders/$id/journey")
+refused=$($compose exec -T order-api sh -c "curl -s -o /dev/null -w '%{http_code}' http://\$ADMIN_ADDR/orders/$id/journey")
 [ "$refused" = 401 ] || fail "the journey answered $refused without a credential"
-journey=$($compose exec -T order-api sh -c "curl -sS -u \"operator:\$OPERATOR_KEY\" localhost:9180/orders/$id/journey")
+journey=$($compose exec -T order-api sh -c "curl -sS -u \"operator:\$OPERATOR_KEY\" http://\$ADMIN_ADDR/orders/$id/journey")
+# … and nothing on the data network reaches the admin port: from the seed's
+# container (data only) order-api's API answers, its admin port does not.
+from_data=$($compose run --rm -T --entrypoint sh seed -c \
+    "curl -s -m 3 -o /dev/null -w '%{http_code} ' http://order-api:8080/orders; curl -s -m 3 -o /dev/null -w '%{http_code}' http://order-api:9180/health/live" || true)
+[ "$from_data" = "401 000" ] || fail "from the data network, API and admin port answered: $from_data (expected 401 000)"
+say "from the data network: order-api's API answers 401, its admin port nothing"
 steps=$(grep -o '"kind"' <<<"$journey" | wc -l)
 [ "$steps" -gt 0 ] || fail "the journey of $id has no steps: $journey"
 grep -q '"missing":\[\]' <<<"$journey" || fail "the journey misses a part: $journey"

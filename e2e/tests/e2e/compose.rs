@@ -277,8 +277,8 @@ fn compose_sends_traces_to_jaeger_and_prometheus_scrapes_every_service() {
             .and_then(|a| a.rsplit(':').next())
             .expect("ADMIN_ADDR");
         assert!(
-            targets.contains(&format!("{name}:{port}")),
-            "prometheus does not scrape {name}:{port} ({targets:?})"
+            targets.contains(&format!("{name}-admin:{port}")),
+            "prometheus does not scrape {name}-admin:{port} ({targets:?})"
         );
     }
     let mounts = mounts(&services["prometheus"]);
