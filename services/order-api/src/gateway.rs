@@ -67,9 +67,9 @@ impl Client {
         Ok(token)
     }
 
-    /// Whether this process has `card`'s token already (no vault call for it).
-    pub fn knows(&self, card: &str) -> bool {
-        self.tokens.contains_key(&self.digest(card))
+    /// `card`'s token, if this process has it already (no vault call for it).
+    pub fn cached(&self, card: &str) -> Option<CardToken> {
+        self.tokens.get(&self.digest(card))
     }
 
     /// The cache's key of `card`: its HMAC-SHA256 under this process's key.

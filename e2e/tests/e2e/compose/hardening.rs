@@ -92,7 +92,10 @@ fn admin_ports_listen_on_the_management_network_alone() {
         assert!(ip.starts_with(prefix), "{name}: {ip} in {subnet}");
         assert!(seen.insert(ip.to_owned()), "{name}: {ip} taken twice");
         let health = s["healthcheck"]["test"][1].as_str().unwrap_or_default();
-        assert!(health.contains("$${ADMIN_ADDR}"), "{name}'s healthcheck reaches it: {health}");
+        assert!(
+            health.contains("$${ADMIN_ADDR}"),
+            "{name}'s healthcheck reaches it: {health}"
+        );
     }
     assert_eq!(seen.len(), 5, "the five services");
     let order_api = &compose()["services"]["order-api"]["environment"];
@@ -101,7 +104,10 @@ fn admin_ports_listen_on_the_management_network_alone() {
         ("PAYMENT_ADMIN_URL", "payment-service-admin"),
     ] {
         assert!(
-            order_api[var].as_str().unwrap().starts_with(&format!("http://{alias}:")),
+            order_api[var]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("http://{alias}:")),
             "{var} over the management network"
         );
     }

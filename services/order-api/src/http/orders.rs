@@ -1,5 +1,6 @@
 //! Order endpoints.
 
+use crate::gateway::CardToken;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -112,8 +113,9 @@ where
 }
 
 impl CreateOrder {
-    /// Checks every field; the card number is still in `self.card`.
-    fn validate(&self) -> Result<(), ApiError> {
+    /// Checks every field; the card's digits, once valid (the number is
+    /// still in `self.card`).
+    fn validate(&self) -> Result<String, ApiError> {
         let mut problems = Vec::new();
         if self.sku.is_empty() || self.sku.chars().count() > 64 {
             problems.push("sku must be 1..=64 characters");
@@ -129,41 +131,39 @@ impl CreateOrder {
         if !(1..=MAX_AMOUNT_CENTS).contains(&self.amount_cents) {
             problems.push("amount_cents must be between 1 and 100000000");
         }
-        if card_digits(&self.card).is_none() {
+        let digits = card_digits(&self.card);
+        if digits.is_none() {
             problems.push("card must be 12..=19 digits (spaces or dashes between them allowed)");
         }
-        if !problems.is_empty() {
-            return Err(ApiError::Unprocessable(problems.join("; ")));
+        match digits {
+            Some(digits) if problems.is_empty() => Ok(digits),
+            _ => Err(ApiError::Unprocessable(problems.join("; "))),
         }
-        Ok(())
-    }
-
-    /// Whether this process has the card's token already (no vault call).
-    fn card_known(&self, gateway: &crate::gateway::Client) -> bool {
-        card_digits(&self.card).is_some_and(|digits| gateway.knows(&digits))
     }
 
     /// The order to store: the card number replaced by the gateway's token
     /// and its last four digits.
-    async fn tokenise(self, gateway: &crate::gateway::Client) -> Result<NewOrder, ApiError> {
-        let digits =
-            card_digits(&self.card).ok_or_else(|| ApiError::Unprocessable("card must be 12..=19 digits".into()))?;
-        let token = gateway.tokenise(&digits).await.map_err(|e| match e {
-            crate::gateway::Error::Unavailable(e) => {
-                // The cause (a host, a refused credential) is the operator's, not the client's.
-                tracing::warn!(error = %e, "card vault unavailable");
-                ApiError::Unavailable("the card vault is unavailable: nothing was stored, retry later".into())
-            }
-            crate::gateway::Error::Refused(e) => ApiError::Unprocessable(format!("card refused by the vault: {e}")),
-        })?;
-        Ok(NewOrder {
+    fn with(self, token: CardToken) -> NewOrder {
+        NewOrder {
             sku: self.sku,
             quantity: self.quantity,
             amount_cents: self.amount_cents,
             card_token: token.token,
             card_last4: token.last4,
-        })
+        }
     }
+}
+
+/// The vault's token of a card this process has not tokenised before.
+async fn tokenise_new(gateway: &crate::gateway::Client, digits: &str) -> Result<CardToken, ApiError> {
+    gateway.tokenise(digits).await.map_err(|e| match e {
+        crate::gateway::Error::Unavailable(e) => {
+            // The cause (a host, a refused credential) is the operator's, not the client's.
+            tracing::warn!(error = %e, "card vault unavailable");
+            ApiError::Unavailable("the card vault is unavailable: nothing was stored, retry later".into())
+        }
+        crate::gateway::Error::Refused(e) => ApiError::Unprocessable(format!("card refused by the vault: {e}")),
+    })
 }
 
 /// Parses a JSON body: syntax errors are 400, shape errors (missing or
@@ -227,22 +227,29 @@ pub async fn create(
     request: Idempotent,
 ) -> Result<Response, ApiError> {
     let body = parse_json::<CreateOrder>(&request.body)?;
-    body.validate()?;
-    let mut conn = deadline.within(state.pool.acquire()).await??;
-    if !body.card_known(&state.gateway) {
-        // A card the vault must see: a retry of a completed request is
-        // answered first, without a vault call, and only new work spends
-        // the client's allowance of new cards.
-        if let Some(outcome) = idempotency::answered(&mut conn, request.keyed()).await? {
-            return Ok(idempotency::respond(outcome)?);
-        }
-        if let Err(refused) = state.auth.allow_new_card(&request.scope) {
-            return Ok(refused.into_response());
-        }
-    }
+    let digits = body.validate()?;
     // The number goes to the vault and no further: the order keeps the token.
-    let new = deadline.within(body.tokenise(&state.gateway)).await??;
-    deadline.commit(create_in(state, conn, request, new)).await
+    let token = match state.gateway.cached(&digits) {
+        Some(token) => token,
+        None => {
+            // A card the vault must see: a retry of a completed request is
+            // answered first, without a vault call, and only new work
+            // spends the client's allowance of new cards. The connection
+            // of that look-up goes back before the vault is called: a slow
+            // vault holds no connection of the pool.
+            let mut conn = deadline.within(state.pool.acquire()).await??;
+            if let Some(outcome) = idempotency::answered(&mut conn, request.keyed()).await? {
+                return Ok(idempotency::respond(outcome)?);
+            }
+            drop(conn);
+            if let Err(refused) = state.auth.allow_new_card(&request.scope) {
+                return Ok(refused.into_response());
+            }
+            deadline.within(tokenise_new(&state.gateway, &digits)).await??
+        }
+    };
+    let conn = deadline.within(state.pool.acquire()).await??;
+    deadline.commit(create_in(state, conn, request, body.with(token))).await
 }
 
 /// The order's transaction on `conn`: the key claimed (or its answer
