@@ -106,3 +106,46 @@ async fn a_client_past_its_new_cards_is_refused_and_a_known_key_is_answered_firs
     assert_eq!(reused.status, 422, "{}", String::from_utf8_lossy(&reused.body));
     api.stop().await;
 }
+
+/// A vault that does not answer holds none of the pool's connections:
+/// with one connection, while a new card waits on the vault, another
+/// request is served at once. Removal tried: the early look-up's
+/// connection kept across the vault call — this failed (the GET waited
+/// for the vault's timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_vault_holds_no_connection_of_the_pool() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let vault = format!("http://{}", silent.local_addr().unwrap());
+    let accepting = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((conn, _)) = silent.accept().await {
+            open.push(conn);
+        }
+    });
+    let api = std::sync::Arc::new(
+        TestApi::start_configured(Duration::from_secs(3600), |config| {
+            config.db.pool_size = 1;
+            config.gateway.url = vault;
+            config.admission.deadline_ms = 5_000;
+        })
+        .await,
+    );
+    let nothing = "/orders/00000000-0000-0000-0000-000000000000";
+    assert_eq!(api.get(nothing, "test-client").await.status, 404, "the key cached");
+    let waiting = {
+        let api = api.clone();
+        tokio::spawn(async move { api.post("/orders", "new-card", None, ORDER).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = std::time::Instant::now();
+    assert_eq!(api.get(nothing, "test-client").await.status, 404);
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "served while the vault is silent: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(waiting.await.unwrap().status, 503, "the silent vault's card");
+    assert_eq!(api.counts().await, (0, 0, 0), "nothing stored for it");
+    accepting.abort();
+    std::sync::Arc::into_inner(api).unwrap().stop().await;
+}
