@@ -27,7 +27,7 @@ impl Stack {
     }
 
     /// The addresses `s` listens on, and (order-api) where its journey
-    /// page reads the participants' parts.
+    /// page reads the participants' parts and where a browser finds it.
     pub(super) fn address_env(&self, s: Service) -> Vec<(String, String)> {
         let mut env = vec![("ADMIN_ADDR".to_owned(), self.admin_addr(s))];
         if s.has_api() {
@@ -36,6 +36,7 @@ impl Stack {
         if s == Service::OrderApi {
             env.push(("INVENTORY_ADMIN_URL".into(), self.admin_url(Service::Inventory)));
             env.push(("PAYMENT_ADMIN_URL".into(), self.admin_url(Service::Payment)));
+            env.push(("JOURNEY_PUBLIC_URL".into(), self.admin_url(Service::OrderApi)));
         }
         env
     }

@@ -26,8 +26,9 @@ async fn an_orders_journey_shows_each_step_and_the_copy_an_inbox_absorbed() {
         amount_cents: 1_250,
         card: GOOD_CARD.into(),
     };
+    let key = new_key();
     let id = client
-        .place_order(&new_key(), &order, Duration::from_secs(10))
+        .place_order(&key, &order, Duration::from_secs(10))
         .await
         .unwrap()
         .id;
@@ -157,6 +158,51 @@ async fn an_orders_journey_shows_each_step_and_the_copy_an_inbox_absorbed() {
         let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/img/journey.png");
         std::fs::copy(&shot, docs).unwrap();
     }
+
+    // One click away: the API's answer about the order links its journey,
+    // and the page without an order lists the orders, found by the key
+    // the client placed it with.
+    let answer = stack
+        .http_client(Duration::from_secs(5))
+        .unwrap()
+        .get(format!("{}/orders/{id}", stack.url(Service::OrderApi)))
+        .bearer_auth(stack.api_key())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        answer.headers()["link"].to_str().unwrap(),
+        format!("<{admin}/journey?order={id}>; rel=\"journey\"")
+    );
+    let list = |query: String| {
+        let (http, operator, admin) = (http.clone(), operator.clone(), admin.clone());
+        async move {
+            let r = http
+                .get(format!("{admin}/orders?{query}"))
+                .bearer_auth(&operator)
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let (status, by_key) = list(format!("q={key}")).await;
+    assert_eq!(status, 200);
+    assert_eq!(by_key.as_array().unwrap().len(), 1, "{by_key}");
+    assert_eq!(by_key[0]["id"], id.to_string());
+    let (_, by_id) = list(format!("q={id}")).await;
+    assert_eq!(by_id[0]["id"], id.to_string());
+    let (_, confirmed) = list("status=CONFIRMED".into()).await;
+    assert!(confirmed.as_array().unwrap().iter().any(|o| o["id"] == id.to_string()));
+    let (_, none) = list("status=CANCELLED".into()).await;
+    assert_eq!(none, serde_json::json!([]));
+    assert_eq!(list("status=LOST".into()).await.0, 400);
+    let listing = tokio::task::spawn_blocking(move || testkit::browser::dom(&format!("{with_key}/journey")))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(listing.contains("data-listed=\"1\""), "{listing}");
+    assert!(listing.contains(&format!("journey?order={id}")), "{listing}");
 
     // The fan-out is bounded: with one journey at a time and a participant
     // that accepts and never answers, a second journey is refused at once

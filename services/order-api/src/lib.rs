@@ -248,7 +248,10 @@ impl App {
         );
         tasks.serve(
             self.listener,
-            http::router(self.state.clone()),
+            http::links::journey_links(
+                http::router(self.state.clone()),
+                self.config.journey.public_url.as_deref(),
+            ),
             self.config.http.clone(),
         );
         let admin = http::admin_router(

@@ -73,6 +73,11 @@ pub async fn every_admin_route(stack: &e2e::Stack, http: &reqwest::Client, order
         format!("/journey?order={order}"),
         &[Who::OrderApiOperator],
     ));
+    doors.push((
+        Service::OrderApi,
+        "/orders?status=CONFIRMED".to_owned(),
+        &[Who::OrderApiOperator],
+    ));
     let part = format!("/journey/{order}?events=");
     doors.push((
         Service::Inventory,

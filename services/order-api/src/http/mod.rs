@@ -2,6 +2,7 @@
 
 pub mod admission;
 pub mod error;
+pub mod links;
 pub mod orders;
 
 use axum::routing::{get, post};
@@ -70,6 +71,7 @@ pub fn admin_router(
     let journeys = Router::new()
         .route("/orders/{id}/journey", get(crate::journey::show))
         .route("/journey", get(crate::journey::page))
+        .route("/orders", get(crate::journey::recent::list))
         .with_state(crate::journey::Sources::new(state.clone(), journey));
     service_kit::admin::router(&state.pool, health)
         .route("/openapi.json", service_kit::http::openapi_route::<(), ApiDoc>())

@@ -21,6 +21,8 @@ use uuid::Uuid;
 
 use crate::AppState;
 
+pub mod recent;
+
 /// Where the parts of a journey are, besides order-api's own database.
 #[derive(Debug, Clone, clap::Args)]
 pub struct JourneyArgs {
@@ -34,6 +36,11 @@ pub struct JourneyArgs {
     /// Jaeger's UI, for the journey page's link to the order's trace.
     #[arg(long, env = "JAEGER_UI_URL", default_value = "http://127.0.0.1:16686")]
     pub jaeger_ui_url: String,
+    /// Where an operator's browser reaches this admin port (e.g.
+    /// `http://127.0.0.1:9180`): set, every answer about one order on the
+    /// API carries `Link: <…/journey?order=<id>>; rel="journey"`.
+    #[arg(long, env = "JOURNEY_PUBLIC_URL")]
+    pub public_url: Option<String>,
     /// order-api's credential at the participants' admin ports (each one's
     /// `ADMIN_READERS` names it); unset: their parts are refused and the
     /// journey says so.
@@ -164,10 +171,7 @@ pub async fn show(State(src): State<Sources>, Path(id): Path<Uuid>) -> Response 
 
 /// `GET /journey?order={id}`: the page.
 pub async fn page() -> impl IntoResponse {
-    (
-        [(header::CACHE_CONTROL, "no-store")],
-        Html(include_str!("journey.html")),
-    )
+    ([(header::CACHE_CONTROL, "no-store")], Html(include_str!("page.html")))
 }
 
 /// The journey of order `id` (None: no such order).
