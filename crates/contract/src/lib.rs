@@ -5,6 +5,7 @@
 //! - [`message`]: the commands from the order saga and the participants'
 //!   replies, each with the topic it travels on;
 //! - [`producers`]: which service may send which message, on which topic;
+//! - [`repeats`]: what a repeat of each message gets from its consumer;
 //! - [`envelope`]: the envelope every message travels in — identity
 //!   (`event_id`), causality (`correlation_id`, `causation_id`) and the W3C
 //!   trace context of the span that wrote it.
@@ -15,6 +16,7 @@
 pub mod envelope;
 pub mod message;
 pub mod producers;
+pub mod repeats;
 pub mod schema;
 pub mod topics;
 

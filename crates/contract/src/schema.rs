@@ -178,7 +178,8 @@ pub fn asyncapi() -> Value {
                 "headers": {"$ref": "#/components/schemas/Headers"},
                 "payload": {"$ref": format!("#/components/schemas/{event_type}")},
                 "correlationId": {"location": "$message.payload#/correlation_id"},
-                "x-topic": message.topic()
+                "x-topic": message.topic(),
+                "x-on-repeat": crate::repeats::of(event_type).map(|r| r.on_repeat.says())
             }),
         );
     }
@@ -251,7 +252,7 @@ pub fn asyncapi() -> Value {
 }
 
 /// A payload that fits `schema` well enough to name the message's topic.
-fn example_payload(schema: &Value) -> Value {
+pub(crate) fn example_payload(schema: &Value) -> Value {
     let payload = &schema["properties"]["payload"];
     if payload["type"] == "null" {
         return Value::Null;

@@ -297,3 +297,51 @@ async fn the_same_put_twice_leaves_what_one_put_left() {
     assert_eq!(db.available().await, 7, "set, not added: the repeat changed nothing");
     db.drop().await;
 }
+
+/// Each command this service consumes, repeated under its event id after
+/// its replies were published, gets what `contract::repeats::ON_REPEAT`
+/// (docs/contract.md, "What a repeat gets") says: its first replies again,
+/// under their first ids, and no second movement of stock.
+#[tokio::test]
+async fn every_command_repeated_gets_what_the_contract_says() {
+    use contract::repeats::{OnRepeat, ON_REPEAT};
+    let ours: Vec<_> = ON_REPEAT
+        .iter()
+        .filter(|r| r.consumer == contract::topics::consumers::INVENTORY.name)
+        .collect();
+    assert_eq!(ours.len(), 2, "{ours:?}");
+    for r in ours {
+        let db = Db::new(10).await;
+        let handle = |e: Envelope| inventory_service::stock::handle(&db.pool, e);
+        let order = Uuid::new_v4();
+        let command = match r.event_type {
+            "ReserveStock" => reserve(order, 2),
+            "ReleaseStock" => {
+                assert_eq!(handle(reserve(order, 2)).await.unwrap(), Handled::Applied);
+                Envelope::new(order, &Message::ReleaseStock, None)
+            }
+            other => panic!("no case for {other}"),
+        };
+        let replies = || async {
+            sqlx::query_scalar::<_, Uuid>("SELECT event_id FROM outbox ORDER BY id")
+                .fetch_all(&db.pool)
+                .await
+                .unwrap()
+        };
+        sqlx::query("DELETE FROM outbox").execute(&db.pool).await.unwrap();
+        assert_eq!(handle(command.clone()).await.unwrap(), Handled::Applied);
+        let first = replies().await;
+        assert!(!first.is_empty(), "{}: a reply", r.event_type);
+        let stock = db.available().await;
+        // Published: the relay settles a row by deleting it.
+        sqlx::query("DELETE FROM outbox").execute(&db.pool).await.unwrap();
+        assert_eq!(handle(command).await.unwrap(), Handled::Duplicate, "{}", r.event_type);
+        let again = replies().await;
+        match r.on_repeat {
+            OnRepeat::StoredReplies => assert_eq!(again, first, "{}: the first replies again", r.event_type),
+            OnRepeat::Nothing => assert!(again.is_empty(), "{}: nothing", r.event_type),
+        }
+        assert_eq!(db.available().await, stock, "{}: no second movement", r.event_type);
+        db.drop().await;
+    }
+}

@@ -36,8 +36,8 @@ pub struct JourneyArgs {
     /// Jaeger's UI, for the journey page's link to the order's trace.
     #[arg(long, env = "JAEGER_UI_URL", default_value = "http://127.0.0.1:16686")]
     pub jaeger_ui_url: String,
-    /// Where an operator's browser reaches this admin port (e.g.
-    /// `http://127.0.0.1:9180`): set, every answer about one order on the
+    /// Where an operator's browser reaches this admin port, such as
+    /// `http://127.0.0.1:9180`; set, every answer about one order on the
     /// API carries `Link: <…/journey?order=<id>>; rel="journey"`.
     #[arg(long, env = "JOURNEY_PUBLIC_URL")]
     pub public_url: Option<String>,

@@ -259,3 +259,79 @@ async fn a_batch_moves_each_order_through_its_replies_in_order() {
     drop(conn);
     pool.close().await;
 }
+
+/// Each reply the saga consumes, repeated under its event id after it
+/// moved the order, gets what `contract::repeats::ON_REPEAT`
+/// (docs/contract.md, "What a repeat gets") says: nothing — no
+/// transition, no history step, no command.
+#[tokio::test]
+async fn every_reply_repeated_gets_what_the_contract_says() {
+    use contract::repeats::{OnRepeat, ON_REPEAT};
+    let ours: Vec<_> = ON_REPEAT
+        .iter()
+        .filter(|r| r.consumer == contract::topics::consumers::ORDER_SAGA.name)
+        .collect();
+    assert_eq!(ours.len(), 7, "{ours:?}");
+    let db = TempDb::new("eo_saga");
+    let pool = order_api::connect(db.url(), 4).await.unwrap();
+    for r in ours {
+        // The reply, and the state in which it moves an order.
+        let (reply, from) = match r.event_type {
+            "StockReserved" => (Message::StockReserved, Status::Pending),
+            "StockRejected" => (Message::StockRejected { reason: "none".into() }, Status::Pending),
+            "StockReleased" => (Message::StockReleased, Status::Cancelling),
+            "PaymentCaptured" => (
+                Message::PaymentCaptured { charge_id: "ch".into() },
+                Status::AwaitingPayment,
+            ),
+            "PaymentDeclined" => (
+                Message::PaymentDeclined { reason: "no".into() },
+                Status::AwaitingPayment,
+            ),
+            "PaymentRefunded" => (Message::PaymentRefunded { refund_id: "re".into() }, Status::Refunding),
+            "RefundFailed" => (Message::RefundFailed { reason: "no".into() }, Status::Refunding),
+            other => panic!("no case for {other}"),
+        };
+        let mut conn = pool.acquire().await.unwrap();
+        let new = NewOrder {
+            sku: "WIDGET".into(),
+            quantity: 1,
+            amount_cents: 500,
+            card_token: "tok_test".into(),
+            card_last4: "4242".into(),
+        };
+        let order = orders::insert(&mut conn, "test", &new).await.unwrap();
+        sqlx::query("UPDATE orders SET status = $2 WHERE id = $1")
+            .bind(order.id)
+            .bind(from.as_str())
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        sqlx::query("DELETE FROM outbox").execute(&mut *conn).await.unwrap();
+        let envelope = Envelope::new(order.id, &reply, None);
+        let handled = order_api::saga::handle(&pool, envelope.clone()).await.unwrap();
+        assert_eq!(handled, Handled::Applied, "{} in {from:?}", r.event_type);
+        let after = state_of(&mut conn, order.id).await;
+        assert_ne!(after.0, from, "{}: the first copy moved the order", r.event_type);
+        sqlx::query("DELETE FROM outbox").execute(&mut *conn).await.unwrap();
+        let again = order_api::saga::handle(&pool, envelope).await.unwrap();
+        assert_eq!(again, Handled::Duplicate, "{}", r.event_type);
+        let sent: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        match r.on_repeat {
+            OnRepeat::Nothing => assert_eq!(sent, 0, "{}: no message", r.event_type),
+            OnRepeat::StoredReplies => panic!("{}: the saga stores no replies", r.event_type),
+        }
+        let repeated = state_of(&mut conn, order.id).await;
+        assert_eq!(repeated, after, "{}: no transition, no step", r.event_type);
+    }
+    pool.close().await;
+}
+
+/// An order's state and the number of its history steps.
+async fn state_of(conn: &mut sqlx::PgConnection, id: uuid::Uuid) -> (Status, usize) {
+    let status = orders::get(conn, id).await.unwrap().unwrap().status;
+    (status, orders::history(conn, id).await.unwrap().len())
+}

@@ -267,3 +267,65 @@ async fn a_command_past_every_window_is_stopped_by_the_kept_payment_row() {
         "one charge: the kept payment row stopped the repeat"
     );
 }
+
+/// Each command this service consumes, repeated under its event id after
+/// its replies were published, gets what `contract::repeats::ON_REPEAT`
+/// (docs/contract.md, "What a repeat gets") says: its first replies again,
+/// under their first ids, and nothing more at the gateway.
+#[tokio::test]
+async fn every_command_repeated_gets_what_the_contract_says() {
+    use contract::repeats::{OnRepeat, ON_REPEAT};
+    let ours: Vec<_> = ON_REPEAT
+        .iter()
+        .filter(|r| r.consumer == contract::topics::consumers::PAYMENT.name)
+        .collect();
+    assert_eq!(ours.len(), 2, "{ours:?}");
+    for r in ours {
+        let f = fixture().await;
+        let order = Uuid::now_v7();
+        let command = match r.event_type {
+            "ChargePayment" => charge(order, &f.card_token().await),
+            "RefundPayment" => {
+                let charged = payments::handle(&f.deps, charge(order, &f.card_token().await)).await;
+                assert_eq!(charged.unwrap(), Handled::Applied);
+                let refund = Message::RefundPayment {
+                    amount_cents: 1500,
+                    attempt: 1,
+                };
+                Envelope::new(order, &refund, None)
+            }
+            other => panic!("no case for {other}"),
+        };
+        let replies = || async {
+            sqlx::query_scalar::<_, Uuid>("SELECT event_id FROM outbox ORDER BY id")
+                .fetch_all(&f.deps.pool)
+                .await
+                .unwrap()
+        };
+        let publish = || async {
+            // The relay settles a published row by deleting it.
+            sqlx::query("DELETE FROM outbox").execute(&f.deps.pool).await.unwrap();
+        };
+        publish().await;
+        assert_eq!(
+            payments::handle(&f.deps, command.clone()).await.unwrap(),
+            Handled::Applied
+        );
+        let first = replies().await;
+        assert!(!first.is_empty(), "{}: a reply", r.event_type);
+        let ledger = f.ledger(order).await;
+        publish().await;
+        let again = payments::handle(&f.deps, command).await.unwrap();
+        assert_eq!(again, Handled::Duplicate, "{}", r.event_type);
+        match r.on_repeat {
+            OnRepeat::StoredReplies => assert_eq!(replies().await, first, "{}: the first replies again", r.event_type),
+            OnRepeat::Nothing => assert!(replies().await.is_empty(), "{}: nothing", r.event_type),
+        }
+        assert_eq!(
+            f.ledger(order).await,
+            ledger,
+            "{}: nothing more at the gateway",
+            r.event_type
+        );
+    }
+}
