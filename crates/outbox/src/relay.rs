@@ -19,6 +19,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
 
 use crate::Result;
 
@@ -136,7 +137,7 @@ impl<P: Publisher> Relay<P> {
         self
     }
 
-    /// Sets the fallback poll interval (when no notification arrives).
+    /// Sets how long an idle relay waits before it looks for pending rows again.
     pub fn poll_interval(mut self, interval: Duration) -> Self {
         self.poll_interval = interval;
         self
@@ -146,6 +147,33 @@ impl<P: Publisher> Relay<P> {
     pub fn in_flight(mut self, batches: usize) -> Self {
         self.in_flight = batches.max(1);
         self
+    }
+
+    /// The relay as the textbook draws it: one batch at a time — [`claim`],
+    /// [`deliver`], [`settle`] on one connection, in one transaction — and
+    /// a pause of the poll interval when nothing is pending or a step
+    /// failed (the rows stay pending; the next round takes them). [`Self::run`]
+    /// is the same three steps with several batches at the broker at once.
+    pub async fn run_simple(&self, shutdown: CancellationToken) {
+        while !shutdown.is_cancelled() {
+            let round = async {
+                let mut conn = self.pool.acquire().await?;
+                let Some(batch) = claim(&mut conn, self.batch).await? else {
+                    return Ok::<_, crate::Error>(None);
+                };
+                let results = deliver(&self.publisher, &batch).await;
+                settle(batch, results).await.map(Some)
+            };
+            match round.await {
+                Ok(Some(round)) if round.failed == 0 => continue,
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, source = %self.source, "relay round failed"),
+            }
+            tokio::select! {
+                () = tokio::time::sleep(self.poll_interval) => {}
+                () = shutdown.cancelled() => {}
+            }
+        }
     }
 
     /// Claims, publishes and settles one batch: the lesson of `core.rs`
