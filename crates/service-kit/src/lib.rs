@@ -34,7 +34,7 @@ pub mod shutdown;
 pub mod supervisor;
 
 pub use config::{DbArgs, LogArgs, LogFormat, TraceArgs};
-pub use credentials::Secret;
+pub use credentials::{Scope, Secret};
 pub use serve::ServeArgs;
 pub use supervisor::{Health, Supervisor, Waiting};
 

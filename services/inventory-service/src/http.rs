@@ -78,6 +78,7 @@ pub struct SetStock {
 )]
 pub async fn set(
     State(pool): State<PgPool>,
+    axum::Extension(caller): axum::Extension<service_kit::Scope>,
     Path(sku): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<StatusCode, Problem> {
@@ -98,12 +99,22 @@ pub async fn set(
             "sku must be 1..=64 characters".into(),
         ));
     }
+    // The change and its audit event in one statement: who set which
+    // count, and what it was before.
     sqlx::query(
-        "INSERT INTO stock (sku, available) VALUES ($1, $2)
-         ON CONFLICT (sku) DO UPDATE SET available = EXCLUDED.available, updated_at = now()",
+        "WITH before AS (SELECT available FROM stock WHERE sku = $1),
+         set AS (
+             INSERT INTO stock (sku, available) VALUES ($1, $2)
+             ON CONFLICT (sku) DO UPDATE SET available = EXCLUDED.available, updated_at = now()
+             RETURNING available)
+         INSERT INTO audit_log (actor, action, subject, detail)
+         SELECT $3, 'stock.set', $1,
+                'available ' || set.available || coalesce(' (was ' || (SELECT available FROM before) || ')', ' (new)')
+         FROM set",
     )
     .bind(&sku)
     .bind(body.available)
+    .bind(&caller.0)
     .execute(&pool)
     .await
     .map_err(unavailable)?;

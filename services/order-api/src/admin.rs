@@ -19,6 +19,13 @@ pub enum Command {
         #[command(subcommand)]
         action: Keys,
     },
+    /// The audit trail, newest first: failed authentications, refusals,
+    /// keys created and revoked.
+    Audit {
+        /// How many events.
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
 }
 
 /// `order-api keys …`
@@ -29,8 +36,11 @@ pub enum Keys {
         /// The client (the scope of its Idempotency-Keys and owner of its orders).
         #[arg(long)]
         client: String,
+        /// Days until the key stops working; without it, it does not expire.
+        #[arg(long)]
+        expires_in_days: Option<u32>,
     },
-    /// Every key: id, client, created, revoked.
+    /// Every key: id, client, created, revoked or expiring.
     List,
     /// Revoke a key (it stops working within API_KEY_CACHE_SECS).
     Revoke {
@@ -88,16 +98,25 @@ pub async fn run(command: Command, db: &service_kit::DbArgs) -> anyhow::Result<(
             );
         }
         Command::Keys {
-            action: Keys::Create { client },
+            action: Keys::Create {
+                client,
+                expires_in_days,
+            },
         } => {
-            let (id, key) = auth::create_key(&pool, &client).await?;
+            let expires = expires_in_days.map(|d| chrono::Utc::now() + chrono::Duration::days(d.into()));
+            let (id, key) = auth::create_key_expiring(&pool, &client, expires).await?;
             eprintln!("key {id} for client {client:?} (shown once; keep it secret):");
             println!("{key}");
         }
         Command::Keys { action: Keys::List } => {
-            for (id, client, created, revoked) in auth::list_keys(&pool).await? {
-                let state = revoked.map_or("active".to_owned(), |r| format!("revoked {r}"));
-                println!("{id}  {client:<24}  created {created}  {state}");
+            for k in auth::list_keys(&pool).await? {
+                let state = match (k.revoked_at, k.expires_at) {
+                    (Some(r), _) => format!("revoked {r}"),
+                    (None, Some(e)) if e <= chrono::Utc::now() => format!("expired {e}"),
+                    (None, Some(e)) => format!("active, expires {e}"),
+                    (None, None) => "active".to_owned(),
+                };
+                println!("{}  {:<24}  created {}  {state}", k.id, k.client_id, k.created_at);
             }
         }
         Command::Keys {
@@ -105,6 +124,20 @@ pub async fn run(command: Command, db: &service_kit::DbArgs) -> anyhow::Result<(
         } => {
             anyhow::ensure!(auth::revoke_key(&pool, id).await?, "no active key {id}");
             println!("key {id} revoked");
+        }
+        Command::Audit { limit } => {
+            for e in crate::audit::recent(&pool, limit).await? {
+                let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+                println!(
+                    "{}  {:<10}  {:<16}  {}  from {}  {}",
+                    e.at,
+                    e.actor,
+                    e.action,
+                    opt(e.subject),
+                    opt(e.source),
+                    opt(e.detail)
+                );
+            }
         }
     }
     Ok(())

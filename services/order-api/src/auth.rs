@@ -33,10 +33,8 @@ use axum::extract::{Request, State};
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use rand::RngCore as _;
 use sha2::{Digest as _, Sha256};
 use sqlx::PgPool;
-use uuid::Uuid;
 
 /// How long a failed lookup of a key answers for it: the requests with that
 /// key get a 503 without a query until then.
@@ -123,6 +121,8 @@ pub struct Auth {
     new_cards: Limiter<String>,
     /// Database lookups made (tests and benches read it).
     lookups_made: std::sync::atomic::AtomicU64,
+    /// Refusals written to the audit trail, once per (actor, reason) a minute.
+    pub refusals: crate::audit::Refusals,
 }
 
 /// A limiter of `rate` per second per key, bursting to `burst`.
@@ -135,7 +135,9 @@ fn limiter<K: std::hash::Hash + Eq + Clone>(rate: f64, burst: f64) -> Limiter<K>
     governor::RateLimiter::keyed(quota)
 }
 
+mod keys;
 mod refusal;
+pub use keys::{create_key, create_key_expiring, list_keys, revoke_key, Key};
 pub use refusal::Refusal;
 
 impl Auth {
@@ -146,6 +148,7 @@ impl Auth {
             return Ok(());
         }
         telemetry::metrics::incr("api_refusals_total", &[("reason", "new_cards")]);
+        self.refusals.refused(client, "new_cards", None);
         Err(Refusal::TooManyNewCards(self.args.new_cards_per_min))
     }
 }
@@ -160,6 +163,7 @@ impl Auth {
     pub fn new(pool: PgPool, args: AuthArgs) -> Arc<Self> {
         let lookups = args.lookups_per_sec;
         Arc::new(Self {
+            refusals: crate::audit::Refusals::new(pool.clone()),
             pool,
             keys: moka::future::Cache::builder()
                 .max_capacity(REMEMBERED)
@@ -221,16 +225,29 @@ impl Auth {
         }
         telemetry::metrics::incr("api_key_lookups_total", &[]);
         self.lookups_made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let client: Option<String> =
-            sqlx::query_scalar("SELECT client_id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL")
-                .bind(&digest)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(|e| {
-                    tracing::error!(error = %e, "API key lookup failed");
-                    self.failed.insert(digest.clone(), ());
-                    Refusal::Unavailable
-                })?;
+        // A key that opens nothing is written to the audit trail in the
+        // lookup's own statement (a key answered from memory was written
+        // when it was looked up).
+        let client: Option<String> = sqlx::query_scalar(
+            "WITH k AS (
+                 SELECT client_id FROM api_keys
+                 WHERE key_hash = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())),
+             failed AS (
+                 INSERT INTO audit_log (actor, action, subject, source, detail)
+                 SELECT 'unknown', 'auth.failed', 'key sha256 ' || left($1, 12), $2,
+                        'an API key unknown, revoked or expired'
+                 WHERE NOT EXISTS (SELECT 1 FROM k))
+             SELECT client_id FROM k",
+        )
+        .bind(&digest)
+        .bind(peer.map(|p| p.to_string()))
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(|e| {
+            tracing::error!(error = %e, "API key lookup failed");
+            self.failed.insert(digest.clone(), ());
+            Refusal::Unavailable
+        })?;
         match client {
             Some(_) => self.known_good.insert(digest, ()),
             None if refresh => self.known_good.invalidate(&digest),
@@ -276,6 +293,9 @@ pub async fn middleware(State(auth): State<Arc<Auth>>, mut req: Request, next: N
                 _ => "unauthenticated",
             };
             telemetry::metrics::incr("api_refusals_total", &[("reason", reason)]);
+            if reason == "lookup_limited" {
+                auth.refusals.refused("unknown", reason, peer);
+            }
             return refusal.into_response();
         }
     };
@@ -290,6 +310,7 @@ pub async fn middleware(State(auth): State<Arc<Auth>>, mut req: Request, next: N
     }
     if let Err(refusal) = auth.admit(&client) {
         telemetry::metrics::incr("api_refusals_total", &[("reason", "rate_limited")]);
+        auth.refusals.refused(&client, "rate_limited", peer);
         return refusal.into_response();
     }
     // A body without a length (chunked) is cut at the limit as it is read.
@@ -326,54 +347,6 @@ fn body_refusal(e: axum::Error, max: usize) -> Refusal {
         source = e.source();
     }
     Refusal::Incomplete
-}
-
-/// A new API key for `client`: its id and the key itself, which is shown
-/// once and stored only as its hash.
-pub async fn create_key(pool: &PgPool, client: &str) -> anyhow::Result<(Uuid, String)> {
-    anyhow::ensure!(
-        !client.is_empty() && client.len() <= 64 && client.bytes().all(|b| (0x21..=0x7e).contains(&b)),
-        "a client id is 1..=64 printable ASCII characters"
-    );
-    let mut secret = [0u8; 20];
-    rand::rngs::OsRng.fill_bytes(&mut secret);
-    let key = format!("eo_{}", hex::encode(secret));
-    let id = Uuid::now_v7();
-    sqlx::query("INSERT INTO api_keys (id, client_id, key_hash) VALUES ($1, $2, $3)")
-        .bind(id)
-        .bind(client)
-        .bind(hash(&key))
-        .execute(pool)
-        .await?;
-    Ok((id, key))
-}
-
-/// Revokes key `id`; whether it was active.
-pub async fn revoke_key(pool: &PgPool, id: Uuid) -> sqlx::Result<bool> {
-    Ok(
-        sqlx::query("UPDATE api_keys SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL")
-            .bind(id)
-            .execute(pool)
-            .await?
-            .rows_affected()
-            == 1,
-    )
-}
-
-/// Every key: (id, client, created, revoked).
-pub async fn list_keys(
-    pool: &PgPool,
-) -> sqlx::Result<
-    Vec<(
-        Uuid,
-        String,
-        chrono::DateTime<chrono::Utc>,
-        Option<chrono::DateTime<chrono::Utc>>,
-    )>,
-> {
-    sqlx::query_as("SELECT id, client_id, created_at, revoked_at FROM api_keys ORDER BY created_at")
-        .fetch_all(pool)
-        .await
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 //! cancelled or one of them dies. Tests start the real service on port 0.
 
 pub mod admin;
+pub mod audit;
 pub mod auth;
 pub mod gateway;
 pub mod http;
@@ -86,6 +87,10 @@ pub struct Config {
     /// order is kept, in seconds; the order row itself stays.
     #[arg(long, env = "ORDER_HISTORY_RETENTION_SECS", default_value_t = DEFAULT_HISTORY_RETENTION_SECS)]
     pub history_retention_secs: u64,
+    /// How long the audit trail keeps an event, in days (PCI DSS asks a
+    /// year at least).
+    #[arg(long, env = "AUDIT_RETENTION_DAYS", default_value_t = 400)]
+    pub audit_retention_days: u64,
     /// Connections of the saga consumer's own pool. The consumer never
     /// queues behind `POST /orders` for a connection: sharing the one pool,
     /// the saga fell behind the intake it serves (measured:
@@ -208,6 +213,16 @@ impl App {
             service_kit::periodic::PURGE_EVERY,
             pool,
             idempotency::reap_from,
+        );
+        let (pool, audit_for) = (
+            self.state.pool.clone(),
+            Duration::from_secs(config.audit_retention_days.saturating_mul(86_400)),
+        );
+        tasks.spawn_purge(
+            "audit retention",
+            service_kit::periodic::PURGE_EVERY,
+            pool,
+            move |pool, n| async move { audit::purge(&mut *pool.acquire().await?, audit_for, n).await },
         );
         let (pool, retention) = (
             self.state.pool.clone(),

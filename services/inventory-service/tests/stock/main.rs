@@ -287,6 +287,7 @@ async fn the_same_put_twice_leaves_what_one_put_left() {
     for _ in 0..2 {
         let status = inventory_service::http::set(
             State(db.pool.clone()),
+            axum::Extension(service_kit::Scope("operator".into())),
             Path("A".to_owned()),
             axum::body::Bytes::from_static(br#"{"available": 7}"#),
         )
@@ -295,6 +296,14 @@ async fn the_same_put_twice_leaves_what_one_put_left() {
         assert_eq!(status, axum::http::StatusCode::NO_CONTENT);
     }
     assert_eq!(db.available().await, 7, "set, not added: the repeat changed nothing");
+    // Each change is in the audit trail: who, what, and what it was before.
+    let trail: Vec<(String, String, String, String)> =
+        sqlx::query_as("SELECT actor, action, subject, detail FROM audit_log ORDER BY id")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    let event = |detail: &str| ("operator".into(), "stock.set".into(), "A".into(), detail.into());
+    assert_eq!(trail, [event("available 7 (was 10)"), event("available 7 (was 7)")]);
     db.drop().await;
 }
 

@@ -248,3 +248,70 @@ async fn concurrent_requests_with_one_uncached_key_share_one_lookup() {
     assert_eq!(api.auth.lookups_made() - before, 1, "one lookup for 200 requests");
     api.stop().await;
 }
+
+/// The audit trail: a key that opens nothing is written with where it came
+/// from, a refusal once per (client, reason) a minute, a key's creation
+/// and revocation with the operator as the actor; an expired key opens
+/// nothing. Removals tried: the lookup's audit insert dropped, and the
+/// expiry condition dropped — each failed this.
+#[tokio::test]
+async fn the_audit_trail_keeps_failed_keys_refusals_and_key_changes_and_an_expired_key_opens_nothing() {
+    let api = TestApi::start_with(
+        Duration::from_secs(3600),
+        AuthArgs {
+            rate_per_sec: 0.1,
+            burst: 1.0,
+            key_cache_secs: 0,
+            ..AuthArgs::default()
+        },
+    )
+    .await;
+    let with_key = |key: String| {
+        let http = api.http.clone();
+        let url = api.url("/orders/00000000-0000-0000-0000-000000000000");
+        async move { http.get(url).bearer_auth(key).send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(with_key("eo_not_a_key_at_all".into()).await, 401);
+    let expired = order_api::auth::create_key_expiring(
+        &api.pool,
+        "late-client",
+        Some(chrono::Utc::now() - chrono::Duration::seconds(1)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(with_key(expired.1).await, 401, "an expired key opens nothing");
+    let (id, key) = order_api::auth::create_key(&api.pool, "busy-client").await.unwrap();
+    assert_eq!(with_key(key.clone()).await, 404, "the key works");
+    for _ in 0..3 {
+        assert_eq!(with_key(key.clone()).await, 429, "past its burst");
+    }
+    assert!(order_api::auth::revoke_key(&api.pool, id).await.unwrap());
+    // The refusal is written in the background.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let trail: Vec<(String, String, Option<String>, Option<String>)> =
+        sqlx::query_as("SELECT actor, action, subject, source FROM audit_log ORDER BY id")
+            .fetch_all(&api.pool)
+            .await
+            .unwrap();
+    let actions: Vec<(&str, &str)> = trail.iter().map(|(a, b, _, _)| (a.as_str(), b.as_str())).collect();
+    assert_eq!(
+        actions,
+        [
+            ("unknown", "auth.failed"),
+            ("operator", "api_key.created"),
+            ("unknown", "auth.failed"),
+            ("operator", "api_key.created"),
+            ("busy-client", "refused"),
+            ("operator", "api_key.revoked"),
+        ],
+        "{trail:#?}"
+    );
+    assert_eq!(trail[0].3.as_deref(), Some("127.0.0.1"), "from where");
+    assert!(
+        trail[0].2.as_deref().unwrap().starts_with("key sha256 "),
+        "never the key"
+    );
+    assert_eq!(trail[4].2.as_deref(), Some("rate_limited"));
+    assert_eq!(trail[5].2, Some(id.to_string()));
+    api.stop().await;
+}
