@@ -20,7 +20,8 @@ const DASHBOARD: &str = concat!(
 /// relay publish failing, a row re-sent by a deadline, an inbox miss,
 /// a reconciler's action). Their panels have other queries that must
 /// return data.
-const QUIET_ON_A_CALM_RUN: [&str; 7] = [
+const QUIET_ON_A_CALM_RUN: [&str; 8] = [
+    "http_idempotent_in_flight_total",
     "consumer_dead_lettered_total",
     "gateway_credential_refusals_total",
     "relay_publish_errors_total",
@@ -188,6 +189,10 @@ async fn every_panel_returns_data_from_a_running_stack() {
     for topic in contract::topics::ALL {
         e2e::chaos::copy_recent(&stack, topic, 3).await.expect("copies");
     }
+    // A retried request at each key layer, so that its panel has data:
+    // a client's POST again (layer 1), a charge again at the gateway
+    // under its key, as payment-service would send it (layer 4).
+    replay_at_each_key_layer(&stack).await;
     let http = reqwest::Client::new();
     let absorbed = "sum by (consumer) (consumer_duplicates_absorbed_total)";
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -221,4 +226,53 @@ async fn every_panel_returns_data_from_a_running_stack() {
     assert!(empty.is_empty(), "queries without data:\n{}", empty.join("\n"));
     drop(prometheus);
     stack.shutdown(true).await.unwrap();
+}
+
+/// One request sent twice under its Idempotency-Key at order-api and at
+/// the gateway: each is answered the second time from its stored answer.
+async fn replay_at_each_key_layer(stack: &e2e::Stack) {
+    use e2e::driver::{new_key, Client, OrderRequest, GOOD_CARD};
+    let client = Client::new(stack, Duration::from_secs(5)).unwrap();
+    let order = OrderRequest {
+        sku: "WIDGET".into(),
+        quantity: 1,
+        amount_cents: 100,
+        card: GOOD_CARD.into(),
+    };
+    let key = new_key();
+    for replayed in [false, true] {
+        let posted = client.post_order(&key, &order).await.unwrap();
+        assert_eq!(posted.replayed, replayed, "{}", posted.body);
+    }
+    let http = stack.http_client(Duration::from_secs(5)).unwrap();
+    let gateway = stack.url(Service::Gateway);
+    let secrets = stack.secrets();
+    let token: Value = http
+        .post(format!("{gateway}/v1/tokens"))
+        .bearer_auth(&secrets.order_api_gateway)
+        .json(&serde_json::json!({"card": GOOD_CARD}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let charge = serde_json::json!({
+        "order_id": uuid::Uuid::new_v4(),
+        "amount_cents": 100,
+        "card_token": token["token"],
+    });
+    let key = new_key();
+    for replayed in [false, true] {
+        let r = http
+            .post(format!("{gateway}/v1/charges"))
+            .bearer_auth(&secrets.payment_gateway)
+            .header("idempotency-key", &key)
+            .json(&charge)
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{}", r.status());
+        assert_eq!(r.headers().contains_key("idempotent-replayed"), replayed);
+    }
 }
