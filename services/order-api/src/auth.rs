@@ -69,6 +69,11 @@ pub struct AuthArgs {
     /// New cards one client may send at once above that rate.
     #[arg(long, env = "API_NEW_CARDS_BURST", default_value_t = 100.0)]
     pub new_cards_burst: f64,
+    /// A client whose payments were declined this many times in the last
+    /// hour may send no new card (429) until the hour rolls on: card
+    /// testing shows as declines. 0: no limit.
+    #[arg(long, env = "API_DECLINES_PER_HOUR", default_value_t = 100)]
+    pub declines_per_hour: u32,
 }
 
 impl Default for AuthArgs {
@@ -81,6 +86,7 @@ impl Default for AuthArgs {
             lookups_per_sec: 20.0,
             new_cards_per_min: 600.0,
             new_cards_burst: 100.0,
+            declines_per_hour: 100,
         }
     }
 }
@@ -150,6 +156,37 @@ impl Auth {
         telemetry::metrics::incr("api_refusals_total", &[("reason", "new_cards")]);
         self.refusals.refused(client, "new_cards", None);
         Err(Refusal::TooManyNewCards(self.args.new_cards_per_min))
+    }
+
+    /// Whether `client` may send a new card, by its declined payments of
+    /// the last hour (`API_DECLINES_PER_HOUR`); refused, counted in
+    /// `api_refusals_total{reason="declines"}`.
+    pub async fn allow_declines(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        client: &str,
+    ) -> sqlx::Result<Result<(), Refusal>> {
+        let limit = self.args.declines_per_hour;
+        if limit == 0 {
+            return Ok(Ok(()));
+        }
+        let declined: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM (
+                 SELECT 1 FROM orders
+                 WHERE client_id = $1 AND cancel_reason = 'payment_declined'
+                   AND updated_at > now() - interval '1 hour'
+                 LIMIT $2) d",
+        )
+        .bind(client)
+        .bind(i64::from(limit))
+        .fetch_one(conn)
+        .await?;
+        if declined < i64::from(limit) {
+            return Ok(Ok(()));
+        }
+        telemetry::metrics::incr("api_refusals_total", &[("reason", "declines")]);
+        self.refusals.refused(client, "declines", None);
+        Ok(Err(Refusal::TooManyDeclines(limit)))
     }
 }
 

@@ -23,6 +23,9 @@ pub enum Refusal {
     /// Over the client's allowance of new cards.
     #[error("more than {0} new cards a minute from this client; nothing was stored")]
     TooManyNewCards(f64),
+    /// Too many declined payments in the last hour.
+    #[error("{0} payments of this client were declined in the last hour: no new card until fewer were")]
+    TooManyDeclines(u32),
     /// Over the remote address's allowance of key lookups.
     #[error("more than {0} lookups of uncached API keys per second from this address")]
     TooManyLookups(f64),
@@ -50,6 +53,11 @@ impl IntoResponse for Refusal {
                 "/problems/too-many-new-cards",
                 "Too many new cards",
             ),
+            Self::TooManyDeclines(_) => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "/problems/too-many-declines",
+                "Too many declined payments",
+            ),
             Self::Unavailable => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "/problems/unavailable",
@@ -69,6 +77,9 @@ impl IntoResponse for Refusal {
             }
             Self::TooMany(_) | Self::TooManyLookups(_) | Self::TooManyNewCards(_) | Self::Unavailable => {
                 resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(1));
+            }
+            Self::TooManyDeclines(_) => {
+                resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(60));
             }
             Self::TooLarge(_) | Self::Incomplete => {}
         }

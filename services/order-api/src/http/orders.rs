@@ -241,6 +241,9 @@ pub async fn create(
             if let Some(outcome) = idempotency::answered(&mut conn, request.keyed()).await? {
                 return Ok(idempotency::respond(outcome)?);
             }
+            if let Err(refused) = state.auth.allow_declines(&mut conn, &request.scope).await? {
+                return Ok(refused.into_response());
+            }
             drop(conn);
             if let Err(refused) = state.auth.allow_new_card(&request.scope) {
                 return Ok(refused.into_response());

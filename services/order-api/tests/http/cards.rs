@@ -149,3 +149,64 @@ async fn a_silent_vault_holds_no_connection_of_the_pool() {
     accepting.abort();
     std::sync::Arc::into_inner(api).unwrap().stop().await;
 }
+
+/// Card testing shows as declines: a client with `API_DECLINES_PER_HOUR`
+/// declined payments in the last hour may send no new card (429, nothing
+/// stored), while a card this process knows still works and another client
+/// is not affected. Removal tried: the check out of the new-card path — the
+/// new card was a 201, failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_with_too_many_declines_may_send_no_new_card() {
+    let api = TestApi::start_with(
+        Duration::from_secs(3600),
+        order_api::auth::AuthArgs {
+            declines_per_hour: 2,
+            ..order_api::auth::AuthArgs::default()
+        },
+    )
+    .await;
+    assert_eq!(
+        api.post("/orders", "known", None, ORDER).await.status,
+        201,
+        "a card now known"
+    );
+    sqlx::query(
+        "UPDATE orders SET status = 'CANCELLED', cancel_reason = 'payment_declined', updated_at = now()
+         WHERE client_id = 'test-client'",
+    )
+    .execute(&api.pool)
+    .await
+    .unwrap();
+    let other = ORDER.replace("4242424242424242", "5555555555554444");
+    assert_eq!(
+        api.post("/orders", "new-1", None, &other).await.status,
+        201,
+        "one decline: allowed"
+    );
+    sqlx::query(
+        "UPDATE orders SET status = 'CANCELLED', cancel_reason = 'payment_declined', updated_at = now()
+         WHERE client_id = 'test-client'",
+    )
+    .execute(&api.pool)
+    .await
+    .unwrap();
+    let third = ORDER.replace("4242424242424242", "4000056655665556");
+    let refused = api.post("/orders", "new-2", None, &third).await;
+    assert_eq!(refused.status, 429, "{}", String::from_utf8_lossy(&refused.body));
+    assert_eq!(refused.json()["type"], "/problems/too-many-declines");
+    assert!(refused.retry_after);
+    assert_eq!(api.counts().await.0, 2, "nothing stored for it");
+    assert_eq!(
+        api.post("/orders", "known-2", None, ORDER).await.status,
+        201,
+        "a known card"
+    );
+    assert_eq!(
+        api.post("/orders", "other", Some("another-client"), &third)
+            .await
+            .status,
+        201,
+        "another client"
+    );
+    api.stop().await;
+}
