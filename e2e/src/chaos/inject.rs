@@ -115,6 +115,39 @@ pub async fn copy_recent(stack: &Stack, topic: &str, tail: i64) -> anyhow::Resul
     Ok(copied)
 }
 
+/// Re-produces the last message of each partition of `topic` as a *new*
+/// event: the same fact under a fresh `event_id` — what a producer that
+/// minted ids at publish would send. Each reader's inbox sees it as new;
+/// the business key behind it must stop it, and the consumer records an
+/// inbox miss (`inbox_misses_total`). Returns how many were produced.
+pub async fn republish_as_new(stack: &Stack, topic: &str) -> anyhow::Result<usize> {
+    let (brokers, t) = (stack.kafka(), topic.to_owned());
+    let group = format!("republisher-{}", Uuid::new_v4());
+    let (messages, _) = tokio::task::spawn_blocking(move || {
+        kafka::read_topic_at_most(
+            &brokers,
+            &t,
+            &group,
+            rdkafka::Offset::OffsetTail(1),
+            Duration::from_millis(1500),
+            usize::MAX,
+        )
+    })
+    .await??;
+    let producer = kafka::producer(&stack.kafka())?;
+    let mut sent = 0;
+    use rdkafka::Message as _;
+    for m in &messages {
+        if let Ok(first) = Envelope::from_bytes(m.payload().unwrap_or_default()) {
+            let mut again = first.clone();
+            again.event_id = Uuid::now_v7();
+            publish(&producer, topic, &again).await?;
+            sent += 1;
+        }
+    }
+    Ok(sent)
+}
+
 /// The header that marks a copy the injector produced (the services ignore
 /// it; the audit reads it from the log).
 pub const INJECTED: &str = "chaos-injected";

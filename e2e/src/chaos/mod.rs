@@ -27,7 +27,7 @@ use std::time::Duration;
 
 pub use clients::ClientStats;
 pub use faults::{Fault, FaultEvent};
-pub use inject::copy_recent;
+pub use inject::{copy_recent, republish_as_new};
 pub use layers::LayerOff;
 pub use picture::svg;
 pub use report::{markdown, Duplicates, Report, Sample};
