@@ -62,12 +62,42 @@ pub async fn handle_batch(pool: &PgPool, batch: Vec<Traced<Envelope>>) -> Result
     saga_kit::consumer::commit(tx, &fresh).await
 }
 
+/// Where a reservation stands (`reservations.status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// Its units are taken from the stock.
+    Reserved,
+    /// There were not enough: nothing was taken.
+    Rejected,
+    /// Its units went back to the stock.
+    Released,
+}
+
+impl Held {
+    fn as_str(self) -> &'static str {
+        match self {
+            Held::Reserved => "RESERVED",
+            Held::Rejected => "REJECTED",
+            Held::Released => "RELEASED",
+        }
+    }
+
+    /// The stored value; one no version of this service writes is an error,
+    /// not a guess.
+    fn parse(stored: &str) -> anyhow::Result<Self> {
+        [Held::Reserved, Held::Rejected, Held::Released]
+            .into_iter()
+            .find(|h| h.as_str() == stored)
+            .ok_or_else(|| anyhow::anyhow!("a reservation's status is {stored:?}, which this service never writes"))
+    }
+}
+
 /// A reservation as [`decide`] sees and leaves it.
 #[derive(Debug, Clone, PartialEq)]
 struct Reservation {
     sku: String,
     quantity: i32,
-    status: &'static str,
+    status: Held,
     /// Already in the table (else inserted by this batch).
     stored: bool,
     /// Changed by this batch.
@@ -118,7 +148,7 @@ fn decide(
                     }
                     _ => false,
                 };
-                let status = if taken { "RESERVED" } else { "REJECTED" };
+                let status = if taken { Held::Reserved } else { Held::Rejected };
                 reservations.insert(
                     order,
                     Reservation {
@@ -140,8 +170,8 @@ fn decide(
                 }
             }
             Command::Release => match reservations.get_mut(&order) {
-                Some(r) if r.status == "RESERVED" => {
-                    r.status = "RELEASED";
+                Some(r) if r.status == Held::Reserved => {
+                    r.status = Held::Released;
                     r.changed = true;
                     if let Some(available) = stock.get_mut(&r.sku) {
                         *available += i64::from(r.quantity);
@@ -183,7 +213,7 @@ async fn take_one_sku(
     let decided = decide(orders, commands, fresh, &mut stock, &mut after);
     let taken: i64 = after
         .values()
-        .filter(|r| !r.stored && r.status != "REJECTED")
+        .filter(|r| !r.stored && r.status != Held::Rejected)
         .map(|r| i64::from(r.quantity))
         .sum();
     let delta = stock[sku] - UNLIMITED;
@@ -263,11 +293,7 @@ async fn move_stock(
     .await?;
     let mut reservations = HashMap::new();
     for (order, sku, quantity, status) in stored {
-        let status = match status.as_str() {
-            "RESERVED" => "RESERVED",
-            "REJECTED" => "REJECTED",
-            _ => "RELEASED",
-        };
+        let status = Held::parse(&status)?;
         let r = Reservation {
             sku,
             quantity,
@@ -319,7 +345,7 @@ async fn move_stock(
         .bind(new.iter().map(|(o, _)| **o).collect::<Vec<_>>())
         .bind(new.iter().map(|(_, r)| r.sku.as_str()).collect::<Vec<_>>())
         .bind(new.iter().map(|(_, r)| r.quantity).collect::<Vec<_>>())
-        .bind(new.iter().map(|(_, r)| r.status).collect::<Vec<_>>())
+        .bind(new.iter().map(|(_, r)| r.status.as_str()).collect::<Vec<_>>())
         .execute(&mut *conn)
         .await?
         .rows_affected();
@@ -336,7 +362,7 @@ async fn move_stock(
              FROM unnest($1::uuid[], $2::text[]) AS v(order_id, status) WHERE r.order_id = v.order_id",
         )
         .bind(old.iter().map(|(o, _)| **o).collect::<Vec<_>>())
-        .bind(old.iter().map(|(_, r)| r.status).collect::<Vec<_>>())
+        .bind(old.iter().map(|(_, r)| r.status.as_str()).collect::<Vec<_>>())
         .execute(&mut *conn)
         .await?;
     }
@@ -375,6 +401,18 @@ async fn move_stock(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stored status no version writes is an error, not a guess (it once
+    /// became RELEASED silently). Removal tried: the old fallback to
+    /// RELEASED — this failed.
+    #[test]
+    fn a_reservation_status_reads_back_and_an_unknown_one_is_an_error() {
+        for held in [Held::Reserved, Held::Rejected, Held::Released] {
+            assert_eq!(Held::parse(held.as_str()).unwrap(), held);
+        }
+        let err = Held::parse("LOST").unwrap_err().to_string();
+        assert!(err.contains("\"LOST\""), "{err}");
+    }
 
     fn run(commands: &[(Uuid, Command<'_>)], available: i64) -> (Decided, i64, HashMap<Uuid, Reservation>) {
         let orders: Vec<Uuid> = commands.iter().map(|(o, _)| *o).collect();
@@ -428,8 +466,8 @@ mod tests {
             [(4, "reservation per order"), (5, "release once per reservation")]
         );
         assert_eq!((d.reserved, d.rejected, d.released), (2, 1, 1));
-        assert_eq!(reservations[&a].status, "RELEASED");
-        assert_eq!(reservations[&c].status, "REJECTED");
+        assert_eq!(reservations[&a].status, Held::Released);
+        assert_eq!(reservations[&c].status, Held::Rejected);
     }
 
     #[test]
