@@ -320,12 +320,7 @@ impl Stack {
                     .as_ref()
                     .map_or_else(|| self.url(Service::Gateway), |p| format!("https://{}", p.addr)),
             )]),
-            Service::OrderApi => env.extend([
-                ("GATEWAY_URL".into(), self.url(Service::Gateway)),
-                // The test drivers decline thousands of payments an hour under
-                // one client on purpose: no decline limit, unless a test sets one.
-                ("API_DECLINES_PER_HOUR".into(), "0".into()),
-            ]),
+            Service::OrderApi => env.push(("GATEWAY_URL".into(), self.url(Service::Gateway))),
             Service::Relay => env.push((
                 "OUTBOX_DATABASE_URLS".into(),
                 roles::RELAYED.map(|d| self.service_db_url(s, d)).join(","),

@@ -27,7 +27,8 @@ impl Stack {
     }
 
     /// The addresses `s` listens on, and (order-api) where its journey
-    /// page reads the participants' parts and where a browser finds it.
+    /// page reads the participants' parts and where a browser finds it,
+    /// and its decline limit (off).
     pub(super) fn address_env(&self, s: Service) -> Vec<(String, String)> {
         let mut env = vec![("ADMIN_ADDR".to_owned(), self.admin_addr(s))];
         if s.has_api() {
@@ -37,6 +38,9 @@ impl Stack {
             env.push(("INVENTORY_ADMIN_URL".into(), self.admin_url(Service::Inventory)));
             env.push(("PAYMENT_ADMIN_URL".into(), self.admin_url(Service::Payment)));
             env.push(("JOURNEY_PUBLIC_URL".into(), self.admin_url(Service::OrderApi)));
+            // The drivers decline thousands of payments an hour under one
+            // client on purpose: no decline limit, unless a test sets one.
+            env.push(("API_DECLINES_PER_HOUR".into(), "0".into()));
         }
         env
     }
