@@ -170,26 +170,24 @@ async fn a_client_with_too_many_declines_may_send_no_new_card() {
         201,
         "a card now known"
     );
-    sqlx::query(
-        "UPDATE orders SET status = 'CANCELLED', cancel_reason = 'payment_declined', updated_at = now()
-         WHERE client_id = 'test-client'",
-    )
-    .execute(&api.pool)
-    .await
-    .unwrap();
+    // Every order of the client so far declined, just now.
+    let decline_all = || async {
+        sqlx::query(
+            "UPDATE orders SET status = 'CANCELLED', cancel_reason = 'payment_declined', updated_at = now()
+             WHERE client_id = 'test-client'",
+        )
+        .execute(&api.pool)
+        .await
+        .unwrap();
+    };
+    decline_all().await;
     let other = ORDER.replace("4242424242424242", "5555555555554444");
     assert_eq!(
         api.post("/orders", "new-1", None, &other).await.status,
         201,
         "one decline: allowed"
     );
-    sqlx::query(
-        "UPDATE orders SET status = 'CANCELLED', cancel_reason = 'payment_declined', updated_at = now()
-         WHERE client_id = 'test-client'",
-    )
-    .execute(&api.pool)
-    .await
-    .unwrap();
+    decline_all().await;
     let third = ORDER.replace("4242424242424242", "4000056655665556");
     let refused = api.post("/orders", "new-2", None, &third).await;
     assert_eq!(refused.status, 429, "{}", String::from_utf8_lossy(&refused.body));

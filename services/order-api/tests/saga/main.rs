@@ -131,13 +131,7 @@ async fn history_retention_deletes_only_old_steps_of_finished_orders() {
     let db = TempDb::new("eo_hist");
     let pool = order_api::connect(db.url(), 2).await.unwrap();
     let mut conn = pool.acquire().await.unwrap();
-    let new = NewOrder {
-        sku: "WIDGET".into(),
-        quantity: 1,
-        amount_cents: 500,
-        card_token: "tok_test".into(),
-        card_last4: "4242".into(),
-    };
+    let new = widget();
     let finished = orders::insert(&mut conn, "test", &new).await.unwrap();
     let in_flight = orders::insert(&mut conn, "test", &new).await.unwrap();
     let confirmed = orders::Transition {
@@ -293,14 +287,7 @@ async fn every_reply_repeated_gets_what_the_contract_says() {
             other => panic!("no case for {other}"),
         };
         let mut conn = pool.acquire().await.unwrap();
-        let new = NewOrder {
-            sku: "WIDGET".into(),
-            quantity: 1,
-            amount_cents: 500,
-            card_token: "tok_test".into(),
-            card_last4: "4242".into(),
-        };
-        let order = orders::insert(&mut conn, "test", &new).await.unwrap();
+        let order = orders::insert(&mut conn, "test", &widget()).await.unwrap();
         sqlx::query("UPDATE orders SET status = $2 WHERE id = $1")
             .bind(order.id)
             .bind(from.as_str())
@@ -334,4 +321,15 @@ async fn every_reply_repeated_gets_what_the_contract_says() {
 async fn state_of(conn: &mut sqlx::PgConnection, id: uuid::Uuid) -> (Status, usize) {
     let status = orders::get(conn, id).await.unwrap().unwrap().status;
     (status, orders::history(conn, id).await.unwrap().len())
+}
+
+/// One widget for 500 cents, its card a token.
+fn widget() -> NewOrder {
+    NewOrder {
+        sku: "WIDGET".into(),
+        quantity: 1,
+        amount_cents: 500,
+        card_token: "tok_test".into(),
+        card_last4: "4242".into(),
+    }
 }
