@@ -354,6 +354,16 @@ mod tests {
         let topic = contract::topics::ORDER_EVENTS;
         let good = record(&captured, Some(contract::producers::PAYMENT), None);
         assert!(admit("order-saga", topic, std::slice::from_ref(&good)).is_ok());
+        // A refusal is counted when the record is refused alone — once the
+        // consumer hands the batch's records over one by one — not for the
+        // whole batch before that.
+        let refused = || telemetry::metrics::get("consumer_refused_total", &[("consumer", "admit-test")]);
+        let forged = record(&captured, Some(contract::producers::INVENTORY), None);
+        let before = refused();
+        assert!(admit("admit-test", topic, &[good.clone(), forged.clone()]).is_err());
+        assert_eq!(refused(), before, "not for a batch");
+        assert!(admit("admit-test", topic, std::slice::from_ref(&forged)).is_err());
+        assert_eq!(refused(), before + 1.0, "once, alone");
         for (bad, why) in [
             (
                 record(&captured, Some(contract::producers::INVENTORY), None),
