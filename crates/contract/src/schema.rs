@@ -132,7 +132,10 @@ pub fn asyncapi() -> Value {
             "properties": {
                 "event_id": {"type": "string", "format": "uuid", "description": "the envelope's event_id: unique across the whole system (every topic, order and producer), the same on every copy of one event"},
                 "event_type": {"type": "string", "description": "the envelope's event_type"},
-                "traceparent": {"type": "string", "description": "W3C trace context of the relay's publish span"}
+                "traceparent": {"type": "string", "description": "W3C trace context of the relay's publish span"},
+                "correlation_id": {"type": "string", "format": "uuid", "description": "the envelope's correlation_id (the saga), repeated so a reader's span and logs carry it without decoding the body"},
+                "causation_id": {"type": "string", "format": "uuid", "description": "the envelope's causation_id, when it has one"},
+                "producer": {"type": "string", "description": "the service whose outbox the relay read the record from (never the row's word); a reader checks it against the type"}
             },
             "required": ["event_id", "event_type"]
         }),

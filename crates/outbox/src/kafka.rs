@@ -40,6 +40,37 @@ pub const EVENT_ID: &str = "event_id";
 /// says: a consumer checks it against the message's type.
 pub const PRODUCER: &str = "producer";
 
+/// The headers repeating the body's `correlation_id` (the saga the record
+/// belongs to) and `causation_id` (the event whose handling produced it),
+/// when it has them: a reader's span and logs carry them without decoding
+/// the body.
+pub const CORRELATION_ID: &str = "correlation_id";
+/// See [`CORRELATION_ID`].
+pub const CAUSATION_ID: &str = "causation_id";
+
+/// The body's correlation and causation ids, if it is JSON with them.
+#[derive(serde::Deserialize, Default)]
+struct Causality {
+    correlation_id: Option<String>,
+    causation_id: Option<String>,
+}
+
+/// `headers` with [`CORRELATION_ID`] and [`CAUSATION_ID`] from `body`, as
+/// far as it has them (a body that is not such JSON adds none).
+pub fn causality(headers: OwnedHeaders, body: &str) -> OwnedHeaders {
+    let ids: Causality = serde_json::from_str(body).unwrap_or_default();
+    let mut headers = headers;
+    for (key, value) in [(CORRELATION_ID, &ids.correlation_id), (CAUSATION_ID, &ids.causation_id)] {
+        if let Some(value) = value {
+            headers = headers.insert(Header {
+                key,
+                value: Some(value.as_str()),
+            });
+        }
+    }
+    headers
+}
+
 /// A [`Publisher`] over rdkafka's idempotent producer.
 #[derive(Clone)]
 pub struct KafkaPublisher {
@@ -108,7 +139,7 @@ impl Publisher for KafkaPublisher {
             let (event_id, body) = (row.event_id.clone(), row.body.clone());
             #[cfg(feature = "negative-controls")]
             let (event_id, body) = crate::negative_controls::identity(event_id, body);
-            let mut headers = headers(&event_id, &row.event_type, traceparent.as_deref());
+            let mut headers = causality(headers(&event_id, &row.event_type, traceparent.as_deref()), &body);
             if let Some(producer) = self.stamp {
                 headers = stamp(headers, producer);
             }

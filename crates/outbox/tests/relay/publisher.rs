@@ -38,7 +38,9 @@ pub async fn headers_of_first(brokers: &str, topic: &str) -> std::collections::B
 /// returns the row's envelope and the headers its record carries.
 pub async fn publish_one(publisher: KafkaPublisher) -> (Envelope, std::collections::BTreeMap<String, String>) {
     let (_serial, brokers, db, topic) = setup().await;
-    let mut env = Envelope::new(Uuid::new_v4(), &Message::ReleaseStock, None);
+    let order = Uuid::new_v4();
+    let cause = Envelope::new(order, &Message::StockReserved, None);
+    let mut env = Envelope::new(order, &Message::ReleaseStock, Some(&cause));
     env.traceparent = Some(TRACEPARENT.into());
     let mut tx = db.pool.begin().await.unwrap();
     outbox::enqueue(&mut tx, &outbox_event(&topic, &env)).await.unwrap();
@@ -60,6 +62,10 @@ async fn the_record_carries_the_rows_event_id_type_and_traceparent() {
         Some(TRACEPARENT),
         "passed through as the row has it: {headers:?}"
     );
+    // The body's correlation and causation ids, repeated as headers.
+    assert_eq!(headers.get("correlation_id"), Some(&env.correlation_id.to_string()));
+    let cause = env.causation_id.expect("caused").to_string();
+    assert_eq!(headers.get("causation_id"), Some(&cause), "{headers:?}");
 }
 
 fn linked(_: &tracing::Span, _: Option<&str>) -> Option<String> {
