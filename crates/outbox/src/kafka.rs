@@ -35,6 +35,9 @@ fn pass_through(_: &tracing::Span, traceparent: Option<&str>) -> Option<String> 
 /// The header carrying a record's event id (the body's, on every copy).
 pub const EVENT_ID: &str = "event_id";
 
+/// The header carrying a record's message type (the row's `event_type`).
+pub const EVENT_TYPE: &str = "event_type";
+
 /// The header naming the service whose outbox a record came from, as the
 /// relay knows it (the database it read the row from), never as the row
 /// says: a consumer checks it against the message's type.
@@ -223,7 +226,7 @@ pub fn headers(event_id: &str, event_type: &str, traceparent: Option<&str>) -> O
             value: Some(event_id),
         })
         .insert(Header {
-            key: "event_type",
+            key: EVENT_TYPE,
             value: Some(event_type),
         });
     if let Some(tp) = traceparent {

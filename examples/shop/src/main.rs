@@ -60,7 +60,9 @@ async fn count_notes(pool: PgPool, brokers: String) -> anyhow::Result<()> {
     consumer.subscribe(&["notes"])?;
     loop {
         let message = consumer.recv().await?;
-        let header = message.headers().and_then(|h| h.iter().find(|h| h.key == "event_id"));
+        let header = message
+            .headers()
+            .and_then(|h| h.iter().find(|h| h.key == outbox::kafka::EVENT_ID));
         let id = header.and_then(|h| std::str::from_utf8(h.value?).ok()?.parse::<uuid::Uuid>().ok());
         if let Some(id) = id {
             let (mut tx, fresh) = inbox::begin_batch(&pool, "note-counter", &[id.into()]).await?;
