@@ -336,6 +336,19 @@ impl App {
             pool,
             idempotency::reap_from,
         );
+        // How many cards still depend on the previous vault key.
+        let state = self.state.clone();
+        tasks.spawn_every("vault keys", service_kit::periodic::PURGE_EVERY, move || {
+            let state = state.clone();
+            async move {
+                let previous = state.previous_vault_key.as_ref().map(|k| k.expose().as_bytes());
+                let by = vault::cards_by_key(&state.pool, state.vault_key.expose().as_bytes(), previous).await?;
+                for (key, n) in [("current", by.current), ("previous", by.previous), ("other", by.other)] {
+                    telemetry::metrics::set("vault_cards", &[("key", key)], n as f64);
+                }
+                Ok::<_, sqlx::Error>(())
+            }
+        });
         let admin = service_kit::admin::router(&self.state.pool, tasks.health())
             .route("/openapi.json", service_kit::http::openapi_route::<(), ApiDoc>());
         tasks.serve(self.listener, api.with_state(self.state.clone()), self.limits);
@@ -413,4 +426,5 @@ pub const METRICS: &[telemetry::metrics::Description] = telemetry::descriptions!
     counter "gateway_tokenise_limited_total": "Tokenisations refused as faster than GATEWAY_TOKENISE_PER_SEC, per caller.",
     counter "gateway_notices_received_total": "Notices the notifier received (no key: every request is one more notice).",
     counter "gateway_operation_lookups_total": "Reconciliation lookups of an operation by its key, by whether one was found.",
+    gauge "vault_cards": "Cards the vault holds, by the key their fingerprint was made under (current, previous, other): GATEWAY_VAULT_KEY_PREVIOUS may be retired at previous = 0.",
 ];

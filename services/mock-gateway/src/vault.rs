@@ -23,6 +23,45 @@ fn fingerprint(vault_key: &[u8], card: &str) -> String {
     hex::encode(mac.finalize().into_bytes())
 }
 
+/// A short id of a vault key, stored beside each fingerprint made under it:
+/// the first 16 hex digits of an HMAC of a fixed label under the key — it
+/// names the key without revealing it.
+pub fn key_id(vault_key: &[u8]) -> String {
+    fingerprint(vault_key, "effectively-once vault key id")[..16].to_owned()
+}
+
+/// Cards by the key their fingerprint was made under.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ByKey {
+    /// Under the current key.
+    pub current: i64,
+    /// Under the previous key: they keep their token only while
+    /// `GATEWAY_VAULT_KEY_PREVIOUS` is given; it may be retired at 0.
+    pub previous: i64,
+    /// Made before the vault recorded keys, or under an older key.
+    pub other: i64,
+}
+
+/// How many cards the vault holds under each key.
+pub async fn cards_by_key(pool: &PgPool, vault_key: &[u8], previous: Option<&[u8]>) -> sqlx::Result<ByKey> {
+    let (current, previous) = (key_id(vault_key), previous.map(key_id));
+    let (current, previous, other): (i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE key_id = $1),
+                count(*) FILTER (WHERE key_id = $2),
+                count(*) FILTER (WHERE key_id IS DISTINCT FROM $1 AND key_id IS DISTINCT FROM $2)
+         FROM card_tokens",
+    )
+    .bind(&current)
+    .bind(previous)
+    .fetch_one(pool)
+    .await?;
+    Ok(ByKey {
+        current,
+        previous,
+        other,
+    })
+}
+
 /// Whether `card` looks like a card number (12..=19 ASCII digits).
 pub fn is_card_number(card: &str) -> bool {
     (12..=19).contains(&card.len()) && card.bytes().all(|b| b.is_ascii_digit())
@@ -43,11 +82,12 @@ pub async fn tokenise(
     let fp = fingerprint(vault_key, card);
     if let Some(previous) = previous {
         sqlx::query(
-            "UPDATE card_tokens SET fingerprint = $1 WHERE fingerprint = $2
+            "UPDATE card_tokens SET fingerprint = $1, key_id = $3 WHERE fingerprint = $2
              AND NOT EXISTS (SELECT 1 FROM card_tokens WHERE fingerprint = $1)",
         )
         .bind(&fp)
         .bind(fingerprint(previous, card))
+        .bind(key_id(vault_key))
         .execute(pool)
         .await?;
     }
@@ -58,7 +98,7 @@ pub async fn tokenise(
     // before that commit) cannot see its row: read it again, in a new one.
     let inserted: Option<(String,)> = sqlx::query_as(
         "WITH ins AS (
-             INSERT INTO card_tokens (token, fingerprint, last4, declines) VALUES ($1, $2, $3, $4)
+             INSERT INTO card_tokens (token, fingerprint, last4, declines, key_id) VALUES ($1, $2, $3, $4, $5)
              ON CONFLICT (fingerprint) DO NOTHING RETURNING token)
          SELECT token FROM ins UNION ALL SELECT token FROM card_tokens WHERE fingerprint = $2
          LIMIT 1",
@@ -67,6 +107,7 @@ pub async fn tokenise(
     .bind(&fp)
     .bind(&last4)
     .bind(card == crate::DECLINED_CARD)
+    .bind(key_id(vault_key))
     .fetch_optional(pool)
     .await?;
     let (token,) = match inserted {
