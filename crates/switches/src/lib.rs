@@ -35,7 +35,7 @@ pub enum Switch {
     /// `UNSAFE_EVENT_ID_AT_PUBLISH`: the relay mints a new event id at every
     /// publish instead of sending the one the outbox row was given.
     EventIdAtPublish,
-    /// `PAYMENT_UNSAFE_DISABLE_DEDUP`: payment-service neither records a
+    /// `UNSAFE_PAYMENT_NO_DEDUP`: payment-service neither records a
     /// payment per operation nor sends a gateway key (the chaos suite's
     /// negative control).
     NoPaymentDedup,
@@ -71,7 +71,7 @@ impl Switch {
             Switch::OffsetBeforeHandling => "UNSAFE_OFFSET_BEFORE_HANDLING",
             Switch::NoProducerIdempotence => "UNSAFE_NO_PRODUCER_IDEMPOTENCE",
             Switch::EventIdAtPublish => "UNSAFE_EVENT_ID_AT_PUBLISH",
-            Switch::NoPaymentDedup => "PAYMENT_UNSAFE_DISABLE_DEDUP",
+            Switch::NoPaymentDedup => "UNSAFE_PAYMENT_NO_DEDUP",
             Switch::OutboxAfterCommit => "UNSAFE_OUTBOX_AFTER_COMMIT",
             Switch::RelayMarksUnsent => "UNSAFE_RELAY_MARKS_UNSENT",
         }
@@ -188,7 +188,7 @@ pub struct Switches {
     pub event_id_at_publish: bool,
     /// NEGATIVE CONTROL ONLY (test builds): payment-service records no
     /// payment per operation and sends no gateway key.
-    #[arg(long = "payment-unsafe-disable-dedup", env = "PAYMENT_UNSAFE_DISABLE_DEDUP", default_value_t = false,
+    #[arg(long = "unsafe-payment-no-dedup", env = "UNSAFE_PAYMENT_NO_DEDUP", default_value_t = false,
           action = clap::ArgAction::Set, hide_short_help = true)]
     pub no_payment_dedup: bool,
     /// NEGATIVE CONTROL ONLY (test builds): order-api writes a new order's
@@ -321,6 +321,27 @@ pub fn test_builds_only(var: &'static str, on: bool) -> Result<bool, Refused> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One naming scheme: every switch is `UNSAFE_…`, and its flag the
+    /// same words (`--unsafe-…`). Removal tried: the payment switch's old
+    /// name (`PAYMENT_UNSAFE_DISABLE_DEDUP`) — this failed.
+    #[test]
+    fn every_switch_is_named_unsafe_and_its_flag_says_the_same() {
+        use clap::Args as _;
+        let flags: Vec<(String, String)> = Switches::augment_args(clap::Command::new("switches"))
+            .get_arguments()
+            .filter_map(|a| Some((a.get_long()?.to_owned(), a.get_env()?.to_string_lossy().into_owned())))
+            .collect();
+        for s in Switch::ALL {
+            assert!(s.var().starts_with("UNSAFE_"), "{}", s.var());
+            let flag = s.var().to_lowercase().replace('_', "-");
+            assert!(
+                flags.contains(&(flag.clone(), s.var().to_owned())),
+                "--{flag} for {}: {flags:?}",
+                s.var()
+            );
+        }
+    }
 
     #[test]
     fn a_switch_the_service_lacks_is_refused_and_none_set_installs_nothing() {

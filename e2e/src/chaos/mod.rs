@@ -147,7 +147,7 @@ pub async fn run(cfg: &ChaosConfig) -> anyhow::Result<Report> {
         .push((Service::Payment, "PAYMENT_PENDING_DEADLINE_SECS".into(), deadline));
     if cfg.negative_control {
         opts.extra_env
-            .push((Service::Payment, "PAYMENT_UNSAFE_DISABLE_DEDUP".into(), "true".into()));
+            .push((Service::Payment, "UNSAFE_PAYMENT_NO_DEDUP".into(), "true".into()));
     }
     if let Some(layer) = cfg.layer_off {
         let (services, var) = layer.env();
