@@ -15,6 +15,12 @@
 //!   name a PEM certificate chain and its key: the handshake runs in the
 //!   connection's own task, within the header timeout, so a client that
 //!   stalls it holds only its own connection.
+//! - **Lingering close**: once a connection is done, its write side is shut
+//!   (TLS `close_notify`, then FIN) and what the client still sends is read
+//!   and dropped for up to [`LINGER`] (and [`LINGER_BYTES`]) before the
+//!   socket closes. An answer sent before its request's body was read — an
+//!   early 401 or 413 — then reaches the client instead of a reset (closing
+//!   a socket with unread data resets it, and the client loses the answer).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -23,12 +29,59 @@ use std::time::Duration;
 use axum::extract::ConnectInfo;
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt as _;
+
+/// How long a closing connection reads and drops what its client still sends.
+pub const LINGER: Duration = Duration::from_secs(2);
+/// How much of it, at most.
+pub const LINGER_BYTES: usize = 1 << 20;
+
+/// Shuts `io`'s write side and reads what the peer still sends, dropping
+/// it, until the peer closes, [`LINGER`] passes or [`LINGER_BYTES`] came.
+async fn linger<S: AsyncRead + AsyncWrite + Unpin>(mut io: S) {
+    let _ = tokio::time::timeout(LINGER, async {
+        let _ = io.shutdown().await;
+        let (mut buf, mut left) = ([0u8; 8192], LINGER_BYTES);
+        while left > 0 {
+            match io.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    })
+    .await;
+}
+
+/// Serves HTTP/1 on `io` until the connection is done (or, once `shutdown`
+/// is cancelled, after its request in flight), then lingers.
+async fn connection<S, B>(
+    http1: &hyper::server::conn::http1::Builder,
+    io: S,
+    service: B,
+    shutdown: &CancellationToken,
+) -> hyper::Result<()>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    B: hyper::service::HttpService<hyper::body::Incoming> + Unpin,
+    B::Future: Unpin,
+    B::ResBody: 'static,
+    <B::ResBody as hyper::body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut conn = http1.serve_connection(TokioIo::new(io), service);
+    let ended = tokio::select! {
+        ended = std::future::poll_fn(|cx| conn.poll_without_shutdown(cx)) => ended,
+        () = shutdown.cancelled() => {
+            std::pin::Pin::new(&mut conn).graceful_shutdown();
+            std::future::poll_fn(|cx| conn.poll_without_shutdown(cx)).await
+        }
+    };
+    linger(conn.into_parts().io.into_inner()).await;
+    ended
+}
 
 /// The limits of a service's HTTP port.
 #[derive(Debug, Clone, clap::Args)]
@@ -137,8 +190,8 @@ pub async fn serve(
     http1
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_secs(limits.header_timeout_secs));
-    let open = Arc::new(Semaphore::new(limits.max_connections.max(1)));
-    let graceful = GracefulShutdown::new();
+    let cap = limits.max_connections.max(1);
+    let open = Arc::new(Semaphore::new(cap));
     loop {
         let permit = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -163,21 +216,18 @@ pub async fn serve(
                 req.extensions_mut().insert(ConnectInfo(peer));
                 req.map(axum::body::Body::new)
             });
-        let (http1, watcher, tls) = (http1.clone(), graceful.watcher(), tls.clone());
+        let (http1, shutdown, tls) = (http1.clone(), shutdown.clone(), tls.clone());
         tokio::spawn(async move {
-            let service = TowerToHyperService::new(service);
+            // Each request's future boxed: the connection is polled in place
+            // and handed back whole for its lingering close.
+            let service = hyper::service::service_fn(move |req| {
+                let service = service.clone();
+                Box::pin(async move { service.oneshot(req).await })
+            });
             let ended = match tls {
-                None => {
-                    watcher
-                        .watch(http1.serve_connection(TokioIo::new(stream), service))
-                        .await
-                }
+                None => connection(&http1, stream, service, &shutdown).await,
                 Some(tls) => match tokio::time::timeout(handshake_timeout, tls.accept(stream)).await {
-                    Ok(Ok(stream)) => {
-                        watcher
-                            .watch(http1.serve_connection(TokioIo::new(stream), service))
-                            .await
-                    }
+                    Ok(Ok(stream)) => connection(&http1, stream, service, &shutdown).await,
                     Ok(Err(e)) => {
                         tracing::debug!(error = %e, %peer, "TLS handshake failed");
                         Ok(())
@@ -195,6 +245,8 @@ pub async fn serve(
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    // Every connection's task holds a permit until it is done: all back,
+    // every request in flight has been answered.
+    let _ = open.acquire_many(cap as u32).await;
     Ok(())
 }

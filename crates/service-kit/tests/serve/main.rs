@@ -17,7 +17,12 @@ use tokio_util::sync::CancellationToken;
 async fn start(limits: ServeArgs) -> (std::net::SocketAddr, CancellationToken) {
     let app = Router::new()
         .route("/ok", get(|| async { "ok" }))
-        .route("/echo", post(|body: axum::body::Bytes| async move { body }));
+        .route("/echo", post(|body: axum::body::Bytes| async move { body }))
+        // Answers at once, reading nothing of the body (as an early 401 or 413).
+        .route(
+            "/early",
+            post(|| async { (axum::http::StatusCode::UNAUTHORIZED, "no credential") }),
+        );
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let stop = CancellationToken::new();
@@ -184,4 +189,42 @@ async fn unusable_tls_files_stop_the_server_naming_the_variable() {
             .starts_with("HTTP_TLS_CERT_FILE (/nonexistent/cert.pem)"),
         "{err}"
     );
+}
+
+/// A response sent before the request's body was read — an early 401 or
+/// 413 — reaches a TLS client as its status, not as a reset: the server
+/// lingers, reading and dropping what the client still sends, before it
+/// closes (schemathesis's "EOF in violation of protocol"). Removal tried:
+/// no lingering — the client saw its connection reset, and this failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_early_answer_reaches_a_tls_client_that_is_still_sending() {
+    let dir = std::env::temp_dir().join(format!("eo-serve-linger-{}", uuid::Uuid::new_v4().simple()));
+    let ca = testkit::tls::Authority::generate("serve test CA").unwrap();
+    let files = ca.write_loopback(&dir, "server").unwrap();
+    let tls = ServeArgs {
+        tls_cert_file: Some(files.cert.clone()),
+        tls_key_file: Some(files.key.clone()),
+        ..limits(5, 30, 64)
+    };
+    let (addr, stop) = start(tls).await;
+    let roots = reqwest::Certificate::from_pem(ca.cert_pem.as_bytes()).unwrap();
+    // A fresh connection each round: the server closes one whose body it
+    // did not read, and a pooled one would race that close.
+    let client = reqwest::Client::builder()
+        .tls_certs_only([roots])
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let body = vec![b'x'; 512 * 1024];
+    for round in 0..10 {
+        let sent = client
+            .post(format!("https://localhost:{}/early", addr.port()))
+            .body(body.clone())
+            .send()
+            .await;
+        let status = sent.map(|r| r.status().as_u16());
+        assert_eq!(status.as_ref().ok(), Some(&401), "round {round}: {status:?}");
+    }
+    stop.cancel();
+    std::fs::remove_dir_all(&dir).unwrap();
 }
