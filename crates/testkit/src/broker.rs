@@ -483,7 +483,7 @@ fn spawn_shared(dir: &Path) -> anyhow::Result<String> {
 }
 
 fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(crate::ports::free()?)
 }
 
 #[cfg(test)]

@@ -26,6 +26,7 @@ pub mod db;
 pub mod jsonschema;
 pub mod openapi;
 pub mod partition;
+pub mod ports;
 pub mod postgres;
 pub mod process;
 pub mod promtool;

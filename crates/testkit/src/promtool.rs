@@ -91,7 +91,7 @@ impl Server {
             ));
         }
         std::fs::write(dir.join("prometheus.yml"), config)?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let port = crate::ports::free()?;
         let log = std::fs::File::create(dir.join("prometheus.log"))?;
         let child = Command::new(binary)
             .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))

@@ -57,7 +57,7 @@ fn port_taken(port: u16) -> bool {
 }
 
 pub(super) fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(testkit::ports::free()?)
 }
 
 /// `cargo xtask up`'s fixed ports, all free: the services' API and admin

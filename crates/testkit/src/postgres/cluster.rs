@@ -75,7 +75,7 @@ impl Cluster {
             out.status,
             String::from_utf8_lossy(&out.stderr)
         );
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let port = crate::ports::free()?;
         let conf = format!(
             "{CONF}port = {port}\nunix_socket_directories = '{}'\n{extra_conf}\n",
             dir.display()
