@@ -43,6 +43,15 @@ pub struct KafkaArgs {
     #[arg(long = "kafka-consumer-max-attempts", env = "KAFKA_CONSUMER_MAX_ATTEMPTS", default_value_t = 10,
           value_parser = clap::value_parser!(u32).range(1..=1_000))]
     pub consumer_max_attempts: u32,
+    /// Lives a message may kill before it is dead-lettered: a message whose
+    /// handling aborts the process (it never returns an error, so the
+    /// attempts above die with it) is counted in the metadata of the
+    /// group's committed offset, and the consumer that starts on it for
+    /// the last time sends it to the dead-letter topic instead of dying
+    /// again (`kafka::consumer::crashes`).
+    #[arg(long = "kafka-consumer-max-crashes", env = "KAFKA_CONSUMER_MAX_CRASHES", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub consumer_max_crashes: u32,
     /// How long a consumer's fetch may wait at the broker for more messages
     /// to arrive, in milliseconds (`fetch.wait.max.ms`, with
     /// `fetch.min.bytes` of 16 KiB): a fetch answered at the first message
@@ -142,6 +151,7 @@ impl KafkaArgs {
             linger_ms: 0,
             consumer_max_batch: 32,
             consumer_max_attempts: 10,
+            consumer_max_crashes: 3,
             fetch_wait_ms: 0,
             topic_retention_secs: 3 * 86_400,
             replication_factor: 1,

@@ -30,7 +30,9 @@
 //! the message is dead-lettered with the last error, so a message that
 //! fails deterministically cannot stall its partition for ever; a
 //! *permanent* one (undecodable, a constraint it violates) is dead-lettered
-//! at once.
+//! at once. A message that kills the process returns no error at all: its
+//! count lives in the committed offset's metadata ([`crashes`]), and after
+//! `KAFKA_CONSUMER_MAX_CRASHES` lives it is dead-lettered too.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -50,6 +52,7 @@ use tracing::Instrument as _;
 
 use crate::{KafkaArgs, Result};
 
+mod crashes;
 mod dispatch;
 mod outcome;
 mod retry;
@@ -221,6 +224,7 @@ where
         handler,
         max_batch: settings.max_batch.max(1),
         max_attempts: settings.kafka.consumer_max_attempts.max(1),
+        max_crashes: settings.kafka.consumer_max_crashes.max(1),
         shutdown: life.clone(),
         revoked: CancellationToken::new(),
         _done: None,
@@ -336,6 +340,10 @@ pub struct Position {
     pub offset: i64,
 }
 
+/// A crash mark to set around each handler call: the lane's watch, the
+/// batch's first message and the mark ([`crashes`]).
+type Armed<'a> = (&'a crashes::Watch, &'a OwnedMessage, crashes::Arm);
+
 /// What one partition's lane needs.
 struct Lane<T, H> {
     consumer: Arc<GroupConsumer>,
@@ -345,6 +353,8 @@ struct Lane<T, H> {
     max_batch: usize,
     /// Transient failures in a row before a message is dead-lettered.
     max_attempts: u32,
+    /// Lives a message may kill before it is dead-lettered ([`crashes`]).
+    max_crashes: u32,
     shutdown: CancellationToken,
     /// Cancelled when the partition is revoked from this member.
     revoked: CancellationToken,
@@ -363,6 +373,7 @@ impl<T, H> Lane<T, H> {
             handler: self.handler.clone(),
             max_batch: self.max_batch,
             max_attempts: self.max_attempts,
+            max_crashes: self.max_crashes,
             shutdown: self.shutdown.clone(),
             revoked,
             _done: Some(done),
@@ -383,6 +394,12 @@ where
     /// committed. A revocation lets the batch in hand finish and store.
     async fn run(self, mut queue: mpsc::Receiver<OwnedMessage>) {
         let mut batch = Vec::with_capacity(self.max_batch);
+        let mut watch = crashes::Watch::new(
+            self.consumer.clone(),
+            self.name.clone(),
+            self.max_crashes,
+            self.max_batch,
+        );
         loop {
             let first = tokio::select! {
                 biased;
@@ -390,9 +407,24 @@ where
                 _ = self.revoked.cancelled() => return,
                 m = queue.recv() => match m { Some(m) => m, None => return },
             };
+            let (arm, careful) = match watch.plan(&first).await {
+                crashes::Plan::Poison { lives } => {
+                    let reason =
+                        format!("killed its consumer: {lives} lives died handling it (KAFKA_CONSUMER_MAX_CRASHES)");
+                    if !crate::dlq::dead_letter(&self.dlq, &first, &self.name, &reason, &self.shutdown).await {
+                        return;
+                    }
+                    self.store(&first);
+                    watch.commit(&first, first.offset() + 1, 0).await;
+                    continue;
+                }
+                // Careful: this message alone.
+                crashes::Plan::One(arm) => (Some(arm), true),
+                crashes::Plan::Batch(arm) => (arm, false),
+            };
             batch.clear();
             batch.push(first);
-            while batch.len() < self.max_batch {
+            while batch.len() < self.max_batch && !careful {
                 match queue.try_recv() {
                     Ok(m) => batch.push(m),
                     Err(_) => break,
@@ -400,8 +432,9 @@ where
             }
             #[cfg(feature = "negative-controls")]
             crate::negative_controls::before_handling(&self.consumer, &self.name, &batch);
+            let armed = arm.map(|arm| (&watch, &batch[0], arm));
             // Shutdown mid-batch: leave its offsets for redelivery.
-            let Some(new) = self.handle(&batch).await else {
+            let Some(new) = self.handle(&batch, armed).await else {
                 return;
             };
             if new > 0 {
@@ -410,21 +443,27 @@ where
                 ));
             }
             let last = batch.last().expect("a batch has a message");
-            // Committed later, in the background. Not fatal when it fails (a
-            // revoked partition): the message is redelivered and absorbed.
-            if let Err(e) = self
-                .consumer
-                .store_offset(last.topic(), last.partition(), last.offset())
-            {
-                tracing::warn!(consumer = &*self.name, error = %e, "offset store failed");
+            self.store(last);
+            if arm.is_some() {
+                // The batch is done: its next offset, without a mark.
+                watch.commit(last, last.offset() + 1, 0).await;
             }
+        }
+    }
+
+    /// Stores `msg`'s offset, committed later in the background. Not fatal
+    /// when it fails (a revoked partition): the message is redelivered and
+    /// absorbed.
+    fn store(&self, msg: &OwnedMessage) {
+        if let Err(e) = self.consumer.store_offset(msg.topic(), msg.partition(), msg.offset()) {
+            tracing::warn!(consumer = &*self.name, error = %e, "offset store failed");
         }
     }
 
     /// Handles `batch` (decoding, the handler, dead letters): how many of
     /// its events were new to the inbox (applied or ignored), or `None`
     /// when shutdown interrupted it.
-    async fn handle(&self, batch: &[OwnedMessage]) -> Option<usize> {
+    async fn handle(&self, batch: &[OwnedMessage], armed: Option<Armed<'_>>) -> Option<usize> {
         let name = &*self.name;
         telemetry::metrics::incr_by(
             "consumer_messages_received_total",
@@ -464,7 +503,7 @@ where
             telemetry::crash_point(CRASH_WHILE_HANDLING)
         });
         let single = decoded.len() == 1;
-        match self.retrying(decoded.clone()).await {
+        match self.retrying(decoded.clone(), armed).await {
             Ok(Some(outcomes)) => return Some(self.count(&sources, &outcomes)),
             Ok(None) => return None,
             Err(e) if single => {
@@ -483,7 +522,7 @@ where
         }
         let mut new = 0;
         for (message, msg) in decoded.into_iter().zip(sources) {
-            match self.retrying(vec![message]).await {
+            match self.retrying(vec![message], armed).await {
                 Ok(Some(outcomes)) => new += self.count(&[msg], &outcomes),
                 Ok(None) => return None,
                 Err(e) => {
@@ -497,11 +536,16 @@ where
     }
 
     /// The handler on `batch` with its retries ([`handle_with_retry`]).
-    async fn retrying(&self, batch: Vec<Traced<T>>) -> Result<Option<Vec<Handled>>, HandleError> {
+    async fn retrying(
+        &self,
+        batch: Vec<Traced<T>>,
+        armed: Option<Armed<'_>>,
+    ) -> Result<Option<Vec<Handled>>, HandleError> {
         let retry = Retry {
             name: &self.name,
             max_attempts: self.max_attempts,
             shutdown: &self.shutdown,
+            armed,
         };
         handle_with_retry(&retry, &*self.handler, batch).await
     }

@@ -9,11 +9,13 @@ use tokio_util::sync::CancellationToken;
 use super::HandleError;
 
 /// How a lane retries: its consumer's name, the transient failures in a
-/// row it allows, and its shutdown.
+/// row it allows, its shutdown, and the crash mark it sets around each
+/// call when the batch is armed ([`super::crashes`]).
 pub(super) struct Retry<'a> {
     pub name: &'a str,
     pub max_attempts: u32,
     pub shutdown: &'a CancellationToken,
+    pub armed: Option<super::Armed<'a>>,
 }
 
 /// Runs the handler, retrying with capped backoff: an unavailable
@@ -34,8 +36,15 @@ where
     let mut delay = Duration::from_millis(50);
     let mut failed = 0u32;
     loop {
+        // Dying inside the call leaves the mark; returning takes it back.
+        if let Some((watch, msg, arm)) = retry.armed {
+            watch.commit(msg, arm.offset, arm.before + 1).await;
+        }
         let started = std::time::Instant::now();
         let outcome = handler(message.clone()).await;
+        if let (Some((watch, msg, arm)), Err(_)) = (retry.armed, &outcome) {
+            watch.commit(msg, arm.offset, arm.before).await;
+        }
         telemetry::metrics::observe(
             "consumer_handler_duration_seconds",
             &[("consumer", name)],
