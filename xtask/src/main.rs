@@ -57,7 +57,7 @@ enum Cmd {
     /// prefill (`--quick`: fewer trials);
     /// figures go to target/bench-results/e2e.json and e2e.md.
     Bench(BenchArgs),
-    /// Tell one failure scenario of docs/scenarios.md (1..=27) — what is
+    /// Tell one failure scenario of docs/scenarios.md (1..=28) — what is
     /// injected, which layer acts, what is checked — and run its test.
     /// Without a number: list them.
     Scenario {

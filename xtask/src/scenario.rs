@@ -33,9 +33,9 @@ const fn t(package: &'static str, target: Option<&'static str>, name: &'static s
 }
 
 /// The 21 scenarios of the seeds, then the paths added by deadlines,
-/// reconciliation, tokenisation (22–25), replies kept with the inbox (26)
-/// and a provider without keys (27).
-pub const ALL: [Scenario; 27] = [
+/// reconciliation, tokenisation (22–25), replies kept with the inbox (26),
+/// a provider without keys (27) and an event id used for two facts (28).
+pub const ALL: [Scenario; 28] = [
     Scenario {
         n: 1,
         title: "the relay publishes, the ack is lost (it crashes before marking): the broker holds the event twice",
@@ -255,6 +255,14 @@ pub const ALL: [Scenario; 27] = [
         acts: "no layer can: the notifier takes no key and cannot be asked; the intent row (written with the CONFIRMED transition) and the delivery choice decide — at-least-once (NOTICE_DELIVERY, the default) sends again",
         checked: "the notifier received two notices for the order (one more for the one crash), none lost; an order without a crash gets one",
         test: t("e2e", Some("e2e"), "at_least_once_a_crash_between_send_and_mark_sends_the_notice_twice"),
+    },
+    Scenario {
+        n: 28,
+        title: "an event id used again for another fact would be absorbed as a copy",
+        injected: "an event recorded, then the same id with another body, another type, and twice in one batch",
+        acts: "the inbox keeps each id's type and digest (contract::Envelope::fingerprint); a repeat with another is Recorded::Reused — refused and dead-lettered by the consumers (saga_kit::consumer::begin), counted in inbox_reused_ids_total",
+        checked: "copies are duplicates, the reuses are refused and not counted as redeliveries",
+        test: t("effectively-once-inbox", Some("retention"), "an_id_used_again_for_another_fact_is_refused_not_absorbed"),
     },
 ];
 

@@ -79,6 +79,23 @@ impl Envelope {
         serde_json::from_slice(bytes).map_err(|e| Error::Decode(format!("envelope: {e}")))
     }
 
+    /// The fact this envelope states, as 64 bits: a digest of its type,
+    /// its order and its payload (keys sorted) — not of what may differ
+    /// between honest copies of one event (its version's minor, its time,
+    /// its trace context). Two copies of one event have the same; an id
+    /// used again for another fact almost surely has not. An inbox keeps
+    /// it with the id, so a reuse is caught instead of absorbed.
+    pub fn fingerprint(&self) -> i64 {
+        use sha2::Digest as _;
+        let mut hash = sha2::Sha256::new();
+        hash.update(self.event_type.as_bytes());
+        hash.update([0]);
+        hash.update(self.order_id.as_bytes());
+        hash.update(serde_json::to_vec(&self.payload).expect("a JSON value serialises"));
+        let digest = hash.finalize();
+        i64::from_be_bytes(digest[..8].try_into().expect("a SHA-256 digest has 8 bytes"))
+    }
+
     /// Serialises the envelope as the Kafka message body.
     pub fn to_bytes(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("envelope serialises")
@@ -102,6 +119,34 @@ impl Envelope {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A copy (another time, trace, minor version; keys reordered) has its
+    /// event's fingerprint; another type, order or payload has not.
+    #[test]
+    fn a_copy_keeps_the_fingerprint_another_fact_changes_it() {
+        let order = Uuid::new_v4();
+        let message = Message::ReserveStock {
+            sku: "A".into(),
+            quantity: 2,
+        };
+        let event = Envelope::new(order, &message, None);
+        let mut copy = Envelope::from_bytes(&event.to_bytes()).unwrap();
+        copy.occurred_at = Utc::now() + chrono::Duration::seconds(5);
+        copy.traceparent = Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into());
+        copy.version = "1.0".into();
+        let reordered: serde_json::Value = serde_json::from_str(r#"{"quantity":2,"sku":"A"}"#).unwrap();
+        copy.payload = reordered;
+        assert_eq!(copy.fingerprint(), event.fingerprint());
+        let mut other = event.clone();
+        other.payload = serde_json::json!({"sku": "A", "quantity": 3});
+        assert_ne!(other.fingerprint(), event.fingerprint(), "another payload");
+        let mut other = event.clone();
+        other.event_type = "ReleaseStock".into();
+        assert_ne!(other.fingerprint(), event.fingerprint(), "another type");
+        let mut other = event.clone();
+        other.order_id = Uuid::new_v4();
+        assert_ne!(other.fingerprint(), event.fingerprint(), "another order");
+    }
 
     #[test]
     fn round_trip_keeps_identity_and_causality() {

@@ -55,6 +55,20 @@ pub enum Recorded {
     New,
     /// Already processed by this consumer: skip the effect.
     Duplicate,
+    /// The id was recorded for another fact (another type or digest,
+    /// [`Fingerprint`]): not a copy but a reused id. Neither apply nor
+    /// absorb it — refuse it (the consumers dead-letter it).
+    Reused,
+}
+
+/// What fact a delivery states: its type and a digest of its content
+/// (`contract::Envelope::fingerprint`), kept with the event's inbox row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fingerprint {
+    /// The event's type.
+    pub event_type: String,
+    /// The digest of its type, order and payload.
+    pub digest: i64,
 }
 
 /// Records `event_id` as processed by `consumer` in the caller's transaction.
@@ -81,19 +95,25 @@ pub async fn record(conn: &mut PgConnection, consumer: &str, event_id: Uuid) -> 
     Ok(Recorded::Duplicate)
 }
 
-/// One delivery of an event: its id, and where in the log this copy was
-/// read, if it came from one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One delivery of an event: its id, where in the log this copy was
+/// read, if it came from one, and the fact it states, if known.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Delivery {
     /// The event's id (the same for every copy of the event).
     pub event_id: Uuid,
     /// Partition and offset of this copy (`None`: handed over by hand).
     pub source: Option<(i32, i64)>,
+    /// Its type and digest (`None`: not checked against the row's).
+    pub fingerprint: Option<Fingerprint>,
 }
 
 impl From<Uuid> for Delivery {
     fn from(event_id: Uuid) -> Self {
-        Self { event_id, source: None }
+        Self {
+            event_id,
+            source: None,
+            fingerprint: None,
+        }
     }
 }
 
@@ -101,7 +121,9 @@ impl From<Uuid> for Delivery {
 /// with one multi-row insert; returns, for each in order, whether its event
 /// is new. An id that appears twice in the batch is new the first time
 /// only. Duplicates are counted as in [`record`]. A new event's row keeps
-/// the source of the copy being applied.
+/// the source of the copy being applied and its fingerprint; a repeat
+/// whose fingerprint is not the row's is [`Recorded::Reused`], logged with
+/// both types, and not counted as a redelivery.
 pub async fn record_batch(
     conn: &mut PgConnection,
     consumer: &str,
@@ -114,29 +136,73 @@ pub async fn record_batch(
     let ids: Vec<Uuid> = deliveries.iter().map(|d| d.event_id).collect();
     let partitions: Vec<Option<i32>> = deliveries.iter().map(|d| d.source.map(|s| s.0)).collect();
     let offsets: Vec<Option<i64>> = deliveries.iter().map(|d| d.source.map(|s| s.1)).collect();
+    let types: Vec<Option<&str>> = deliveries
+        .iter()
+        .map(|d| d.fingerprint.as_ref().map(|f| f.event_type.as_str()))
+        .collect();
+    let digests: Vec<Option<i64>> = deliveries
+        .iter()
+        .map(|d| d.fingerprint.as_ref().map(|f| f.digest))
+        .collect();
     // WITH ORDINALITY keeps the batch's order, so of two copies in one
-    // batch the first is the one recorded.
-    let mut new: std::collections::HashSet<Uuid> = sqlx::query_scalar(
-        "INSERT INTO inbox (consumer, event_id, source_partition, source_offset)
-         SELECT $1, id, p, o FROM unnest($2::uuid[], $3::int4[], $4::int8[]) WITH ORDINALITY AS t(id, p, o, n)
-         ORDER BY n
-         ON CONFLICT (consumer, event_id) DO NOTHING RETURNING event_id",
+    // batch the first is the one recorded. One round trip: the rows
+    // inserted (new), and the rows that were there before the statement
+    // (repeats), with the fingerprint each was recorded with — the
+    // statement's snapshot does not see its own inserts.
+    let rows: Vec<(Uuid, bool, Option<String>, Option<i64>)> = sqlx::query_as(
+        "WITH ins AS (
+             INSERT INTO inbox (consumer, event_id, source_partition, source_offset, event_type, digest)
+             SELECT $1, id, p, o, ty, d
+             FROM unnest($2::uuid[], $3::int4[], $4::int8[], $5::text[], $6::int8[]) WITH ORDINALITY AS t(id, p, o, ty, d, n)
+             ORDER BY n
+             ON CONFLICT (consumer, event_id) DO NOTHING RETURNING event_id)
+         SELECT event_id, true, NULL::text, NULL::int8 FROM ins
+         UNION ALL
+         SELECT event_id, false, event_type, digest FROM inbox WHERE consumer = $1 AND event_id = ANY($2)",
     )
     .bind(consumer)
     .bind(&ids)
     .bind(&partitions)
     .bind(&offsets)
+    .bind(&types)
+    .bind(&digests)
     .fetch_all(&mut *conn)
-    .await?
-    .into_iter()
-    .collect();
+    .await?;
+    let mut new = std::collections::HashSet::new();
+    // The fact each id was recorded for: before this batch, or by its first copy in it.
+    let mut facts = std::collections::HashMap::new();
+    for (id, inserted, event_type, digest) in rows {
+        if inserted {
+            new.insert(id);
+        } else if let (Some(event_type), Some(digest)) = (event_type, digest) {
+            facts.insert(id, Fingerprint { event_type, digest });
+        }
+    }
     let mut recorded = Vec::with_capacity(ids.len());
-    for id in &ids {
-        if new.remove(id) {
+    for d in deliveries {
+        let id = d.event_id;
+        if new.remove(&id) {
+            if let Some(f) = &d.fingerprint {
+                facts.insert(id, f.clone());
+            }
             recorded.push(Recorded::New);
-        } else {
-            note_redelivery(conn, consumer, *id).await?;
-            recorded.push(Recorded::Duplicate);
+            continue;
+        }
+        match (facts.get(&id), &d.fingerprint) {
+            (Some(was), Some(is)) if was != is => {
+                tracing::error!(
+                    consumer,
+                    event_id = %id,
+                    recorded_type = %was.event_type,
+                    this_type = %is.event_type,
+                    "an event id used again for another fact: refused, not absorbed"
+                );
+                recorded.push(Recorded::Reused);
+            }
+            _ => {
+                note_redelivery(conn, consumer, id).await?;
+                recorded.push(Recorded::Duplicate);
+            }
         }
     }
     Ok(recorded)
@@ -156,6 +222,12 @@ impl Fresh {
     /// Whether no delivery is new (the batch is all duplicates).
     pub fn is_empty(&self) -> bool {
         !self.0.contains(&Recorded::New)
+    }
+
+    /// The index of the first delivery whose id was recorded for another
+    /// fact ([`Recorded::Reused`]), if any: refuse the batch.
+    pub fn reused(&self) -> Option<usize> {
+        self.0.iter().position(|r| *r == Recorded::Reused)
     }
 
     /// For each delivery in order, whether it was new.

@@ -49,11 +49,27 @@ pub async fn begin(
         .map(|t| inbox::Delivery {
             event_id: t.message.event_id,
             source: t.position.map(|p| (p.partition, p.offset)),
+            fingerprint: Some(inbox::Fingerprint {
+                event_type: t.message.event_type.clone(),
+                digest: t.message.fingerprint(),
+            }),
         })
         .collect();
     let (mut tx, fresh) = inbox::begin_batch(pool, consumer, &deliveries)
         .await
         .map_err(classify)?;
+    if let Some(i) = fresh.reused() {
+        // Rolled back with `tx`; the loop then hands the batch over one by
+        // one, and the reused id alone is dead-lettered — counted then.
+        let event = &batch[i].message;
+        if batch.len() == 1 {
+            telemetry::metrics::incr("inbox_reused_ids_total", &[("consumer", consumer)]);
+        }
+        return Err(HandleError::permanent(format!(
+            "event id reused: {} was recorded by {consumer} for another fact; this copy is a {} with another body",
+            event.event_id, event.event_type
+        )));
+    }
     answer_again(&mut tx, consumer, batch, &fresh).await.map_err(classify)?;
     Ok((tx, fresh))
 }
@@ -108,7 +124,8 @@ pub async fn commit(tx: Transaction<'static, Postgres>, fresh: &inbox::Fresh) ->
         .iter()
         .map(|r| match r {
             inbox::Recorded::New => Handled::Applied,
-            inbox::Recorded::Duplicate => Handled::Duplicate,
+            // A reused id never gets here: `begin` refused its batch.
+            inbox::Recorded::Duplicate | inbox::Recorded::Reused => Handled::Duplicate,
         })
         .collect())
 }

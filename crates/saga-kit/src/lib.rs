@@ -40,5 +40,6 @@ pub use consumer::SagaConsumer;
 pub const METRICS: &[telemetry::metrics::Description] = telemetry::descriptions![
     counter "inbox_misses_total": "Repeated events that passed an inbox as new and were stopped by a business key (the inbox promises zero).",
     counter "consumer_replies_sent_again_total": "Replies enqueued again, under their first ids, because the event they answer came again.",
+    counter "inbox_reused_ids_total": "Events refused (dead-lettered) because their id was recorded for another fact (another type or body): an event id used twice.",
     counter "consumer_refused_total": "Events refused (dead-lettered) because their producer stamp is not the service that sends their type.",
 ];

@@ -4,7 +4,9 @@
 //! relay (the row parked, refused), and a forged record that reaches the
 //! log anyway (another principal's, or no stamp at all) is stopped at the
 //! consumer (dead-lettered, refused). The order waits for the real payment,
-//! and the stack says what it refused.
+//! and the stack says what it refused. A record from the right producer
+//! that reuses a recorded event id for another fact is dead-lettered too
+//! (the inbox's fingerprint), not absorbed as a copy.
 
 use std::time::{Duration, Instant};
 
@@ -47,7 +49,8 @@ async fn eventually<F: std::future::Future<Output = bool>>(within: Duration, mut
 /// without its guard (`guard::Guarded` passing every row: the forged row is
 /// published and the saga refuses it, but nothing is parked), and the
 /// consumer without `saga_kit::consumer::admit` (the forged record
-/// confirms the unpaid order).
+/// confirms the unpaid order). The reuse part, against the inbox's
+/// fingerprint comparison dropped: the metric never moves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_services_message_never_reaches_the_saga_as_a_fact() {
     let mut stack = crate::stack("producers").await;
@@ -174,5 +177,55 @@ async fn another_services_message_never_reaches_the_saga_as_a_fact() {
     .await
     .unwrap();
     assert_eq!(charges, 1);
+
+    // 3. An id used again for another fact (issue 59): the StockReserved's
+    // id the saga recorded, on a StockRejected from the right producer. Not
+    // a copy — the inbox kept the first fact's type and digest — so not
+    // absorbed; not new, so not applied: dead-lettered, counted, paged.
+    let saga = contract::topics::consumers::ORDER_SAGA.name;
+    let reserved: Uuid =
+        sqlx::query_scalar("SELECT event_id FROM inbox WHERE consumer = $1 AND event_type = 'StockReserved'")
+            .bind(saga)
+            .fetch_one(&mut sqlx::PgConnection::connect(&stack.db_url("orders")).await.unwrap())
+            .await
+            .unwrap();
+    let mut reuse = Envelope::new(
+        order,
+        &Message::StockRejected {
+            reason: "out of stock".into(),
+        },
+        None,
+    );
+    reuse.event_id = reserved;
+    let headers = kafka::headers(&reuse.event_id.to_string(), &reuse.event_type, None);
+    kafka::publish(
+        &producer,
+        ORDER_EVENTS,
+        &order.to_string(),
+        &reuse.to_bytes(),
+        kafka::stamp(headers, INVENTORY),
+    )
+    .await
+    .unwrap();
+    let counted =
+        || async { e2e::Stack::metric(&api, "inbox_reused_ids_total", &[("consumer", saga)]).await == Some(1.0) };
+    assert!(
+        eventually(Duration::from_secs(20), counted).await,
+        "order-api counts the reused id"
+    );
+    let end = Instant::now() + Duration::from_secs(20);
+    while letters.len() < 3 && Instant::now() < end {
+        letters = kafka::dlq::list(&stack.kafka(), ORDER_EVENTS).unwrap();
+    }
+    let reused: Vec<_> = letters
+        .iter()
+        .filter(|l| l.error.as_deref().is_some_and(|e| e.contains("event id reused")))
+        .collect();
+    assert_eq!(reused.len(), 1, "{letters:?}");
+    assert_eq!(
+        status(&client, order).await,
+        "CONFIRMED",
+        "the second fact changed nothing"
+    );
     stack.shutdown(true).await.unwrap();
 }

@@ -56,6 +56,7 @@ async fn a_batch_records_each_id_once_and_reports_the_rest_as_duplicates() {
     let at = |event_id, offset| inbox::Delivery {
         event_id,
         source: Some((2, offset)),
+        fingerprint: None,
     };
     let recorded = inbox::record_batch(&mut conn, "c", &[at(a, 5), at(seen, 6), at(b, 7), at(a, 9)])
         .await
@@ -192,4 +193,74 @@ async fn the_replies_of_an_event_are_kept_in_order_with_its_row_and_go_with_it()
     assert!(inbox::replies_of(&mut conn, "c", &[b]).await.unwrap().is_empty());
     drop(conn);
     pool.close().await;
+}
+
+/// A repeat whose fingerprint (type, digest) is not the one its id was
+/// recorded with is a reused id, not a copy: `Reused`, not counted as a
+/// redelivery — before the batch or inside it. Without a fingerprint on
+/// either side nothing can be told: a duplicate. Removal tried: the
+/// fingerprint comparison dropped (every repeat a duplicate) — this failed.
+#[tokio::test]
+async fn an_id_used_again_for_another_fact_is_refused_not_absorbed() {
+    let (_db, pool) = testkit::TempDb::with_pool("eo_inbox", 2, vec![inbox::migrator()])
+        .await
+        .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let fact = |event_type: &str, digest| {
+        Some(inbox::Fingerprint {
+            event_type: event_type.into(),
+            digest,
+        })
+    };
+    let of = |event_id, fingerprint| inbox::Delivery {
+        event_id,
+        source: None,
+        fingerprint,
+    };
+    let (x, y) = (Uuid::new_v4(), Uuid::new_v4());
+    let reserve = fact("ReserveStock", 41);
+    let first = inbox::record_batch(&mut conn, "c", &[of(x, reserve.clone())])
+        .await
+        .unwrap();
+    assert_eq!(first, vec![Recorded::New]);
+    let repeats = inbox::record_batch(
+        &mut conn,
+        "c",
+        &[
+            of(x, reserve.clone()),
+            of(x, fact("ReserveStock", 42)),
+            of(x, fact("ReleaseStock", 41)),
+            of(x, None),
+        ],
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        repeats,
+        vec![
+            Recorded::Duplicate,
+            Recorded::Reused,
+            Recorded::Reused,
+            Recorded::Duplicate
+        ],
+        "a copy, another body, another type, a copy that says nothing"
+    );
+    let inside = inbox::record_batch(
+        &mut conn,
+        "c",
+        &[of(y, reserve.clone()), of(y, fact("ReserveStock", 7))],
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        inside,
+        vec![Recorded::New, Recorded::Reused],
+        "the first copy in a batch is the record"
+    );
+    let redeliveries: i32 = sqlx::query_scalar("SELECT redeliveries FROM inbox_redeliveries WHERE event_id = $1")
+        .bind(x)
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!(redeliveries, 2, "the two copies, not the reuses");
 }
