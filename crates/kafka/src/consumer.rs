@@ -31,7 +31,7 @@
 //! fails deterministically cannot stall its partition for ever; a
 //! *permanent* one (undecodable, a constraint it violates) is dead-lettered
 //! at once. A message that kills the process returns no error at all: its
-//! count lives in the committed offset's metadata ([`crashes`]), and after
+//! count lives in the committed offset's metadata (`consumer/crashes.rs`), and after
 //! `KAFKA_CONSUMER_MAX_CRASHES` lives it is dead-lettered too.
 
 use std::collections::HashMap;
