@@ -415,12 +415,18 @@ where
                         return;
                     }
                     self.store(&first);
-                    watch.commit(&first, first.offset() + 1, 0).await;
+                    watch.commit(&first, first.offset() + 1, crashes::Mark::Clean).await;
                     continue;
                 }
                 // Careful: this message alone.
                 crashes::Plan::One(arm) => (Some(arm), true),
-                crashes::Plan::Batch(arm) => (arm, false),
+                crashes::Plan::Batch { mark } => {
+                    if mark {
+                        // The offset does not move: the next background commit takes the mark.
+                        watch.commit(&first, first.offset(), crashes::Mark::Life).await;
+                    }
+                    (None, false)
+                }
             };
             batch.clear();
             batch.push(first);
@@ -445,8 +451,8 @@ where
             let last = batch.last().expect("a batch has a message");
             self.store(last);
             if arm.is_some() {
-                // The batch is done: its next offset, without a mark.
-                watch.commit(last, last.offset() + 1, 0).await;
+                // A careful message done: its next offset, without a mark.
+                watch.commit(last, last.offset() + 1, crashes::Mark::Clean).await;
             }
         }
     }

@@ -9,26 +9,28 @@
 //! of the group's committed offset (Kafka keeps a short string with each
 //! commit), at no cost to the hot path.
 //!
-//! - **Arm**: before a lane's first batch, and before each message it
-//!   handles carefully, the lane commits the batch's first offset with
-//!   `crashes=<n>` — the lives that were handling it and did not finish,
-//!   this one included. When the handler returns (whatever it returns),
-//!   the count goes back to what it was; when the batch is done, its next
-//!   offset is committed clean. Only a life that dies **inside** the
-//!   handler leaves its mark.
-//! - **Careful**: a lane that starts on a mark of one or more handles the
-//!   next `max_batch` messages one at a time, each armed (the dead life's
-//!   batch was at most that long), so the mark moves onto the one message
-//!   that kills.
-//! - **Dead-letter**: a lane that starts on a mark of
+//! - **A life's mark**: before a lane hands over its first batch, it
+//!   commits the partition's committed offset again with `life` in the
+//!   metadata — the offset does not move, so offsets stay lazy. librdkafka's
+//!   next background commit (or the final one) moves the offset on and
+//!   takes the mark with it. A mark still there when a lane starts says
+//!   the previous life died before it committed anything.
+//! - **Careful**: such a lane handles the next `max_batch` messages one at
+//!   a time, each **armed**: committed with `crashes=<n>` (the lives that
+//!   died inside the handler on this very message, this one included)
+//!   before the handler call, the count taken back when the call returns
+//!   with an error, the next offset committed clean when it succeeds. Only a
+//!   life that dies **inside** the handler leaves a count, and the count
+//!   narrows to the one message that kills.
+//! - **Dead-letter**: a lane that starts on a count of
 //!   `KAFKA_CONSUMER_MAX_CRASHES` does not hand the message over: it goes to
 //!   the dead-letter topic, named as the message that killed its consumer
 //!   that many times, and the partition moves on.
 //!
-//! Cost: two synchronous commits per lane life (one arm, one settle), and
-//! three per message only while careful — after a death inside a handler.
-//! A mark is written only around a handler call, so a life killed while it
-//! waits between retries (a database down) counts nothing.
+//! Cost: one synchronous commit per lane life (its mark), and three per
+//! message only while careful — after a life died before its first commit.
+//! A count is written only around a handler call, so a life killed while
+//! it waits between retries (a database down) counts nothing.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,30 +41,52 @@ use rdkafka::{Message as _, Offset, TopicPartitionList};
 
 use super::GroupConsumer;
 
-/// The metadata's prefix: `crashes=<n>`.
+/// The metadata's prefix of a count: `crashes=<n>`.
 const PREFIX: &str = "crashes=";
+/// The metadata of a life that has not committed yet.
+const LIFE: &str = "life";
 /// How long reading the committed offset may take.
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The lives a committed offset's metadata says died handling it.
-pub(super) fn parse(metadata: &str) -> u32 {
-    metadata.strip_prefix(PREFIX).and_then(|n| n.parse().ok()).unwrap_or(0)
+/// What a committed offset's metadata says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mark {
+    /// Nothing: the last life committed past it.
+    Clean,
+    /// A life started here and died (or stopped) before committing.
+    Life,
+    /// This many lives died inside the handler on the message here.
+    Crashes(u32),
 }
 
-/// The metadata for `lives` (none for 0).
-pub(super) fn metadata(lives: u32) -> String {
-    if lives == 0 {
-        String::new()
-    } else {
-        format!("{PREFIX}{lives}")
+/// Reads a committed offset's metadata.
+pub(super) fn parse(metadata: &str) -> Mark {
+    if metadata == LIFE {
+        return Mark::Life;
+    }
+    match metadata.strip_prefix(PREFIX).and_then(|n| n.parse().ok()) {
+        Some(n) if n > 0 => Mark::Crashes(n),
+        _ => Mark::Clean,
+    }
+}
+
+/// The metadata of a mark.
+pub(super) fn metadata(mark: Mark) -> String {
+    match mark {
+        Mark::Clean | Mark::Crashes(0) => String::new(),
+        Mark::Life => LIFE.to_owned(),
+        Mark::Crashes(n) => format!("{PREFIX}{n}"),
     }
 }
 
 /// What a lane does with the message in front of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Plan {
-    /// A batch as usual (what is queued), armed when `Some`.
-    Batch(Option<Arm>),
+    /// A batch as usual (what is queued); `mark`: commit a life's mark first.
+    Batch {
+        /// Whether to mark the life before handing the batch over.
+        mark: bool,
+    },
     /// This message alone, armed: the lane is careful.
     One(Arm),
     /// This message killed its consumer `lives` times: dead-letter it.
@@ -72,44 +96,31 @@ pub(super) enum Plan {
     },
 }
 
-/// A mark to set around a handler call: `offset` committed with `before + 1`
-/// lives while the handler runs, `before` again when it returns.
+/// A count to set around a handler call: `offset` committed with `before +
+/// 1` crashes while the handler runs, `before` again when it returns with
+/// an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Arm {
     pub offset: i64,
     pub before: u32,
 }
 
-/// Decides a plan, given what the lane knows: whether this is its first
-/// message, where it stands carefully, and the committed offset and its
-/// lives when it started (`None`: unknown).
+/// Decides a plan, given what the lane knows: whether it still has to mark
+/// its life, where careful handling ends, and — for its first message —
+/// the committed offset and its mark (`None`: unknown).
 pub(super) fn plan(
-    first: bool,
+    unmarked: bool,
     offset: i64,
     careful_below: i64,
-    committed: Option<(i64, u32)>,
+    committed: Option<(i64, Mark)>,
     max_crashes: u32,
 ) -> Plan {
-    if first {
-        let before = match committed {
-            Some((at, lives)) if at == offset => lives,
-            Some(_) => 0,
-            None => return Plan::Batch(None),
-        };
-        if before >= max_crashes {
-            return Plan::Poison { lives: before };
-        }
-        let arm = Arm { offset, before };
-        return if before > 0 {
-            Plan::One(arm)
-        } else {
-            Plan::Batch(Some(arm))
-        };
-    }
-    if offset < careful_below {
-        Plan::One(Arm { offset, before: 0 })
-    } else {
-        Plan::Batch(None)
+    match committed {
+        Some((at, Mark::Crashes(n))) if at == offset && n >= max_crashes => Plan::Poison { lives: n },
+        Some((at, Mark::Crashes(n))) if at == offset => Plan::One(Arm { offset, before: n }),
+        Some((at, Mark::Life)) if at == offset => Plan::One(Arm { offset, before: 0 }),
+        _ if offset < careful_below => Plan::One(Arm { offset, before: 0 }),
+        _ => Plan::Batch { mark: unmarked },
     }
 }
 
@@ -119,8 +130,11 @@ pub(super) struct Watch {
     name: Arc<str>,
     max_crashes: u32,
     max_batch: i64,
-    /// No message handed over yet.
+    /// No message handed over yet: the committed offset is read at the first.
     first: bool,
+    /// The next batch marks a life (the lane's first, or the first after
+    /// careful handling).
+    unmarked: bool,
     /// Offsets below this are handled one at a time, armed.
     careful_below: i64,
 }
@@ -133,6 +147,7 @@ impl Watch {
             max_crashes: max_crashes.max(1),
             max_batch: max_batch as i64,
             first: true,
+            unmarked: true,
             careful_below: -1,
         }
     }
@@ -145,37 +160,41 @@ impl Watch {
             None
         };
         let plan = plan(
-            self.first,
+            self.unmarked,
             msg.offset(),
             self.careful_below,
             committed,
             self.max_crashes,
         );
-        if self.first {
-            if let Plan::One(arm) = plan {
+        match plan {
+            Plan::One(arm) if self.first => {
                 self.careful_below = arm.offset + self.max_batch;
+                self.unmarked = true;
                 tracing::warn!(
                     consumer = &*self.name,
                     partition = msg.partition(),
                     offset = arm.offset,
-                    lives = arm.before,
-                    "a consumer died handling this partition: the next messages one at a time"
+                    crashes = arm.before,
+                    "a consumer died here before it committed: the next messages one at a time"
                 );
             }
+            Plan::One(_) => self.unmarked = true,
+            Plan::Batch { mark: true } => self.unmarked = false,
+            Plan::Batch { mark: false } | Plan::Poison { .. } => {}
         }
         self.first = false;
         plan
     }
 
-    /// Commits `offset` of `msg`'s partition with `lives` (best effort: a
-    /// failure costs the count, never a message).
-    pub(super) async fn commit(&self, msg: &OwnedMessage, offset: i64, lives: u32) {
+    /// Commits `offset` of `msg`'s partition with `mark` (best effort: a
+    /// failure costs the mark, never a message).
+    pub(super) async fn commit(&self, msg: &OwnedMessage, offset: i64, mark: Mark) {
         let mut tpl = TopicPartitionList::new();
         let set = tpl
             .add_partition_offset(msg.topic(), msg.partition(), Offset::Offset(offset))
             .map(|()| {
                 if let Some(mut e) = tpl.find_partition(msg.topic(), msg.partition()) {
-                    e.set_metadata(metadata(lives));
+                    e.set_metadata(metadata(mark));
                 }
             });
         let consumer = self.consumer.clone();
@@ -187,12 +206,13 @@ impl Watch {
             Err(e) => Err(e.to_string()),
         };
         if let Err(error) = done {
-            tracing::warn!(consumer = &*self.name, offset, lives, %error, "crash mark not committed");
+            tracing::warn!(consumer = &*self.name, offset, ?mark, %error, "crash mark not committed");
         }
     }
 
-    /// The partition's committed offset and the lives its mark counts.
-    async fn committed(&self, topic: &str, partition: i32) -> Option<(i64, u32)> {
+    /// The partition's committed offset and its mark (offset -1: nothing
+    /// committed yet; `None`: unreadable).
+    async fn committed(&self, topic: &str, partition: i32) -> Option<(i64, Mark)> {
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition(topic, partition);
         let consumer = self.consumer.clone();
@@ -209,7 +229,7 @@ impl Watch {
         match e.offset() {
             Offset::Offset(at) => Some((at, parse(e.metadata()))),
             // Nothing committed yet: no life died here.
-            _ => Some((-1, 0)),
+            _ => Some((-1, Mark::Clean)),
         }
     }
 }
@@ -219,39 +239,48 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_mark_reads_back_what_was_written_and_nothing_else() {
-        assert_eq!(parse(&metadata(3)), 3);
-        assert_eq!(metadata(0), "");
-        assert_eq!(parse(""), 0);
-        assert_eq!(parse("something else"), 0);
+    fn a_mark_reads_back_what_was_written_and_nothing_else() {
+        for mark in [Mark::Clean, Mark::Life, Mark::Crashes(3)] {
+            assert_eq!(parse(&metadata(mark)), mark);
+        }
+        assert_eq!(metadata(Mark::Crashes(0)), "", "no crash is no mark");
+        assert_eq!(parse("something else"), Mark::Clean);
     }
 
     #[test]
-    fn a_first_message_on_a_clean_offset_is_a_batch_armed_from_zero() {
-        let p = plan(true, 10, -1, Some((10, 0)), 3);
-        assert_eq!(p, Plan::Batch(Some(Arm { offset: 10, before: 0 })));
-        // A mark at another offset is not this message's.
-        assert_eq!(plan(true, 10, -1, Some((7, 2)), 3), p);
-        // Unknown: handled as usual, unarmed.
-        assert_eq!(plan(true, 10, -1, None, 3), Plan::Batch(None));
-    }
-
-    #[test]
-    fn a_first_message_under_a_mark_is_handled_alone_until_the_mark_reaches_the_limit() {
+    fn a_lane_on_a_clean_offset_batches_and_marks_its_life_once() {
         assert_eq!(
-            plan(true, 10, -1, Some((10, 1)), 3),
-            Plan::One(Arm { offset: 10, before: 1 })
+            plan(true, 10, -1, Some((10, Mark::Clean)), 3),
+            Plan::Batch { mark: true }
+        );
+        // A mark at another offset is not this message's.
+        assert_eq!(
+            plan(true, 10, -1, Some((7, Mark::Crashes(2))), 3),
+            Plan::Batch { mark: true }
+        );
+        assert_eq!(plan(true, 10, -1, None, 3), Plan::Batch { mark: true });
+        assert_eq!(plan(false, 11, -1, None, 3), Plan::Batch { mark: false });
+    }
+
+    #[test]
+    fn a_lane_on_a_dead_lifes_mark_is_careful_and_a_count_at_the_limit_is_poison() {
+        assert_eq!(
+            plan(true, 10, -1, Some((10, Mark::Life)), 3),
+            Plan::One(Arm { offset: 10, before: 0 })
         );
         assert_eq!(
-            plan(true, 10, -1, Some((10, 2)), 3),
+            plan(true, 10, -1, Some((10, Mark::Crashes(2))), 3),
             Plan::One(Arm { offset: 10, before: 2 })
         );
-        assert_eq!(plan(true, 10, -1, Some((10, 3)), 3), Plan::Poison { lives: 3 });
+        assert_eq!(
+            plan(true, 10, -1, Some((10, Mark::Crashes(3))), 3),
+            Plan::Poison { lives: 3 }
+        );
     }
 
     #[test]
-    fn a_careful_lane_arms_each_message_below_its_bound_then_batches_unarmed() {
-        assert_eq!(plan(false, 11, 42, None, 3), Plan::One(Arm { offset: 11, before: 0 }));
-        assert_eq!(plan(false, 42, 42, None, 3), Plan::Batch(None));
+    fn a_careful_lane_arms_each_message_below_its_bound_then_batches_again() {
+        assert_eq!(plan(true, 11, 42, None, 3), Plan::One(Arm { offset: 11, before: 0 }));
+        assert_eq!(plan(true, 42, 42, None, 3), Plan::Batch { mark: true });
     }
 }

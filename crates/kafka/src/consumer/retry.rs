@@ -38,12 +38,16 @@ where
     loop {
         // Dying inside the call leaves the mark; returning takes it back.
         if let Some((watch, msg, arm)) = retry.armed {
-            watch.commit(msg, arm.offset, arm.before + 1).await;
+            watch
+                .commit(msg, arm.offset, super::crashes::Mark::Crashes(arm.before + 1))
+                .await;
         }
         let started = std::time::Instant::now();
         let outcome = handler(message.clone()).await;
         if let (Some((watch, msg, arm)), Err(_)) = (retry.armed, &outcome) {
-            watch.commit(msg, arm.offset, arm.before).await;
+            watch
+                .commit(msg, arm.offset, super::crashes::Mark::Crashes(arm.before))
+                .await;
         }
         telemetry::metrics::observe(
             "consumer_handler_duration_seconds",
