@@ -285,9 +285,20 @@ async fn the_audit_trail_keeps_failed_keys_refusals_and_key_changes_and_an_expir
     for _ in 0..3 {
         assert_eq!(with_key(key.clone()).await, 429, "past its burst");
     }
+    // The refusal is written in the background: wait for it, so that the
+    // revocation after it is the last row (it once raced ahead).
+    let end = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let refused: i64 = sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE action = 'refused'")
+            .fetch_one(&api.pool)
+            .await
+            .unwrap();
+        if refused > 0 || std::time::Instant::now() > end {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert!(order_api::auth::revoke_key(&api.pool, id).await.unwrap());
-    // The refusal is written in the background.
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let trail: Vec<(String, String, Option<String>, Option<String>)> =
         sqlx::query_as("SELECT actor, action, subject, source FROM audit_log ORDER BY id")
             .fetch_all(&api.pool)
