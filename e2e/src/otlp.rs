@@ -42,6 +42,8 @@ pub struct Span {
     pub attributes: BTreeMap<String, String>,
     /// Events: name and string attributes.
     pub events: Vec<(String, BTreeMap<String, String>)>,
+    /// Links: the hex trace id and span id of each span it names as related.
+    pub links: Vec<(String, String)>,
 }
 
 /// A running receiver; stops with its task when dropped.
@@ -105,6 +107,11 @@ fn decode(body: &Bytes, out: &mut Vec<Span>) {
                         .events
                         .iter()
                         .map(|e| (e.name.clone(), strings(&e.attributes)))
+                        .collect(),
+                    links: s
+                        .links
+                        .iter()
+                        .map(|l| (hex::encode(&l.trace_id), hex::encode(&l.span_id)))
                         .collect(),
                 });
             }

@@ -12,7 +12,28 @@ use axum::response::Response;
 use tracing::Instrument as _;
 
 /// Axum middleware: `router.layer(axum::middleware::from_fn(service_kit::http::trace))`.
+/// The caller's `traceparent` is the parent: for ports our own services call.
 pub async fn trace(req: Request, next: Next) -> Response {
+    traced(req, next, Caller::Ours).await
+}
+
+/// [`trace`] for a public port: the caller's `traceparent` is linked, not
+/// followed — each request roots a trace of its own
+/// (`telemetry::propagation::link_headers`).
+pub async fn trace_public(req: Request, next: Next) -> Response {
+    traced(req, next, Caller::Public).await
+}
+
+/// Who calls a port, which decides what its `traceparent` is to the span.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Caller {
+    /// Our own services: their context is the parent.
+    Ours,
+    /// Anyone: their context is a link.
+    Public,
+}
+
+async fn traced(req: Request, next: Next, caller: Caller) -> Response {
     let path = req.uri().path();
     if path.starts_with("/health") || path == "/metrics" {
         return next.run(req).await;
@@ -29,7 +50,12 @@ pub async fn trace(req: Request, next: Next) -> Response {
         http.response.status_code = tracing::field::Empty,
         otel.status_code = tracing::field::Empty,
     );
-    telemetry::propagation::follow_headers(&span, req.headers());
+    match caller {
+        Caller::Ours => telemetry::propagation::follow_headers(&span, req.headers()),
+        Caller::Public => {
+            telemetry::propagation::link_headers(&span, req.headers());
+        }
+    }
     let started = std::time::Instant::now();
     let response = next.run(req).instrument(span.clone()).await;
     let status = response.status();

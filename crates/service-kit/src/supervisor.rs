@@ -159,12 +159,26 @@ impl Supervisor {
     }
 
     /// Serves `app` on `listener` within `limits` ([`crate::serve`]) as the
-    /// task `http` until shutdown.
+    /// task `http` until shutdown, for callers that are our own services
+    /// (their `traceparent` is the parent of each request's span).
     pub fn serve(&mut self, listener: TcpListener, app: Router, limits: crate::ServeArgs) {
+        self.serve_for(listener, app, limits, crate::http::Caller::Ours);
+    }
+
+    /// [`Supervisor::serve`] for a public port: a client's `traceparent`
+    /// is linked, not followed ([`crate::http::trace_public`]).
+    pub fn serve_public(&mut self, listener: TcpListener, app: Router, limits: crate::ServeArgs) {
+        self.serve_for(listener, app, limits, crate::http::Caller::Public);
+    }
+
+    fn serve_for(&mut self, listener: TcpListener, app: Router, limits: crate::ServeArgs, caller: crate::http::Caller) {
         if let Ok(addr) = listener.local_addr() {
             tracing::info!(%addr, "listening");
         }
-        let app = app.layer(axum::middleware::from_fn(crate::http::trace));
+        let app = match caller {
+            crate::http::Caller::Ours => app.layer(axum::middleware::from_fn(crate::http::trace)),
+            crate::http::Caller::Public => app.layer(axum::middleware::from_fn(crate::http::trace_public)),
+        };
         let token = self.token();
         self.spawn("http", crate::serve::serve(listener, app, limits, token));
     }

@@ -45,6 +45,26 @@ pub fn follow_headers(span: &tracing::Span, headers: &http::HeaderMap) {
     let _ = span.set_parent(cx);
 }
 
+/// Links `span` to the context in `headers`, without making it a child:
+/// the span roots a trace of its own and names the caller's as related.
+/// For a public port, whose callers are not ours to trust: a client's
+/// `traceparent` must not decide the trace id, the sampling or the parent
+/// of the work its request causes (W3C Trace Context, "privacy and
+/// security"; OpenTelemetry's advice for public endpoints). Returns whether
+/// the headers held a valid context.
+pub fn link_headers(span: &tracing::Span, headers: &http::HeaderMap) -> bool {
+    use opentelemetry::trace::TraceContextExt as _;
+    // A root, even if some span is current around the serve loop.
+    let _ = span.set_parent(opentelemetry::Context::new());
+    let cx = opentelemetry::global::get_text_map_propagator(|p| p.extract(&HeaderExtractor(headers)));
+    let remote = cx.span().span_context().clone();
+    if !remote.is_valid() {
+        return false;
+    }
+    span.add_link(remote);
+    true
+}
+
 /// Writes the current span's context into outgoing HTTP `headers`.
 pub fn inject_headers(headers: &mut http::HeaderMap) {
     let cx = tracing::Span::current().context();

@@ -4,6 +4,12 @@
 //! inventory, the order saga, payment-service, and (on a branch) the gateway
 //! call and the gateway's own server span.
 //!
+//! The public port does not let a client choose that trace: the client's
+//! `traceparent` is a link of the `POST /orders` span, which roots a trace
+//! of its own (`service_kit::http::trace_public`). Checked to fail with the
+//! caller's context followed instead (`Supervisor::serve` for order-api's
+//! port): the order's spans then sit in the caller's trace.
+//!
 //! Checked to fail when a hop drops the context: with the consumer's
 //! `telemetry::propagation::follow` removed from `kafka::consumer`, each
 //! consumer starts a new trace and the test names the span whose parent is
@@ -44,7 +50,7 @@ async fn one_order_is_one_trace_across_all_five_services() {
     let client = Client::new(&stack, Duration::from_secs(10)).unwrap();
     client.seed_stock("WIDGET", 10).await.unwrap();
 
-    // The caller's own trace: the API must continue it, not start another.
+    // The caller's own trace: the API links it and starts its own.
     let trace_id = uuid::Uuid::new_v4().simple().to_string();
     let caller_span = "00f067aa0ba902b7";
     let response = reqwest::Client::new()
@@ -71,28 +77,40 @@ async fn one_order_is_one_trace_across_all_five_services() {
     // Spans arrive in batches every 100 ms; wait for the confirming step and
     // for spans from every service.
     let deadline = Instant::now() + Duration::from_secs(20);
-    let trace = loop {
-        let trace = receiver.trace(&trace_id);
+    let linked = (trace_id.clone(), caller_span.to_owned());
+    let (own, trace) = loop {
+        let root = receiver
+            .spans()
+            .into_iter()
+            .find(|s| s.name == "POST /orders" && s.links.contains(&linked));
+        let own = root.as_ref().map_or_else(String::new, |s| s.trace_id.clone());
+        let trace = receiver.trace(&own);
         let confirmed = trace.with_event("saga transition", "to", "CONFIRMED").is_some();
-        if confirmed && trace.services().len() == 5 && chain(&trace, caller_span).is_ok() {
-            break trace;
+        if confirmed && trace.services().len() == 5 && chain(&trace, "").is_ok() {
+            break (own, trace);
         }
         if Instant::now() > deadline {
-            break trace;
+            break (own, trace);
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
+    assert!(!own.is_empty(), "a POST /orders span linked to the caller's context");
+    assert_ne!(own, trace_id, "the order's trace is its own, not the caller's");
+    assert!(
+        receiver.trace(&trace_id).spans.is_empty(),
+        "no span of ours in the caller's trace"
+    );
     // Log lines carry the trace too: one grep finds the order everywhere.
     let logged: Vec<&str> = SERVICES
         .iter()
         .filter(|s| {
             std::fs::read_to_string(stack.log_path(**s))
                 .unwrap_or_default()
-                .contains(&format!("trace_id={trace_id}"))
+                .contains(&format!("trace_id={own}"))
         })
         .map(|s| s.name())
         .collect();
-    let svg = trace.svg(&format!("order {} — trace {trace_id}", order.id));
+    let svg = trace.svg(&format!("order {} — trace {own}", order.id));
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/traces");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("one-order.svg"), &svg).unwrap();
@@ -108,9 +126,9 @@ async fn one_order_is_one_trace_across_all_five_services() {
             "outbox-relay",
             "payment-service"
         ],
-        "spans from all five services in the caller's trace"
+        "spans from all five services in the order's trace"
     );
-    let path = chain(&trace, caller_span).unwrap_or_else(|e| panic!("{e}"));
+    let path = chain(&trace, "").unwrap_or_else(|e| panic!("{e}"));
     let hops: Vec<&str> = path.iter().map(|s| s.service.as_str()).fold(Vec::new(), |mut v, s| {
         if v.last() != Some(&s) {
             v.push(s);
@@ -144,7 +162,7 @@ async fn one_order_is_one_trace_across_all_five_services() {
         .iter()
         .find(|s| s.service == "mock-gateway" && s.name == "POST /v1/charges")
         .expect("the gateway's server span");
-    let above = trace.ancestry(gateway, caller_span).unwrap_or_else(|e| panic!("{e}"));
+    let above = trace.ancestry(gateway, "").unwrap_or_else(|e| panic!("{e}"));
     assert!(
         above
             .iter()
@@ -155,12 +173,13 @@ async fn one_order_is_one_trace_across_all_five_services() {
     assert!(svg.matches("<rect").count() >= trace.spans.len(), "one bar per span");
 }
 
-/// The confirming step's ancestry, root first.
-fn chain<'a>(trace: &'a Trace, caller_span: &str) -> Result<Vec<&'a Span>, String> {
+/// The confirming step's ancestry, root first, up to the span whose parent
+/// is `root_parent` ("" for the trace's root).
+fn chain<'a>(trace: &'a Trace, root_parent: &str) -> Result<Vec<&'a Span>, String> {
     let leaf = trace
         .with_event("saga transition", "to", "CONFIRMED")
         .ok_or("no span recorded the CONFIRMED transition")?;
-    let mut path = trace.ancestry(leaf, caller_span)?;
+    let mut path = trace.ancestry(leaf, root_parent)?;
     path.reverse();
     Ok(path)
 }

@@ -261,7 +261,8 @@ impl App {
             "card backfill",
             orders::run_legacy_card_backfill(self.state.pool.clone(), self.state.gateway.clone(), tasks.token()),
         );
-        tasks.serve(
+        // The public port: a client's traceparent is a link, not the parent.
+        tasks.serve_public(
             self.listener,
             http::links::journey_links(
                 http::router(self.state.clone()),
