@@ -14,7 +14,9 @@
 //! - [`journey`]: one order's footprint in a service's database (outbox
 //!   rows, inbox records, redeliveries absorbed), for its admin endpoint;
 //! - [`retention`]: the retention chain a consumer service refuses to start
-//!   without.
+//!   without;
+//! - [`projection`]: a consumer that needs no inbox — a read model whose
+//!   write is idempotent and commutative by its key.
 //!
 //! One verb per act, across the project:
 //!
@@ -31,6 +33,7 @@ pub mod emit;
 pub mod inject;
 pub mod journey;
 pub mod participant;
+pub mod projection;
 pub mod retention;
 
 pub use consumer::SagaConsumer;
