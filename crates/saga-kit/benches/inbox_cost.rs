@@ -10,9 +10,10 @@
 //!
 //! - **alone**: one statement per batch — the projection's upsert, in its
 //!   own implicit transaction;
-//! - **with the inbox**: what every consumer of the saga does —
-//!   `BEGIN`, the batch's inbox rows (`inbox::record_batch`, with
-//!   fingerprints), the upsert of the new ones, `COMMIT`.
+//! - **with the inbox**: what every consumer of the saga does, by its own
+//!   functions — `saga_kit::consumer::begin` (`BEGIN`, the batch's inbox
+//!   rows with their sources and fingerprints), the upsert of the new
+//!   ones, `saga_kit::consumer::commit`.
 //!
 //! Per message: wall time, CPU of this process (the consumer and its
 //! driver) and of PostgreSQL (every `postgres` process: run it alone),
@@ -91,41 +92,22 @@ fn reply(i: usize, orders: &[Uuid]) -> Envelope {
 
 async fn handle(pool: PgPool, way: Way, batch: Vec<Traced<Envelope>>) -> Result<Vec<Handled>, HandleError> {
     let classify = saga_kit::consumer::classify;
-    let envelopes: Vec<Envelope> = batch.into_iter().map(|t| t.message).collect();
     match way {
         Way::Alone => {
+            let envelopes: Vec<Envelope> = batch.into_iter().map(|t| t.message).collect();
             let mut conn = pool.acquire().await.map_err(classify)?;
             saga_kit::projection::apply(&mut conn, &envelopes)
                 .await
                 .map_err(classify)?;
             Ok(vec![Handled::Applied; envelopes.len()])
         }
+        // The saga consumers' own path: `begin` (the inbox rows), the
+        // effect of the new ones, `commit`.
         Way::WithInbox => {
-            let deliveries: Vec<inbox::Delivery> = envelopes
-                .iter()
-                .map(|e| inbox::Delivery {
-                    event_id: e.event_id,
-                    source: None,
-                    fingerprint: Some(inbox::Fingerprint {
-                        event_type: e.event_type.clone(),
-                        digest: e.fingerprint(),
-                    }),
-                })
-                .collect();
-            let (mut tx, fresh) = inbox::begin_batch(&pool, "inbox-cost", &deliveries)
-                .await
-                .map_err(classify)?;
-            let new: Vec<Envelope> = fresh.indices().into_iter().map(|i| envelopes[i].clone()).collect();
+            let (mut tx, fresh) = saga_kit::consumer::begin(&pool, "inbox-cost", &batch).await?;
+            let new: Vec<Envelope> = fresh.indices().into_iter().map(|i| batch[i].message.clone()).collect();
             saga_kit::projection::apply(&mut tx, &new).await.map_err(classify)?;
-            tx.commit().await.map_err(classify)?;
-            Ok(fresh
-                .recorded()
-                .iter()
-                .map(|r| match r {
-                    inbox::Recorded::New => Handled::Applied,
-                    _ => Handled::Duplicate,
-                })
-                .collect())
+            saga_kit::consumer::commit(tx, &fresh).await
         }
     }
 }
