@@ -263,4 +263,25 @@ async fn an_id_used_again_for_another_fact_is_refused_not_absorbed() {
         .await
         .unwrap();
     assert_eq!(redeliveries, 2, "the two copies, not the reuses");
+    // begin_batch names the first reused delivery, so the caller refuses
+    // the batch; a batch of copies and new ids has none.
+    let z = Uuid::new_v4();
+    let (tx, fresh) = inbox::begin_batch(&pool, "c", &[of(z, reserve.clone()), of(x, reserve.clone())])
+        .await
+        .unwrap();
+    assert_eq!(fresh.reused(), None);
+    drop(tx);
+    let (tx, fresh) = inbox::begin_batch(
+        &pool,
+        "c",
+        &[
+            of(z, reserve.clone()),
+            of(y, reserve.clone()),
+            of(x, fact("ReleaseStock", 41)),
+        ],
+    )
+    .await
+    .unwrap();
+    assert_eq!(fresh.reused(), Some(2), "{:?}", fresh.recorded());
+    drop(tx);
 }
