@@ -124,19 +124,53 @@ pub(super) fn plan(
     }
 }
 
+/// Where a lane stands: what [`plan`] needs beside the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Stand {
+    /// No message handed over yet: the committed offset is read at the first.
+    pub first: bool,
+    /// The next batch marks a life (the lane's first, or the first after
+    /// careful handling).
+    pub unmarked: bool,
+    /// Offsets below this are handled one at a time, armed.
+    pub careful_below: i64,
+}
+
+impl Stand {
+    /// A lane that has handed nothing over.
+    pub(super) fn new() -> Self {
+        Self {
+            first: true,
+            unmarked: true,
+            careful_below: -1,
+        }
+    }
+
+    /// Where the lane stands once `plan` is taken: a first message under
+    /// a mark starts careful handling for `max_batch` offsets (later careful
+    /// messages do not extend it); careful handling leaves the next batch to
+    /// mark a life again; a marked batch has marked it.
+    pub(super) fn after(&mut self, plan: Plan, max_batch: i64) {
+        match plan {
+            Plan::One(arm) if self.first => {
+                self.careful_below = arm.offset + max_batch;
+                self.unmarked = true;
+            }
+            Plan::One(_) => self.unmarked = true,
+            Plan::Batch { mark: true } => self.unmarked = false,
+            Plan::Batch { mark: false } | Plan::Poison { .. } => {}
+        }
+        self.first = false;
+    }
+}
+
 /// One lane's watch over its partition's committed mark.
 pub(super) struct Watch {
     consumer: Arc<GroupConsumer>,
     name: Arc<str>,
     max_crashes: u32,
     max_batch: i64,
-    /// No message handed over yet: the committed offset is read at the first.
-    first: bool,
-    /// The next batch marks a life (the lane's first, or the first after
-    /// careful handling).
-    unmarked: bool,
-    /// Offsets below this are handled one at a time, armed.
-    careful_below: i64,
+    stand: Stand,
 }
 
 impl Watch {
@@ -146,43 +180,34 @@ impl Watch {
             name,
             max_crashes: max_crashes.max(1),
             max_batch: max_batch as i64,
-            first: true,
-            unmarked: true,
-            careful_below: -1,
+            stand: Stand::new(),
         }
     }
 
     /// The plan for `msg`, the next message of the lane's partition.
     pub(super) async fn plan(&mut self, msg: &OwnedMessage) -> Plan {
-        let committed = if self.first {
+        let committed = if self.stand.first {
             self.committed(msg.topic(), msg.partition()).await
         } else {
             None
         };
         let plan = plan(
-            self.unmarked,
+            self.stand.unmarked,
             msg.offset(),
-            self.careful_below,
+            self.stand.careful_below,
             committed,
             self.max_crashes,
         );
-        match plan {
-            Plan::One(arm) if self.first => {
-                self.careful_below = arm.offset + self.max_batch;
-                self.unmarked = true;
-                tracing::warn!(
-                    consumer = &*self.name,
-                    partition = msg.partition(),
-                    offset = arm.offset,
-                    crashes = arm.before,
-                    "a consumer died here before it committed: the next messages one at a time"
-                );
-            }
-            Plan::One(_) => self.unmarked = true,
-            Plan::Batch { mark: true } => self.unmarked = false,
-            Plan::Batch { mark: false } | Plan::Poison { .. } => {}
+        if let (Plan::One(arm), true) = (plan, self.stand.first) {
+            tracing::warn!(
+                consumer = &*self.name,
+                partition = msg.partition(),
+                offset = arm.offset,
+                crashes = arm.before,
+                "a consumer died here before it committed: the next messages one at a time"
+            );
         }
-        self.first = false;
+        self.stand.after(plan, self.max_batch);
         plan
     }
 
@@ -244,6 +269,7 @@ mod tests {
             assert_eq!(parse(&metadata(mark)), mark);
         }
         assert_eq!(metadata(Mark::Crashes(0)), "", "no crash is no mark");
+        assert_eq!(parse("crashes=0"), Mark::Clean, "nor read as one");
         assert_eq!(parse("something else"), Mark::Clean);
     }
 
@@ -258,6 +284,7 @@ mod tests {
             plan(true, 10, -1, Some((7, Mark::Crashes(2))), 3),
             Plan::Batch { mark: true }
         );
+        assert_eq!(plan(true, 10, -1, Some((7, Mark::Life)), 3), Plan::Batch { mark: true });
         assert_eq!(plan(true, 10, -1, None, 3), Plan::Batch { mark: true });
         assert_eq!(plan(false, 11, -1, None, 3), Plan::Batch { mark: false });
     }
@@ -276,6 +303,24 @@ mod tests {
             plan(true, 10, -1, Some((10, Mark::Crashes(3))), 3),
             Plan::Poison { lives: 3 }
         );
+    }
+
+    /// Careful handling lasts `max_batch` offsets from the first message,
+    /// not from each careful one; the batch after it marks a life again.
+    #[test]
+    fn careful_handling_is_bounded_by_the_first_message_and_then_a_life_is_marked() {
+        let mut stand = Stand::new();
+        stand.after(Plan::One(Arm { offset: 10, before: 1 }), 32);
+        assert_eq!((stand.first, stand.unmarked, stand.careful_below), (false, true, 42));
+        stand.after(Plan::One(Arm { offset: 11, before: 0 }), 32);
+        assert_eq!(stand.careful_below, 42, "a later careful message does not extend it");
+        stand.after(Plan::Batch { mark: true }, 32);
+        assert!(!stand.unmarked, "the life is marked");
+        stand.after(Plan::Batch { mark: false }, 32);
+        assert!(!stand.unmarked);
+        let mut fresh = Stand::new();
+        fresh.after(Plan::Batch { mark: true }, 32);
+        assert_eq!((fresh.first, fresh.unmarked, fresh.careful_below), (false, false, -1));
     }
 
     #[test]
