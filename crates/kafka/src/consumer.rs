@@ -407,7 +407,8 @@ where
                 _ = self.revoked.cancelled() => return,
                 m = queue.recv() => match m { Some(m) => m, None => return },
             };
-            let (arm, careful) = match watch.plan(&first).await {
+            // Armed: careful, this message alone.
+            let arm = match watch.plan(&first).await {
                 crashes::Plan::Poison { lives } => {
                     let reason =
                         format!("killed its consumer: {lives} lives died handling it (KAFKA_CONSUMER_MAX_CRASHES)");
@@ -418,19 +419,18 @@ where
                     watch.commit(&first, first.offset() + 1, crashes::Mark::Clean).await;
                     continue;
                 }
-                // Careful: this message alone.
-                crashes::Plan::One(arm) => (Some(arm), true),
+                crashes::Plan::One(arm) => Some(arm),
                 crashes::Plan::Batch { mark } => {
                     if mark {
                         // The offset does not move: the next background commit takes the mark.
                         watch.commit(&first, first.offset(), crashes::Mark::Life).await;
                     }
-                    (None, false)
+                    None
                 }
             };
             batch.clear();
             batch.push(first);
-            while batch.len() < self.max_batch && !careful {
+            while batch.len() < self.max_batch && arm.is_none() {
                 match queue.try_recv() {
                     Ok(m) => batch.push(m),
                     Err(_) => break,
